@@ -1,0 +1,182 @@
+//! Element types the collectives move, and how they combine.
+
+use bytemuck::Pod;
+
+/// A reduction applied element-wise across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum over ranks.
+    Sum,
+    /// Sum over ranks divided by the world size (integer division for integers).
+    Mean,
+    /// Largest value over ranks.
+    Max,
+    /// Smallest value over ranks.
+    Min,
+}
+
+/// The element type of a buffer, as carried on the wire and checked across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// 64-bit float.
+    F64,
+    /// 32-bit signed integer.
+    I32,
+    /// 64-bit signed integer.
+    I64,
+}
+
+/// A plain numeric type the collectives can reduce.
+pub trait Element: Pod + PartialOrd + Send + Sync + std::fmt::Debug + 'static {
+    /// Its tag.
+    const DTYPE: DType;
+
+    /// `self + other`, wrapping for integers (a sum of ranks' values never panics).
+    fn add(self, other: Self) -> Self;
+
+    /// `self / world_size`, for [`ReduceOp::Mean`].
+    fn div_count(self, count: usize) -> Self;
+
+    /// Wraps a slice as a type-erased buffer.
+    fn buffer(data: &mut [Self]) -> BufferMut<'_>;
+}
+
+macro_rules! float_element {
+    ($ty:ty, $dtype:ident) => {
+        impl Element for $ty {
+            const DTYPE: DType = DType::$dtype;
+            fn add(self, other: Self) -> Self {
+                self + other
+            }
+            fn div_count(self, count: usize) -> Self {
+                self / count as $ty
+            }
+            fn buffer(data: &mut [Self]) -> BufferMut<'_> {
+                BufferMut::$dtype(data)
+            }
+        }
+    };
+}
+
+macro_rules! int_element {
+    ($ty:ty, $dtype:ident) => {
+        impl Element for $ty {
+            const DTYPE: DType = DType::$dtype;
+            fn add(self, other: Self) -> Self {
+                self.wrapping_add(other)
+            }
+            fn div_count(self, count: usize) -> Self {
+                self / count as $ty
+            }
+            fn buffer(data: &mut [Self]) -> BufferMut<'_> {
+                BufferMut::$dtype(data)
+            }
+        }
+    };
+}
+
+float_element!(f32, F32);
+float_element!(f64, F64);
+int_element!(i32, I32);
+int_element!(i64, I64);
+
+/// A host buffer of any supported element type, so transports stay object-safe.
+#[derive(Debug)]
+pub enum BufferMut<'a> {
+    /// f32 elements.
+    F32(&'a mut [f32]),
+    /// f64 elements.
+    F64(&'a mut [f64]),
+    /// i32 elements.
+    I32(&'a mut [i32]),
+    /// i64 elements.
+    I64(&'a mut [i64]),
+}
+
+impl BufferMut<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            BufferMut::F32(data) => data.len(),
+            BufferMut::F64(data) => data.len(),
+            BufferMut::I32(data) => data.len(),
+            BufferMut::I64(data) => data.len(),
+        }
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Combines `incoming` into `acc` element-wise. Mean accumulates as a sum; the
+/// caller divides once at the end.
+pub fn reduce_into<T: Element>(op: ReduceOp, acc: &mut [T], incoming: &[T]) {
+    debug_assert_eq!(acc.len(), incoming.len());
+    // One loop per op keeps each loop branch-free so it vectorises.
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => {
+            for (a, b) in acc.iter_mut().zip(incoming) {
+                *a = a.add(*b);
+            }
+        }
+        ReduceOp::Max => {
+            for (a, b) in acc.iter_mut().zip(incoming) {
+                if *b > *a {
+                    *a = *b;
+                }
+            }
+        }
+        ReduceOp::Min => {
+            for (a, b) in acc.iter_mut().zip(incoming) {
+                if *b < *a {
+                    *a = *b;
+                }
+            }
+        }
+    }
+}
+
+/// Applies the final step of `op` (the division of a mean) to a reduced buffer.
+pub fn finish_reduce<T: Element>(op: ReduceOp, data: &mut [T], world_size: usize) {
+    if op == ReduceOp::Mean && world_size > 1 {
+        for value in data {
+            *value = value.div_count(world_size);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_op_combines_element_wise() {
+        let incoming = [3.0f32, -1.0, 2.0];
+        let mut sum = [1.0f32, 1.0, 1.0];
+        reduce_into(ReduceOp::Sum, &mut sum, &incoming);
+        assert_eq!(sum, [4.0, 0.0, 3.0]);
+        let mut max = [1.0f32, 1.0, 1.0];
+        reduce_into(ReduceOp::Max, &mut max, &incoming);
+        assert_eq!(max, [3.0, 1.0, 2.0]);
+        let mut min = [1.0f32, 1.0, 1.0];
+        reduce_into(ReduceOp::Min, &mut min, &incoming);
+        assert_eq!(min, [1.0, -1.0, 1.0]);
+    }
+
+    #[test]
+    fn mean_divides_once_and_integers_wrap_instead_of_panicking() {
+        let mut data = [6.0f64, 3.0];
+        finish_reduce(ReduceOp::Mean, &mut data, 3);
+        assert_eq!(data, [2.0, 1.0]);
+        let mut ints = [i64::MAX];
+        reduce_into(ReduceOp::Sum, &mut ints, &[1]);
+        assert_eq!(ints, [i64::MIN]);
+        let mut ints = [7i32];
+        finish_reduce(ReduceOp::Mean, &mut ints, 2);
+        assert_eq!(ints, [3]);
+    }
+}

@@ -1,0 +1,389 @@
+//! Reading the launcher's environment: who am I, how many are we, where is the store.
+//!
+//! Precedence, highest first (the first family with its rank variable set wins):
+//! 1. `RANK`/`WORLD_SIZE` (torchrun, burn-ddp-run, or set by hand);
+//! 2. Open MPI's `OMPI_COMM_WORLD_*` (`mpirun`);
+//! 3. Slurm's `SLURM_PROCID`/`SLURM_NTASKS` (`srun`).
+//!
+//! torchrun inside a Slurm allocation therefore behaves as torchrun. With none of
+//! them set the program is a world of one process and needs no network.
+
+use crate::error::{CommError, Result};
+use std::time::Duration;
+
+/// Default rendezvous port, as torchrun's.
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+/// Default bound on every wait (rendezvous and collectives).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Set by burn-ddp-run in each worker: the launcher hosts the store.
+pub const LAUNCHER_STORE_VAR: &str = "BURN_DDP_LAUNCHER_STORE";
+/// Overrides the timeout, in seconds.
+pub const TIMEOUT_VAR: &str = "BURN_DDP_TIMEOUT_SECS";
+
+/// Which launcher started this process, as far as the environment tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// No launcher: a single process.
+    None,
+    /// burn-ddp-run.
+    BurnDdpRun,
+    /// PyTorch's torchrun (torch.distributed.run).
+    Torchrun,
+    /// `RANK`/`WORLD_SIZE` set by hand or by another tool.
+    Env,
+    /// Open MPI's mpirun.
+    OpenMpi,
+    /// Slurm's srun.
+    Slurm,
+}
+
+/// Who hosts the rendezvous store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreHost {
+    /// Rank 0 starts it at MASTER_ADDR:MASTER_PORT.
+    RankZero,
+    /// The launcher already serves burn-ddp's store there.
+    Launcher,
+    /// torchrun's agent serves a c10d TCPStore there.
+    TorchrunAgent,
+}
+
+/// Everything the process group needs from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// Global rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Rank on this machine (selects the GPU).
+    pub local_rank: usize,
+    /// Ranks on this machine.
+    pub local_world_size: usize,
+    /// Host of the rendezvous store (`None` only for a world of one).
+    pub master_addr: Option<String>,
+    /// Port of the rendezvous store.
+    pub master_port: u16,
+    /// Who started us.
+    pub launcher: Launcher,
+    /// Who hosts the store.
+    pub store_host: StoreHost,
+    /// Bound on every wait.
+    pub timeout: Duration,
+}
+
+impl LaunchEnv {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads variables through `lookup` (tests pass a map).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let vars = Vars { lookup: &lookup };
+        let (launcher, names) = if vars.present("RANK") {
+            let launcher = if vars.present(LAUNCHER_STORE_VAR) {
+                Launcher::BurnDdpRun
+            } else if vars.present("TORCHELASTIC_RUN_ID") {
+                Launcher::Torchrun
+            } else {
+                Launcher::Env
+            };
+            (launcher, TORCHRUN_NAMES)
+        } else if vars.present("OMPI_COMM_WORLD_RANK") {
+            (Launcher::OpenMpi, OPEN_MPI_NAMES)
+        } else if vars.present("SLURM_PROCID") {
+            (Launcher::Slurm, SLURM_NAMES)
+        } else {
+            if let Some(world) = vars.get("WORLD_SIZE") {
+                if world.trim() != "1" {
+                    return Err(CommError::config(format!(
+                        "WORLD_SIZE={world} is set but RANK is not; set RANK (0..{world}) for \
+                         every process, or start them with burn-ddp-run"
+                    )));
+                }
+            }
+            return Ok(Self::single_process(vars.timeout()?));
+        };
+
+        let rank = vars.number(names.rank)?.expect("checked present");
+        let world_size = vars.number(names.world_size)?.ok_or_else(|| {
+            CommError::config(format!(
+                "{}={rank} is set but {} is not; set both (the launcher normally does)",
+                names.rank, names.world_size
+            ))
+        })?;
+        if world_size == 0 {
+            return Err(CommError::config(format!(
+                "{}=0: the world needs at least one rank",
+                names.world_size
+            )));
+        }
+        if rank >= world_size {
+            return Err(CommError::config(format!(
+                "{}={rank} but {}={world_size}: ranks run from 0 to {}; \
+                 check the launcher's process count",
+                names.rank,
+                names.world_size,
+                world_size - 1
+            )));
+        }
+        let local_world_size = vars.number(names.local_world_size)?.unwrap_or(world_size);
+        let local_rank = vars.number(names.local_rank)?.unwrap_or(rank % local_world_size);
+        if local_rank >= local_world_size {
+            return Err(CommError::config(format!(
+                "{}={local_rank} but {}={local_world_size}; local ranks run from 0 to {}",
+                names.local_rank,
+                names.local_world_size,
+                local_world_size - 1
+            )));
+        }
+
+        let master_addr = vars.get("MASTER_ADDR").filter(|addr| !addr.is_empty());
+        let master_port = match vars.get("MASTER_PORT") {
+            Some(port) => port.trim().parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                CommError::config(format!(
+                    "MASTER_PORT={port:?} is not a port number (1-65535); rank {rank}"
+                ))
+            })?,
+            None => DEFAULT_MASTER_PORT,
+        };
+        if world_size > 1 && master_addr.is_none() {
+            return Err(CommError::config(format!(
+                "rank {rank} of {world_size}: MASTER_ADDR is not set, so the ranks cannot \
+                 find each other; export MASTER_ADDR (the host of rank 0) and MASTER_PORT, \
+                 or start the job with burn-ddp-run"
+            )));
+        }
+
+        let store_host = if vars.present(LAUNCHER_STORE_VAR) {
+            StoreHost::Launcher
+        } else if vars
+            .get("TORCHELASTIC_USE_AGENT_STORE")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+        {
+            StoreHost::TorchrunAgent
+        } else {
+            StoreHost::RankZero
+        };
+
+        Ok(Self {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr,
+            master_port,
+            launcher,
+            store_host,
+            timeout: vars.timeout()?,
+        })
+    }
+
+    /// A world of one process.
+    pub fn single_process(timeout: Duration) -> Self {
+        Self {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            master_addr: None,
+            master_port: DEFAULT_MASTER_PORT,
+            launcher: Launcher::None,
+            store_host: StoreHost::RankZero,
+            timeout,
+        }
+    }
+}
+
+/// The variable names of one launcher family.
+struct Names {
+    rank: &'static str,
+    world_size: &'static str,
+    local_rank: &'static str,
+    local_world_size: &'static str,
+}
+
+const TORCHRUN_NAMES: Names = Names {
+    rank: "RANK",
+    world_size: "WORLD_SIZE",
+    local_rank: "LOCAL_RANK",
+    local_world_size: "LOCAL_WORLD_SIZE",
+};
+
+const OPEN_MPI_NAMES: Names = Names {
+    rank: "OMPI_COMM_WORLD_RANK",
+    world_size: "OMPI_COMM_WORLD_SIZE",
+    local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+    local_world_size: "OMPI_COMM_WORLD_LOCAL_SIZE",
+};
+
+// Slurm has no per-node task count variable in every version; SLURM_NTASKS_PER_NODE
+// is only set when requested, so a missing one falls back to the world size.
+const SLURM_NAMES: Names = Names {
+    rank: "SLURM_PROCID",
+    world_size: "SLURM_NTASKS",
+    local_rank: "SLURM_LOCALID",
+    local_world_size: "SLURM_NTASKS_PER_NODE",
+};
+
+struct Vars<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Vars<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        (self.lookup)(name)
+    }
+
+    fn present(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    fn number(&self, name: &str) -> Result<Option<usize>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(text) => text.trim().parse::<usize>().map(Some).map_err(|_| {
+                CommError::config(format!(
+                    "{name}={text:?} is not a non-negative integer; fix the launcher \
+                     settings or unset it"
+                ))
+            }),
+        }
+    }
+
+    fn timeout(&self) -> Result<Duration> {
+        match self.get(TIMEOUT_VAR) {
+            None => Ok(DEFAULT_TIMEOUT),
+            Some(text) => text
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|secs| secs.is_finite() && *secs > 0.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    CommError::config(format!(
+                        "{TIMEOUT_VAR}={text:?} is not a positive number of seconds"
+                    ))
+                }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<LaunchEnv> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        LaunchEnv::from_lookup(|name| map.get(name).cloned())
+    }
+
+    fn err(pairs: &[(&str, &str)]) -> String {
+        env(pairs).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn no_launcher_is_a_world_of_one() {
+        let e = env(&[]).unwrap();
+        assert_eq!((e.rank, e.world_size, e.launcher), (0, 1, Launcher::None));
+        assert_eq!(e.timeout, DEFAULT_TIMEOUT);
+    }
+
+    #[test]
+    fn torchrun_variables() {
+        let e = env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "1234"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ])
+        .unwrap();
+        assert_eq!((e.rank, e.world_size, e.local_rank, e.local_world_size), (3, 8, 1, 2));
+        assert_eq!(e.master_addr.as_deref(), Some("10.1.2.3"));
+        assert_eq!(e.master_port, 1234);
+        assert_eq!(e.launcher, Launcher::Torchrun);
+        assert_eq!(e.store_host, StoreHost::TorchrunAgent);
+    }
+
+    #[test]
+    fn open_mpi_and_slurm_variables() {
+        let e = env(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+        ])
+        .unwrap();
+        assert_eq!((e.rank, e.world_size, e.local_rank, e.launcher), (1, 2, 1, Launcher::OpenMpi));
+        assert_eq!(e.master_port, DEFAULT_MASTER_PORT);
+        let e = env(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NODEID", "2"),
+            ("MASTER_ADDR", "node1"),
+            ("MASTER_PORT", "29400"),
+        ])
+        .unwrap();
+        assert_eq!((e.rank, e.world_size, e.local_rank, e.launcher), (5, 8, 1, Launcher::Slurm));
+        assert_eq!(e.store_host, StoreHost::RankZero);
+    }
+
+    #[test]
+    fn rank_variables_take_precedence_over_slurm() {
+        let e = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("SLURM_PROCID", "7"),
+            ("SLURM_NTASKS", "16"),
+        ])
+        .unwrap();
+        assert_eq!((e.rank, e.world_size, e.launcher), (0, 2, Launcher::Env));
+    }
+
+    #[test]
+    fn contradictions_are_explained() {
+        let text = err(&[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]);
+        assert!(text.contains("RANK=2") && text.contains("0 to 1"), "{text}");
+        let text = err(&[("RANK", "1"), ("WORLD_SIZE", "2")]);
+        assert!(text.contains("MASTER_ADDR is not set") && text.contains("rank 1"), "{text}");
+        let text = err(&[("RANK", "0")]);
+        assert!(text.contains("WORLD_SIZE"), "{text}");
+        let text = err(&[("WORLD_SIZE", "4")]);
+        assert!(text.contains("RANK"), "{text}");
+        let text = err(&[("RANK", "x"), ("WORLD_SIZE", "2")]);
+        assert!(text.contains("RANK=\"x\""), "{text}");
+        let text = err(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "99999")]);
+        assert!(text.contains("MASTER_PORT"), "{text}");
+        let text = err(&[("RANK", "0"), ("WORLD_SIZE", "0")]);
+        assert!(text.contains("at least one"), "{text}");
+        let text = err(&[(TIMEOUT_VAR, "-1")]);
+        assert!(text.contains(TIMEOUT_VAR), "{text}");
+    }
+
+    #[test]
+    fn launcher_store_and_timeout_override() {
+        let e = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            (LAUNCHER_STORE_VAR, "1"),
+            (TIMEOUT_VAR, "2.5"),
+        ])
+        .unwrap();
+        assert_eq!(e.launcher, Launcher::BurnDdpRun);
+        assert_eq!(e.store_host, StoreHost::Launcher);
+        assert_eq!(e.timeout, Duration::from_millis(2500));
+    }
+}

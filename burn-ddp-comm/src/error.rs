@@ -1,0 +1,119 @@
+//! One error type for the whole communication stack.
+//!
+//! Every message says which rank saw the problem, what it was doing and, where we
+//! know it, what the user can do about it: distributed failures are read in the
+//! log of one rank among many.
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+/// Result alias used across burn-ddp.
+pub type Result<T> = std::result::Result<T, CommError>;
+
+/// What went wrong in the process group, the store or a transport.
+#[derive(Debug)]
+pub enum CommError {
+    /// The launcher environment (or builder input) is invalid.
+    Config {
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// A wait ran past the group's timeout.
+    Timeout {
+        /// The rank that gave up waiting.
+        rank: usize,
+        /// What it was waiting for.
+        what: String,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// A peer closed its connection or sent something unexpected.
+    Peer {
+        /// The rank reporting the error.
+        rank: usize,
+        /// The peer it was talking to.
+        peer: usize,
+        /// The operation under way.
+        op: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The rendezvous store could not be reached or answered an error.
+    Store {
+        /// The rank reporting the error (`None` for the launcher).
+        rank: Option<usize>,
+        /// What happened.
+        message: String,
+    },
+    /// Ranks disagree about the shape of a collective call.
+    Mismatch {
+        /// The rank reporting the error.
+        rank: usize,
+        /// What differs.
+        message: String,
+    },
+    /// An input the collective cannot handle (wrong length, unsupported op).
+    InvalidArgument {
+        /// The rank reporting the error.
+        rank: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The process group was already shut down.
+    Destroyed,
+}
+
+impl CommError {
+    /// A configuration error with a message that already names the setting and the fix.
+    pub fn config(message: impl Into<String>) -> Self {
+        CommError::Config {
+            message: message.into(),
+        }
+    }
+
+    /// Whether this error is a timeout (of any wait).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, CommError::Timeout { .. })
+    }
+}
+
+impl fmt::Display for CommError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CommError::Config { message } => write!(f, "burn-ddp configuration error: {message}"),
+            CommError::Timeout { rank, what, after } => write!(
+                f,
+                "rank {rank}: timed out after {:.1}s waiting for {what}; \
+                 a peer may have died or never started (raise the timeout with \
+                 BURN_DDP_TIMEOUT_SECS if it is only slow)",
+                after.as_secs_f64()
+            ),
+            CommError::Peer {
+                rank,
+                peer,
+                op,
+                detail,
+            } => write!(f, "rank {rank}: {op} with rank {peer} failed: {detail}"),
+            CommError::Store { rank, message } => match rank {
+                Some(rank) => write!(f, "rank {rank}: rendezvous store: {message}"),
+                None => write!(f, "rendezvous store: {message}"),
+            },
+            CommError::Mismatch { rank, message } => {
+                write!(f, "rank {rank}: ranks disagree: {message}")
+            }
+            CommError::InvalidArgument { rank, message } => write!(f, "rank {rank}: {message}"),
+            CommError::Destroyed => write!(f, "the process group was already destroyed"),
+        }
+    }
+}
+
+impl std::error::Error for CommError {}
+
+/// Whether an I/O error is a socket timeout (Unix reports `WouldBlock`, Windows `TimedOut`).
+pub(crate) fn io_is_timeout(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}

@@ -1,0 +1,470 @@
+//! The process group: this rank's identity, its store and its transport.
+
+use crate::element::{BufferMut, DType, Element, ReduceOp};
+use crate::env::{LaunchEnv, Launcher, StoreHost, DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT};
+use crate::error::{CommError, Result};
+use crate::store::{MemoryStore, Store, StoreServer, TcpStoreClient};
+use crate::transport::{SingleProcess, TcpRing, Transport};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Prefix of every key the group writes, so other users of a shared store
+/// (torchrun's agent, a launcher) are not disturbed.
+const KEY_PREFIX: &str = "burn-ddp/";
+
+/// Set to `detail` to check, before every collective, that all ranks call the
+/// same operation on buffers of the same type and length (one extra round trip).
+pub const DEBUG_VAR: &str = "BURN_DDP_DEBUG";
+
+/// How to start a [`ProcessGroup`] without reading the environment.
+#[derive(Debug, Clone)]
+pub struct ProcessGroupBuilder {
+    env: LaunchEnv,
+    debug_checks: bool,
+}
+
+impl ProcessGroupBuilder {
+    /// A group of `world_size` ranks in which this process is `rank`.
+    pub fn new(rank: usize, world_size: usize) -> Self {
+        let mut env = LaunchEnv::single_process(DEFAULT_TIMEOUT);
+        env.rank = rank;
+        env.world_size = world_size;
+        env.local_rank = rank;
+        env.local_world_size = world_size;
+        env.launcher = Launcher::Env;
+        Self {
+            env,
+            debug_checks: false,
+        }
+    }
+
+    /// Host and port of the rendezvous store (rank 0 hosts it unless told otherwise).
+    pub fn master(mut self, addr: impl Into<String>, port: u16) -> Self {
+        self.env.master_addr = Some(addr.into());
+        self.env.master_port = port;
+        self
+    }
+
+    /// This rank's index on its machine, and the number of ranks there.
+    pub fn local(mut self, local_rank: usize, local_world_size: usize) -> Self {
+        self.env.local_rank = local_rank;
+        self.env.local_world_size = local_world_size;
+        self
+    }
+
+    /// Bound on every wait: rendezvous, connections and each collective.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.env.timeout = timeout;
+        self
+    }
+
+    /// The store is already served at the master address (by a launcher).
+    pub fn external_store(mut self, external: bool) -> Self {
+        self.env.store_host = if external {
+            StoreHost::Launcher
+        } else {
+            StoreHost::RankZero
+        };
+        self
+    }
+
+    /// Checks every collective's signature across ranks first (see [`DEBUG_VAR`]).
+    pub fn debug_checks(mut self, enabled: bool) -> Self {
+        self.debug_checks = enabled;
+        self
+    }
+
+    /// Joins the group: starts or reaches the store, waits for every rank and
+    /// connects the transport. Fails within the timeout if a rank never comes.
+    pub fn build(self) -> Result<ProcessGroup> {
+        ProcessGroup::start(self.env, self.debug_checks)
+    }
+}
+
+/// One rank's membership in a group of processes that run collectives together.
+///
+/// Collectives take `&self` and are serialised internally, so a group can be
+/// shared (`Arc<ProcessGroup>`) by the training loop and the gradient reducer.
+pub struct ProcessGroup {
+    rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    local_world_size: usize,
+    launcher: Launcher,
+    timeout: Duration,
+    debug_checks: bool,
+    store: Box<dyn Store>,
+    transport: Mutex<Box<dyn Transport>>,
+    // Dropped last: peers may still be reading from it while we tear down.
+    _store_server: Option<StoreServer>,
+}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("local_rank", &self.local_rank)
+            .field("transport", &self.transport_name())
+            .finish()
+    }
+}
+
+impl ProcessGroup {
+    /// Joins the group described by the launcher's environment (torchrun,
+    /// burn-ddp-run, Open MPI or Slurm); a world of one without any of them.
+    pub fn from_env() -> Result<Self> {
+        let env = LaunchEnv::from_env()?;
+        let debug = std::env::var(DEBUG_VAR).is_ok_and(|v| v.eq_ignore_ascii_case("detail"));
+        Self::start(env, debug)
+    }
+
+    /// Starts configuring a group by hand.
+    pub fn builder(rank: usize, world_size: usize) -> ProcessGroupBuilder {
+        ProcessGroupBuilder::new(rank, world_size)
+    }
+
+    fn start(env: LaunchEnv, debug_checks: bool) -> Result<Self> {
+        if env.world_size == 0 || env.rank >= env.world_size {
+            return Err(CommError::config(format!(
+                "rank {} is outside a world of {} ranks; ranks run from 0 to world_size - 1",
+                env.rank, env.world_size
+            )));
+        }
+        if env.world_size == 1 {
+            return Ok(Self::assemble(
+                &env,
+                debug_checks,
+                Box::new(MemoryStore::new()),
+                Box::new(SingleProcess),
+                None,
+            ));
+        }
+        let host = env.master_addr.clone().ok_or_else(|| {
+            CommError::config(format!(
+                "rank {} of {}: no master address; call .master(addr, port) or set MASTER_ADDR",
+                env.rank, env.world_size
+            ))
+        })?;
+        let server = match env.store_host {
+            StoreHost::RankZero if env.rank == 0 => Some(host_store(&host, env.master_port)?),
+            StoreHost::TorchrunAgent => {
+                return Err(CommError::config(format!(
+                    "rank {}: started by torchrun, whose agent hosts a c10d TCPStore on \
+                     MASTER_PORT; burn-ddp cannot speak to it yet. Start the job with \
+                     burn-ddp-run (same flags as torchrun), or set \
+                     TORCHELASTIC_USE_AGENT_STORE=False and a free MASTER_PORT",
+                    env.rank
+                )))
+            }
+            _ => None,
+        };
+        let client =
+            TcpStoreClient::connect(&host, env.master_port, Some(env.rank), env.timeout)?;
+        join(&client, &env)?;
+        let bind_ip = client.local_ip()?;
+        let ring = TcpRing::connect(
+            env.rank,
+            env.world_size,
+            &client,
+            KEY_PREFIX,
+            bind_ip,
+            env.timeout,
+        )?;
+        let group = Self::assemble(&env, debug_checks, Box::new(client), Box::new(ring), server);
+        // Nobody leaves set-up (and possibly takes the store down) before all are connected.
+        group.barrier()?;
+        Ok(group)
+    }
+
+    fn assemble(
+        env: &LaunchEnv,
+        debug_checks: bool,
+        store: Box<dyn Store>,
+        transport: Box<dyn Transport>,
+        server: Option<StoreServer>,
+    ) -> Self {
+        Self {
+            rank: env.rank,
+            world_size: env.world_size,
+            local_rank: env.local_rank,
+            local_world_size: env.local_world_size,
+            launcher: env.launcher,
+            timeout: env.timeout,
+            debug_checks,
+            store,
+            transport: Mutex::new(transport),
+            _store_server: server,
+        }
+    }
+
+    /// This process's global rank, `0..world_size`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of processes in the group.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// This process's rank on its machine (selects its GPU).
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// Number of processes on this machine.
+    pub fn local_world_size(&self) -> usize {
+        self.local_world_size
+    }
+
+    /// Whether this is rank 0, the one that logs and writes checkpoints.
+    pub fn is_main(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// Who started this process.
+    pub fn launcher(&self) -> Launcher {
+        self.launcher
+    }
+
+    /// The bound on every wait.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The transport's name (`"tcp"`, `"local"`).
+    pub fn transport_name(&self) -> &'static str {
+        self.transport.lock().unwrap().name()
+    }
+
+    /// The rendezvous store (for exchanging small values at start-up).
+    pub fn store(&self) -> &dyn Store {
+        self.store.as_ref()
+    }
+
+    /// Reduces `data` over all ranks, in place, on every rank.
+    pub fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        let mut transport = self.transport.lock().unwrap();
+        self.check_signature(&mut **transport, Signature::new("all_reduce", T::DTYPE, data.len(), op as i64))?;
+        transport.all_reduce(T::buffer(data), op)
+    }
+
+    /// Concatenates every rank's `input`, in rank order, on every rank.
+    pub fn all_gather<T: Element>(&self, input: &[T]) -> Result<Vec<T>> {
+        let mut transport = self.transport.lock().unwrap();
+        self.check_signature(&mut **transport, Signature::new("all_gather", T::DTYPE, input.len(), 0))?;
+        let k = input.len();
+        let mut output = vec![T::zeroed(); k * self.world_size];
+        output[self.rank * k..(self.rank + 1) * k].copy_from_slice(input);
+        transport.all_gather(T::buffer(&mut output))?;
+        Ok(output)
+    }
+
+    /// Reduces `input` (`world_size` equal chunks) over all ranks and returns
+    /// this rank's chunk of the result, as `reduce_scatter_tensor` does.
+    pub fn reduce_scatter<T: Element>(&self, input: &[T], op: ReduceOp) -> Result<Vec<T>> {
+        if input.len() % self.world_size != 0 {
+            return Err(CommError::InvalidArgument {
+                rank: self.rank,
+                message: format!(
+                    "reduce_scatter needs an input length divisible by the world size; got \
+                     {} elements for {} ranks (pad the input to a multiple of {})",
+                    input.len(),
+                    self.world_size,
+                    self.world_size
+                ),
+            });
+        }
+        let mut transport = self.transport.lock().unwrap();
+        self.check_signature(&mut **transport, Signature::new("reduce_scatter", T::DTYPE, input.len(), op as i64))?;
+        let mut work = input.to_vec();
+        transport.reduce_scatter(T::buffer(&mut work), op)?;
+        let k = input.len() / self.world_size;
+        work.truncate((self.rank + 1) * k);
+        Ok(work.split_off(self.rank * k))
+    }
+
+    /// Copies `data` of rank `root` into `data` on every rank.
+    pub fn broadcast<T: Element>(&self, data: &mut [T], root: usize) -> Result<()> {
+        if root >= self.world_size {
+            return Err(CommError::InvalidArgument {
+                rank: self.rank,
+                message: format!(
+                    "broadcast from root {root}, but ranks run from 0 to {}",
+                    self.world_size - 1
+                ),
+            });
+        }
+        let mut transport = self.transport.lock().unwrap();
+        self.check_signature(&mut **transport, Signature::new("broadcast", T::DTYPE, data.len(), root as i64))?;
+        transport.broadcast(T::buffer(data), root)
+    }
+
+    /// Waits until every rank has reached this call (bounded by the timeout).
+    pub fn barrier(&self) -> Result<()> {
+        let mut count = [1i32];
+        self.transport
+            .lock()
+            .unwrap()
+            .all_reduce(BufferMut::I32(&mut count), ReduceOp::Sum)?;
+        if count[0] as usize != self.world_size {
+            return Err(CommError::Mismatch {
+                rank: self.rank,
+                message: format!(
+                    "barrier counted {} ranks instead of {}; collective calls are out of step \
+                     (run with {DEBUG_VAR}=detail to find the first differing call)",
+                    count[0], self.world_size
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Leaves the group after a final barrier, so no rank tears down the store
+    /// while another still needs it. Dropping the group skips the barrier.
+    pub fn destroy(self) -> Result<()> {
+        self.barrier()
+    }
+
+    /// With debug checks on, makes sure every rank is about to run the same call.
+    fn check_signature(&self, transport: &mut dyn Transport, mine: Signature) -> Result<()> {
+        if !self.debug_checks || self.world_size == 1 {
+            return Ok(());
+        }
+        let mut all = vec![0i64; 4 * self.world_size];
+        all[4 * self.rank..4 * self.rank + 4].copy_from_slice(&mine.words);
+        transport.all_gather(BufferMut::I64(&mut all))?;
+        for (peer, theirs) in all.chunks(4).enumerate() {
+            if theirs != mine.words {
+                return Err(CommError::Mismatch {
+                    rank: self.rank,
+                    message: format!(
+                        "this rank calls {} but rank {peer} calls {}",
+                        mine,
+                        Signature::from_words(theirs)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a collective call looks like, packed for a cross-rank comparison.
+struct Signature {
+    words: [i64; 4],
+}
+
+const OP_NAMES: [&str; 4] = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"];
+const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::I32, DType::I64];
+
+impl Signature {
+    fn new(op: &str, dtype: DType, len: usize, extra: i64) -> Self {
+        let op = OP_NAMES.iter().position(|name| *name == op).unwrap() as i64;
+        let dtype = DTYPES.iter().position(|d| *d == dtype).unwrap() as i64;
+        Self {
+            words: [op, dtype, len as i64, extra],
+        }
+    }
+
+    fn from_words(words: &[i64]) -> Self {
+        Self {
+            words: words.try_into().unwrap_or([-1; 4]),
+        }
+    }
+}
+
+impl std::fmt::Display for Signature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [op, dtype, len, extra] = self.words;
+        let op = OP_NAMES.get(op as usize).copied().unwrap_or("?");
+        let dtype = DTYPES.get(dtype as usize).map(|d| format!("{d:?}")).unwrap_or_default();
+        let extra = match op {
+            "broadcast" => format!(", root {extra}"),
+            "all_gather" => String::new(),
+            _ => format!(", op {extra}"),
+        };
+        write!(f, "{op}({len} x {dtype}{extra})")
+    }
+}
+
+/// Starts the store on rank 0 at the master address.
+fn host_store(host: &str, port: u16) -> Result<StoreServer> {
+    let ip: IpAddr = (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .map(|addr| addr.ip())
+        .ok_or_else(|| {
+            CommError::config(format!("rank 0: cannot resolve MASTER_ADDR {host:?}"))
+        })?;
+    // A loopback master serves this machine only; any other address means other
+    // machines connect, and the name may resolve to an address we cannot bind
+    // (behind NAT, in containers), so listen on every interface.
+    let bind = if ip.is_loopback() {
+        SocketAddr::new(ip, port)
+    } else {
+        SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), port)
+    };
+    StoreServer::bind(bind).map_err(|err| match err {
+        CommError::Store { message, .. } => CommError::Store {
+            rank: Some(0),
+            message,
+        },
+        other => other,
+    })
+}
+
+/// Announces this rank and waits for all the others, naming any that never come.
+fn join(store: &dyn Store, env: &LaunchEnv) -> Result<()> {
+    let key = |rank: usize| format!("{KEY_PREFIX}join/{rank}");
+    store.set(&key(env.rank), env.world_size.to_string().as_bytes())?;
+    let keys: Vec<String> = (0..env.world_size).map(key).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    if let Err(err) = store.wait(&key_refs, env.timeout) {
+        if !err.is_timeout() {
+            return Err(err);
+        }
+        let mut missing = Vec::new();
+        for (rank, key) in key_refs.iter().enumerate() {
+            if !store.check(&[key])? {
+                missing.push(rank);
+            }
+        }
+        return Err(CommError::Timeout {
+            rank: env.rank,
+            what: format!(
+                "rank(s) {missing:?} to join a group of {} at {}:{} (check that they \
+                 started, and that every rank has the same WORLD_SIZE, MASTER_ADDR and \
+                 MASTER_PORT)",
+                env.world_size,
+                env.master_addr.as_deref().unwrap_or("?"),
+                env.master_port
+            ),
+            after: env.timeout,
+        });
+    }
+    for (rank, key) in key_refs.iter().enumerate() {
+        let theirs = store.get(key, env.timeout)?;
+        if theirs != env.world_size.to_string().as_bytes() {
+            return Err(CommError::Mismatch {
+                rank: env.rank,
+                message: format!(
+                    "rank {rank} joined with WORLD_SIZE={}, this rank has {}; start every \
+                     rank with the same WORLD_SIZE",
+                    String::from_utf8_lossy(&theirs),
+                    env.world_size
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Default for ProcessGroupBuilder {
+    fn default() -> Self {
+        Self::new(0, 1).master("127.0.0.1", DEFAULT_MASTER_PORT)
+    }
+}

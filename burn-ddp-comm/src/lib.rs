@@ -1,0 +1,25 @@
+//! The communication core of burn-ddp: launcher environment, rendezvous store,
+//! process group and collectives over pluggable transports.
+//!
+//! It knows nothing of Burn, so the launcher can use it without pulling Burn in,
+//! and any way of feeding gradients (a backend decorator today, a gradient
+//! synchroniser for newer Burn later) can sit on top.
+//!
+//! Layers, each knowing only the one below: [`env`] (who am I) → [`store`]
+//! (rendezvous) → [`transport`] (moving bytes) → [`ProcessGroup`] (validated
+//! collectives for callers).
+
+#![warn(missing_docs)]
+
+mod element;
+pub mod env;
+mod error;
+pub mod frame;
+mod group;
+pub mod store;
+pub mod transport;
+
+pub use element::{finish_reduce, reduce_into, BufferMut, DType, Element, ReduceOp};
+pub use env::{LaunchEnv, Launcher, StoreHost};
+pub use error::{CommError, Result};
+pub use group::{ProcessGroup, ProcessGroupBuilder, DEBUG_VAR};

@@ -1,0 +1,52 @@
+//! The rendezvous store: a small key/value service every rank can reach.
+//!
+//! Ranks use it once, at start-up, to find each other (transport addresses,
+//! later the NCCL unique id) and for barriers outside the data path. It is hosted
+//! by the launcher when there is one, else by rank 0.
+
+mod client;
+mod memory;
+mod protocol;
+mod server;
+
+pub use client::TcpStoreClient;
+pub use memory::MemoryStore;
+pub use server::StoreServer;
+
+use crate::error::Result;
+use std::time::Duration;
+
+/// What the process group needs from a rendezvous store.
+///
+/// Every blocking call takes a timeout; none waits forever.
+pub trait Store: Send + Sync {
+    /// Sets `key` to `value`, waking anyone waiting for it.
+    fn set(&self, key: &str, value: &[u8]) -> Result<()>;
+    /// Returns the value of `key`, waiting up to `timeout` for it to be set.
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>>;
+    /// Adds `delta` to the integer at `key` (absent counts as 0) and returns the sum.
+    fn add(&self, key: &str, delta: i64) -> Result<i64>;
+    /// Waits up to `timeout` until every key is set.
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()>;
+    /// Whether every key is set, without waiting.
+    fn check(&self, keys: &[&str]) -> Result<bool>;
+}
+
+/// Blocks until `world_size` participants have called it with the same `name`.
+///
+/// Each name must be used once per participant (callers add a generation
+/// number); the last one to arrive releases the others.
+pub fn store_barrier(
+    store: &dyn Store,
+    name: &str,
+    world_size: usize,
+    timeout: Duration,
+) -> Result<()> {
+    let arrived = store.add(&format!("{name}/count"), 1)?;
+    let done = format!("{name}/done");
+    if arrived as usize >= world_size {
+        store.set(&done, b"1")
+    } else {
+        store.wait(&[&done], timeout)
+    }
+}

@@ -1,0 +1,63 @@
+//! Transports move host buffers between the ranks of a group.
+//!
+//! The process group owns one transport and validates arguments before calling
+//! it; a transport only moves and combines bytes. TCP is the portable default;
+//! device transports (NCCL) work on device memory and plug in beside it.
+
+mod local;
+mod tcp;
+
+pub use local::SingleProcess;
+pub use tcp::TcpRing;
+
+use crate::element::{BufferMut, ReduceOp};
+use crate::error::Result;
+
+/// Collectives on host buffers, all in place.
+///
+/// Every rank must call the same operations in the same order with buffers of
+/// the same length and type; the process group checks what it cheaply can.
+pub trait Transport: Send {
+    /// A short name for logs (`"tcp"`, `"local"`).
+    fn name(&self) -> &'static str;
+
+    /// Replaces `data` on every rank with its reduction over all ranks.
+    fn all_reduce(&mut self, data: BufferMut<'_>, op: ReduceOp) -> Result<()>;
+
+    /// `data` holds `world_size` equal chunks; afterwards chunk `rank` holds the
+    /// reduction of chunk `rank` over all ranks (the other chunks are scratch).
+    fn reduce_scatter(&mut self, data: BufferMut<'_>, op: ReduceOp) -> Result<()>;
+
+    /// `data` holds `world_size` equal chunks, of which chunk `rank` is this rank's
+    /// input; afterwards every chunk holds the input of its rank.
+    fn all_gather(&mut self, data: BufferMut<'_>) -> Result<()>;
+
+    /// Copies `data` of rank `root` to every rank.
+    fn broadcast(&mut self, data: BufferMut<'_>, root: usize) -> Result<()>;
+}
+
+/// The `index`-th of `parts` near-equal contiguous ranges of `0..len`.
+pub(crate) fn chunk_range(len: usize, parts: usize, index: usize) -> std::ops::Range<usize> {
+    len * index / parts..len * (index + 1) / parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_range;
+
+    #[test]
+    fn chunks_cover_the_buffer_in_order_even_when_shorter_than_parts() {
+        for len in [0usize, 1, 2, 7, 100] {
+            for parts in 1..6 {
+                let mut next = 0;
+                for i in 0..parts {
+                    let r = chunk_range(len, parts, i);
+                    assert_eq!(r.start, next);
+                    assert!(r.len() <= len.div_ceil(parts));
+                    next = r.end;
+                }
+                assert_eq!(next, len);
+            }
+        }
+    }
+}
