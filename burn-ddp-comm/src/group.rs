@@ -423,13 +423,21 @@ fn join(store: &dyn Store, env: &LaunchEnv) -> Result<()> {
     store.set(&key(env.rank), env.world_size.to_string().as_bytes())?;
     let keys: Vec<String> = (0..env.world_size).map(key).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    if let Err(err) = store.wait(&key_refs, env.timeout) {
-        if !err.is_timeout() {
-            return Err(err);
-        }
-        let mut missing = Vec::new();
-        for (rank, key) in key_refs.iter().enumerate() {
-            if !store.check(&[key])? {
+    // Wait key by key: the first that times out names a missing rank even if the
+    // store's host gives up at the same moment and takes the store with it.
+    let deadline = std::time::Instant::now() + env.timeout;
+    for (first_missing, key) in key_refs.iter().enumerate() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let cause = match store.wait(&[key], left) {
+            Ok(()) => continue,
+            Err(err) if err.is_timeout() => String::new(),
+            // The store's host gave up first and exited: the key was still unset.
+            Err(err @ CommError::Store { .. }) => format!("; then {err}"),
+            Err(err) => return Err(err),
+        };
+        let mut missing = vec![first_missing];
+        for (rank, later) in key_refs.iter().enumerate().skip(first_missing + 1) {
+            if let Ok(false) = store.check(&[later]) {
                 missing.push(rank);
             }
         }
@@ -438,7 +446,7 @@ fn join(store: &dyn Store, env: &LaunchEnv) -> Result<()> {
             what: format!(
                 "rank(s) {missing:?} to join a group of {} at {}:{} (check that they \
                  started, and that every rank has the same WORLD_SIZE, MASTER_ADDR and \
-                 MASTER_PORT)",
+                 MASTER_PORT){cause}",
                 env.world_size,
                 env.master_addr.as_deref().unwrap_or("?"),
                 env.master_port

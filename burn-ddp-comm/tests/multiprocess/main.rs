@@ -1,1 +1,147 @@
-fn main(){}
+//! Collectives across real processes on 127.0.0.1, world sizes 1 to 4.
+//!
+//! Each rank checks its own results against closed-form expectations and prints
+//! the collectives_lab values; the driver checks exit codes, timings and output.
+
+mod scenarios;
+
+use burn_ddp_testkit::{all_ok, check, run_cases, Case, Hosting, World, SCENARIO_VAR};
+use std::time::Duration;
+
+fn main() {
+    if let Ok(name) = std::env::var(SCENARIO_VAR) {
+        scenarios::run(&name);
+    }
+    let cases: &[Case] = &[
+        ("collectives_lab_values_world_1_to_4", collectives_lab_values),
+        ("sizes_ops_and_dtypes_world_2_to_4", sizes_ops_and_dtypes),
+        ("rank_zero_hosts_the_store", rank_zero_hosts_the_store),
+        ("many_operations_back_to_back", many_operations_back_to_back),
+        ("world_of_one_needs_no_network", world_of_one_needs_no_network),
+        ("a_peer_that_never_joins_is_named_within_the_timeout", peer_never_joins),
+        ("a_peer_that_dies_fails_the_collective_fast", peer_dies),
+        ("debug_checks_catch_mismatched_calls", debug_checks_catch_mismatched_calls),
+        ("invalid_arguments_are_errors_not_hangs", invalid_arguments),
+    ];
+    run_cases(cases);
+}
+
+/// The four results of `collectives_lab.py`, per rank.
+fn collectives_lab_values() -> Result<(), String> {
+    for world in 1..=4usize {
+        let outcomes = World::new(world).run("lab");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            let r = o.rank;
+            let expect_reduce = format!("{}", (0..world).sum::<usize>() as f32);
+            let expect_gather = format!("{:?}", (0..world as i64).collect::<Vec<_>>());
+            let chunk: Vec<f32> = (0..2)
+                .map(|j| (0..world).map(|q| (2 * r + j) as f32 + 100.0 * q as f32).sum())
+                .collect();
+            let expect = [
+                ("all_reduce", expect_reduce),
+                ("all_gather", expect_gather),
+                ("broadcast", "2026".to_string()),
+                ("reduce_scatter", format!("{chunk:?}")),
+            ];
+            for (tag, want) in expect {
+                let got = o.value(tag);
+                check(got == Some(want.as_str()), || {
+                    format!("world {world} rank {r} {tag}: got {got:?}, want {want}")
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn sizes_ops_and_dtypes() -> Result<(), String> {
+    for world in 2..=4 {
+        all_ok(&World::new(world).run("sizes"))?;
+    }
+    Ok(())
+}
+
+fn rank_zero_hosts_the_store() -> Result<(), String> {
+    let mut world = World::new(3);
+    world.hosting = Hosting::RankZero;
+    all_ok(&world.run("lab"))
+}
+
+fn many_operations_back_to_back() -> Result<(), String> {
+    all_ok(&World::new(3).run("back_to_back"))
+}
+
+fn world_of_one_needs_no_network() -> Result<(), String> {
+    // No RANK, WORLD_SIZE or MASTER_ADDR at all: a plain `cargo run`.
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .env(SCENARIO_VAR, "lab")
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("MASTER_ADDR")
+        .env_remove("MASTER_PORT")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    check(out.status.success(), || format!("{out:?}"))?;
+    check(stdout.contains("all_reduce 0\n") && stdout.contains("reduce_scatter [0.0, 1.0]"), || {
+        stdout.to_string()
+    })
+}
+
+fn peer_never_joins() -> Result<(), String> {
+    for hosting in [Hosting::Driver, Hosting::RankZero] {
+        let mut world = World::new(3);
+        world.started = vec![0, 1];
+        world.hosting = hosting;
+        world.timeout_secs = 2.0;
+        world.deadline = Duration::from_secs(30);
+        let outcomes = world.run("lab");
+        for o in &outcomes {
+            check(o.code == Some(1), || format!("rank {} should fail: {o:?}", o.rank))?;
+            check(o.elapsed < Duration::from_secs(15), || {
+                format!("rank {} took {:?}", o.rank, o.elapsed)
+            })?;
+            check(o.stderr.contains("rank(s) [2]") && o.stderr.contains("timed out"), || {
+                format!("rank {} should name rank 2: {}", o.rank, o.stderr)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn peer_dies() -> Result<(), String> {
+    // Rank 2 exits right after joining; the others must fail long before their
+    // 60 s timeout, naming a peer, instead of hanging.
+    let mut world = World::new(3).rank_env(2, "DIE_AFTER_INIT", "1");
+    world.timeout_secs = 60.0;
+    world.deadline = Duration::from_secs(90);
+    let outcomes = world.run("die");
+    for o in outcomes.iter().filter(|o| o.rank != 2) {
+        check(o.code == Some(1), || format!("rank {} should fail: {o:?}", o.rank))?;
+        check(o.elapsed < Duration::from_secs(20), || {
+            format!("rank {} took {:?}: {}", o.rank, o.elapsed, o.stderr)
+        })?;
+        check(o.stderr.contains("with rank"), || o.stderr.clone())?;
+    }
+    Ok(())
+}
+
+fn debug_checks_catch_mismatched_calls() -> Result<(), String> {
+    let world = World::new(2).env("BURN_DDP_DEBUG", "detail");
+    let outcomes = world.run("mismatch");
+    for o in &outcomes {
+        check(o.code == Some(1), || format!("{o:?}"))?;
+        let other = 1 - o.rank;
+        check(
+            o.stderr.contains("ranks disagree") && o.stderr.contains(&format!("rank {other} calls all_reduce")),
+            || o.stderr.clone(),
+        )?;
+    }
+    Ok(())
+}
+
+fn invalid_arguments() -> Result<(), String> {
+    all_ok(&World::new(2).run("invalid"))
+}

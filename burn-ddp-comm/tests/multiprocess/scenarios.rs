@@ -1,0 +1,195 @@
+//! What each rank process does; every scenario exits the process.
+
+use burn_ddp_comm::{ProcessGroup, ReduceOp};
+
+pub fn run(name: &str) -> ! {
+    let result = match name {
+        "lab" => lab(),
+        "sizes" => sizes(),
+        "back_to_back" => back_to_back(),
+        "die" => die(),
+        "mismatch" => mismatch(),
+        "invalid" => invalid(),
+        other => Err(format!("unknown scenario {other}")),
+    };
+    match result {
+        Ok(()) => std::process::exit(0),
+        Err(message) => {
+            eprintln!("ERROR: {message}");
+            std::process::exit(1)
+        }
+    }
+}
+
+fn group() -> Result<ProcessGroup, String> {
+    ProcessGroup::from_env().map_err(|e| e.to_string())
+}
+
+fn expect<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) -> Result<(), String> {
+    if got == want {
+        return Ok(());
+    }
+    let first = got.iter().zip(want).position(|(g, w)| g != w);
+    Err(format!(
+        "{what}: {} vs {} elements, first difference at {first:?}",
+        got.len(),
+        want.len()
+    ))
+}
+
+/// collectives_lab.py, printed as `<op> <value>`.
+fn lab() -> Result<(), String> {
+    let g = group()?;
+    let rank = g.rank();
+    let world = g.world_size();
+    let e = |e: burn_ddp_comm::CommError| e.to_string();
+
+    let mut x = [rank as f32];
+    g.all_reduce(&mut x, ReduceOp::Sum).map_err(e)?;
+    println!("all_reduce {}", x[0]);
+
+    let gathered = g.all_gather(&[rank as i64]).map_err(e)?;
+    println!("all_gather {gathered:?}");
+
+    let mut z = [if rank == 0 { 2026i64 } else { -1 }];
+    g.broadcast(&mut z, 0).map_err(e)?;
+    println!("broadcast {}", z[0]);
+
+    let input: Vec<f32> = (0..world * 2).map(|i| i as f32 + rank as f32 * 100.0).collect();
+    let out = g.reduce_scatter(&input, ReduceOp::Sum).map_err(e)?;
+    println!("reduce_scatter {out:?}");
+    g.destroy().map_err(e)
+}
+
+/// Every op, dtype and the lengths 0, 1, 7 and ~1M+3 against closed forms.
+fn sizes() -> Result<(), String> {
+    let g = group()?;
+    let (rank, n) = (g.rank(), g.world_size());
+    let e = |e: burn_ddp_comm::CommError| e.to_string();
+    let pattern = |i: usize| (i % 97) as f32 - 48.0;
+    for len in [0usize, 1, 7, (1 << 20) + 3] {
+        let scale = |r: usize| (r + 1) as f32;
+        let mine: Vec<f32> = (0..len).map(|i| pattern(i) * scale(rank)).collect();
+        let total: f32 = (0..n).map(scale).sum();
+
+        let mut sum = mine.clone();
+        g.all_reduce(&mut sum, ReduceOp::Sum).map_err(e)?;
+        let want: Vec<f32> = (0..len).map(|i| pattern(i) * total).collect();
+        expect(&format!("sum f32 len {len}"), &sum, &want)?;
+
+        let mut mean = mine.clone();
+        g.all_reduce(&mut mean, ReduceOp::Mean).map_err(e)?;
+        let want: Vec<f32> = (0..len).map(|i| pattern(i) * total / n as f32).collect();
+        expect(&format!("mean f32 len {len}"), &mean, &want)?;
+
+        let mut max = mine.clone();
+        g.all_reduce(&mut max, ReduceOp::Max).map_err(e)?;
+        let want: Vec<f32> = (0..len)
+            .map(|i| (0..n).map(|r| pattern(i) * scale(r)).fold(f32::MIN, f32::max))
+            .collect();
+        expect(&format!("max f32 len {len}"), &max, &want)?;
+
+        let mut min = mine.clone();
+        g.all_reduce(&mut min, ReduceOp::Min).map_err(e)?;
+        let want: Vec<f32> = (0..len)
+            .map(|i| (0..n).map(|r| pattern(i) * scale(r)).fold(f32::MAX, f32::min))
+            .collect();
+        expect(&format!("min f32 len {len}"), &min, &want)?;
+
+        let mut wide: Vec<f64> = (0..len).map(|i| i as f64 + rank as f64 * 0.5).collect();
+        g.all_reduce(&mut wide, ReduceOp::Sum).map_err(e)?;
+        let offset: f64 = (0..n).map(|r| r as f64 * 0.5).sum();
+        let want: Vec<f64> = (0..len).map(|i| i as f64 * n as f64 + offset).collect();
+        expect(&format!("sum f64 len {len}"), &wide, &want)?;
+
+        let mut ints: Vec<i64> = (0..len as i64).map(|i| i * (rank as i64 + 1)).collect();
+        g.all_reduce(&mut ints, ReduceOp::Sum).map_err(e)?;
+        let factor: i64 = (1..=n as i64).sum();
+        let want: Vec<i64> = (0..len as i64).map(|i| i * factor).collect();
+        expect(&format!("sum i64 len {len}"), &ints, &want)?;
+
+        let gathered = g.all_gather(&mine).map_err(e)?;
+        let want: Vec<f32> = (0..n)
+            .flat_map(|r| (0..len).map(move |i| pattern(i) * scale(r)))
+            .collect();
+        expect(&format!("all_gather len {len}"), &gathered, &want)?;
+
+        let input: Vec<i32> = (0..len * n).map(|i| i as i32 + rank as i32).collect();
+        let out = g.reduce_scatter(&input, ReduceOp::Sum).map_err(e)?;
+        let ranks_sum: i32 = (0..n as i32).sum();
+        let want: Vec<i32> = (rank * len..(rank + 1) * len)
+            .map(|i| i as i32 * n as i32 + ranks_sum)
+            .collect();
+        expect(&format!("reduce_scatter len {len}"), &out, &want)?;
+
+        let root = n - 1;
+        let mut data: Vec<f32> = if rank == root {
+            (0..len).map(pattern).collect()
+        } else {
+            vec![f32::NAN; len]
+        };
+        g.broadcast(&mut data, root).map_err(e)?;
+        let want: Vec<f32> = (0..len).map(pattern).collect();
+        expect(&format!("broadcast len {len}"), &data, &want)?;
+    }
+    g.destroy().map_err(e)
+}
+
+/// Hundreds of small and medium collectives in a row stay in step.
+fn back_to_back() -> Result<(), String> {
+    let g = group()?;
+    let (rank, n) = (g.rank(), g.world_size());
+    let e = |e: burn_ddp_comm::CommError| e.to_string();
+    for step in 0..600usize {
+        let len = [1, 3, 1000, 40_000][step % 4];
+        let mut data = vec![(rank + step) as f32; len];
+        g.all_reduce(&mut data, ReduceOp::Sum).map_err(e)?;
+        let want = (0..n).map(|r| (r + step) as f32).sum::<f32>();
+        if data.iter().any(|v| *v != want) {
+            return Err(format!("step {step}: got {} want {want}", data[0]));
+        }
+        if step % 50 == 0 {
+            g.barrier().map_err(e)?;
+        }
+    }
+    g.destroy().map_err(e)
+}
+
+/// The rank with DIE_AFTER_INIT exits after joining; the others try to reduce.
+fn die() -> Result<(), String> {
+    let g = group()?;
+    if std::env::var("DIE_AFTER_INIT").is_ok() {
+        std::process::exit(7);
+    }
+    let mut data = vec![1.0f32; 1 << 20];
+    g.all_reduce(&mut data, ReduceOp::Sum).map_err(|e| e.to_string())?;
+    Err("the all_reduce with a dead peer should have failed".into())
+}
+
+/// Ranks call all_reduce with different lengths.
+fn mismatch() -> Result<(), String> {
+    let g = group()?;
+    let mut data = vec![1.0f32; 4 + g.rank()];
+    g.all_reduce(&mut data, ReduceOp::Sum).map_err(|e| e.to_string())?;
+    Err("mismatched all_reduce should have failed".into())
+}
+
+/// Bad arguments fail on the calling rank without touching the network, and the
+/// group stays usable afterwards.
+fn invalid() -> Result<(), String> {
+    let g = group()?;
+    let err = g.reduce_scatter(&[1.0f32; 3], ReduceOp::Sum).unwrap_err().to_string();
+    if !err.contains("divisible by the world size") || !err.contains(&format!("rank {}", g.rank())) {
+        return Err(format!("unexpected reduce_scatter error: {err}"));
+    }
+    let err = g.broadcast(&mut [0.0f32], 5).unwrap_err().to_string();
+    if !err.contains("root 5") {
+        return Err(format!("unexpected broadcast error: {err}"));
+    }
+    let mut x = [1.0f32];
+    g.all_reduce(&mut x, ReduceOp::Sum).map_err(|e| e.to_string())?;
+    if x[0] != g.world_size() as f32 {
+        return Err(format!("group unusable after bad arguments: {}", x[0]));
+    }
+    g.destroy().map_err(|e| e.to_string())
+}

@@ -1,0 +1,241 @@
+//! Test support for burn-ddp: a tiny runner that starts real rank processes.
+//!
+//! The test binary re-executes itself: with `SCENARIO_VAR` set it is one rank
+//! running a scenario; without, it is the driver that starts ranks, bounds every
+//! wait and checks what they printed and how they exited.
+
+use burn_ddp_comm::store::StoreServer;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const SCENARIO_VAR: &str = "BURN_DDP_TEST_SCENARIO";
+
+/// How a rank ended.
+#[derive(Debug)]
+pub struct RankOutcome {
+    pub rank: usize,
+    /// `None` when it was killed (by us at the deadline, or by a signal).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+    pub killed_at_deadline: bool,
+}
+
+impl RankOutcome {
+    pub fn ok(&self) -> Result<(), String> {
+        if self.code == Some(0) {
+            Ok(())
+        } else {
+            Err(format!(
+                "rank {} exited with {:?} (killed at deadline: {})\nstdout:\n{}\nstderr:\n{}",
+                self.rank, self.code, self.killed_at_deadline, self.stdout, self.stderr
+            ))
+        }
+    }
+
+    /// Lines `"<tag> <value>"` printed by the rank, for a given tag.
+    pub fn value(&self, tag: &str) -> Option<&str> {
+        self.stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(tag)?.strip_prefix(' '))
+    }
+}
+
+/// Who hosts the rendezvous store.
+#[derive(Clone, Copy)]
+pub enum Hosting {
+    /// Rank 0, at a free port.
+    RankZero,
+    /// The driver (as burn-ddp-run does).
+    Driver,
+}
+
+pub struct World {
+    pub world_size: usize,
+    /// Ranks actually started (a subset simulates missing peers).
+    pub started: Vec<usize>,
+    pub hosting: Hosting,
+    pub timeout_secs: f64,
+    pub env: Vec<(String, String)>,
+    /// Per-rank extra variables.
+    pub rank_env: Vec<(usize, String, String)>,
+    pub deadline: Duration,
+}
+
+impl World {
+    pub fn new(world_size: usize) -> Self {
+        Self {
+            world_size,
+            started: (0..world_size).collect(),
+            hosting: Hosting::Driver,
+            timeout_secs: 20.0,
+            env: Vec::new(),
+            rank_env: Vec::new(),
+            deadline: Duration::from_secs(120),
+        }
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn rank_env(mut self, rank: usize, key: &str, value: &str) -> Self {
+        self.rank_env.push((rank, key.into(), value.into()));
+        self
+    }
+
+    /// Starts every rank on `scenario` and waits for all of them (bounded).
+    pub fn run(&self, scenario: &str) -> Vec<RankOutcome> {
+        let server = match self.hosting {
+            Hosting::Driver => Some(StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap()),
+            Hosting::RankZero => None,
+        };
+        let port = match &server {
+            Some(server) => server.addr().port(),
+            None => free_port(),
+        };
+        let exe = std::env::current_exe().unwrap();
+        let start = Instant::now();
+        let mut children: Vec<(usize, Child)> = self
+            .started
+            .iter()
+            .map(|&rank| {
+                let mut cmd = Command::new(&exe);
+                cmd.env(SCENARIO_VAR, scenario)
+                    .env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", self.world_size.to_string())
+                    .env("LOCAL_RANK", rank.to_string())
+                    .env("LOCAL_WORLD_SIZE", self.world_size.to_string())
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string())
+                    .env("BURN_DDP_TIMEOUT_SECS", self.timeout_secs.to_string())
+                    .env_remove("BURN_DDP_LAUNCHER_STORE")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                if server.is_some() {
+                    cmd.env("BURN_DDP_LAUNCHER_STORE", "1");
+                }
+                for (key, value) in &self.env {
+                    cmd.env(key, value);
+                }
+                for (r, key, value) in &self.rank_env {
+                    if *r == rank {
+                        cmd.env(key, value);
+                    }
+                }
+                (rank, cmd.spawn().expect("spawning a rank"))
+            })
+            .collect();
+        let readers: Vec<_> = children
+            .iter_mut()
+            .map(|(_, child)| {
+                let mut out = child.stdout.take().unwrap();
+                let mut err = child.stderr.take().unwrap();
+                (
+                    std::thread::spawn(move || {
+                        let mut s = String::new();
+                        let _ = out.read_to_string(&mut s);
+                        s
+                    }),
+                    std::thread::spawn(move || {
+                        let mut s = String::new();
+                        let _ = err.read_to_string(&mut s);
+                        s
+                    }),
+                )
+            })
+            .collect();
+        let mut ended: Vec<Option<(Option<i32>, Duration, bool)>> = vec![None; children.len()];
+        while ended.iter().any(Option::is_none) {
+            for (i, (_, child)) in children.iter_mut().enumerate() {
+                if ended[i].is_none() {
+                    if let Some(status) = child.try_wait().unwrap() {
+                        ended[i] = Some((status.code(), start.elapsed(), false));
+                    } else if start.elapsed() > self.deadline {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        ended[i] = Some((None, start.elapsed(), true));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        children
+            .into_iter()
+            .zip(readers)
+            .zip(ended)
+            .map(|(((rank, _), (out, err)), end)| {
+                let (code, elapsed, killed) = end.unwrap();
+                RankOutcome {
+                    rank,
+                    code,
+                    stdout: out.join().unwrap(),
+                    stderr: err.join().unwrap(),
+                    elapsed,
+                    killed_at_deadline: killed,
+                }
+            })
+            .collect()
+    }
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap().port()
+}
+
+/// All ranks succeeded.
+pub fn all_ok(outcomes: &[RankOutcome]) -> Result<(), String> {
+    outcomes.iter().try_for_each(RankOutcome::ok)
+}
+
+pub fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    if condition {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+pub type Case = (&'static str, fn() -> Result<(), String>);
+
+/// Runs the cases whose names contain the first free argument (as libtest
+/// filters), printing libtest-style lines; exits non-zero on any failure.
+pub fn run_cases(cases: &[Case]) -> ! {
+    let filter = std::env::args()
+        .skip(1)
+        .find(|arg| !arg.starts_with('-'))
+        .unwrap_or_default();
+    let selected: Vec<_> = cases.iter().filter(|(name, _)| name.contains(&filter)).collect();
+    println!("\nrunning {} tests", selected.len());
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    for (name, case) in &selected {
+        let t = Instant::now();
+        let result = std::panic::catch_unwind(case).unwrap_or_else(|_| Err("panicked".into()));
+        match result {
+            Ok(()) => println!("test {name} ... ok ({:.1}s)", t.elapsed().as_secs_f64()),
+            Err(message) => {
+                println!("test {name} ... FAILED");
+                failures.push((name, message));
+            }
+        }
+    }
+    for (name, message) in &failures {
+        println!("\n---- {name} ----\n{message}");
+    }
+    let passed = selected.len() - failures.len();
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed; 0 ignored; 0 measured; {} filtered out; finished in {:.2}s\n",
+        if failures.is_empty() { "ok" } else { "FAILED" },
+        failures.len(),
+        cases.len() - selected.len(),
+        started.elapsed().as_secs_f64()
+    );
+    std::process::exit(if failures.is_empty() { 0 } else { 1 })
+}
