@@ -1,0 +1,125 @@
+//! Collectives on Burn tensors, mirroring `torch.distributed`'s.
+//!
+//! They work on any backend through a host round trip (`into_data`, reduce,
+//! `from_data`); device transports take over for device tensors later. Float and
+//! int tensors of f32, f64, i32 and i64 elements are supported.
+
+use crate::{CommError, ProcessGroup, ReduceOp, Result};
+use burn::tensor::{backend::Backend, BasicOps, DType, Tensor, TensorData};
+
+/// Runs `body` on the elements of `data` as a typed slice.
+macro_rules! with_elements {
+    ($group:expr, $data:expr, $slice:ident => $body:expr) => {{
+        let rank = $group.rank();
+        let unsupported = |dtype: DType| CommError::InvalidArgument {
+            rank,
+            message: format!(
+                "collectives support f32, f64, i32 and i64 tensors, not {dtype:?}; \
+                 convert the tensor first (e.g. `.cast(DType::F32)`)"
+            ),
+        };
+        let bad_layout = |err: burn::tensor::DataError| CommError::InvalidArgument {
+            rank,
+            message: format!("cannot view the tensor's data as elements: {err:?}"),
+        };
+        match $data.dtype {
+            DType::F32 => {
+                let $slice = $data.as_mut_slice::<f32>().map_err(bad_layout)?;
+                $body
+            }
+            DType::F64 => {
+                let $slice = $data.as_mut_slice::<f64>().map_err(bad_layout)?;
+                $body
+            }
+            DType::I32 => {
+                let $slice = $data.as_mut_slice::<i32>().map_err(bad_layout)?;
+                $body
+            }
+            DType::I64 => {
+                let $slice = $data.as_mut_slice::<i64>().map_err(bad_layout)?;
+                $body
+            }
+            other => Err(unsupported(other)),
+        }
+    }};
+}
+
+/// Reduces `tensor` over all ranks; every rank gets the result (`dist.all_reduce`).
+pub fn all_reduce<B: Backend, const D: usize, K: BasicOps<B>>(
+    group: &ProcessGroup,
+    tensor: Tensor<B, D, K>,
+    op: ReduceOp,
+) -> Result<Tensor<B, D, K>> {
+    let device = tensor.device();
+    let mut data = tensor.into_data();
+    with_elements!(group, data, slice => group.all_reduce(slice, op))?;
+    Ok(Tensor::from_data(data, &device))
+}
+
+/// Copies rank `root`'s `tensor` to every rank (`dist.broadcast`).
+pub fn broadcast<B: Backend, const D: usize, K: BasicOps<B>>(
+    group: &ProcessGroup,
+    tensor: Tensor<B, D, K>,
+    root: usize,
+) -> Result<Tensor<B, D, K>> {
+    let device = tensor.device();
+    let mut data = tensor.into_data();
+    with_elements!(group, data, slice => group.broadcast(slice, root))?;
+    Ok(Tensor::from_data(data, &device))
+}
+
+/// Every rank's `tensor`, in rank order (`dist.all_gather`). All ranks must pass
+/// tensors of the same shape.
+pub fn all_gather<B: Backend, const D: usize, K: BasicOps<B>>(
+    group: &ProcessGroup,
+    tensor: Tensor<B, D, K>,
+) -> Result<Vec<Tensor<B, D, K>>> {
+    let device = tensor.device();
+    let shape = tensor.shape();
+    let mut data = tensor.into_data();
+    let gathered: Vec<TensorData> = with_elements!(group, data, slice => {
+        group.all_gather(slice).map(|all| {
+            let per_rank = slice.len();
+            (0..group.world_size())
+                .map(|r| {
+                    let part = all[r * per_rank..(r + 1) * per_rank].to_vec();
+                    TensorData::new(part, shape.clone())
+                })
+                .collect()
+        })
+    })?;
+    Ok(gathered
+        .into_iter()
+        .map(|data| Tensor::from_data(data, &device))
+        .collect())
+}
+
+/// Reduces `tensor` over all ranks and returns this rank's slice of the result
+/// along dimension 0 (`dist.reduce_scatter_tensor`). Dimension 0 must be a
+/// multiple of the world size.
+pub fn reduce_scatter<B: Backend, const D: usize, K: BasicOps<B>>(
+    group: &ProcessGroup,
+    tensor: Tensor<B, D, K>,
+    op: ReduceOp,
+) -> Result<Tensor<B, D, K>> {
+    let device = tensor.device();
+    let mut dims = tensor.dims();
+    let world = group.world_size();
+    if D == 0 || dims[0] % world != 0 {
+        return Err(CommError::InvalidArgument {
+            rank: group.rank(),
+            message: format!(
+                "reduce_scatter splits dimension 0 across {world} ranks, so it must be a \
+                 multiple of {world}; got shape {dims:?}"
+            ),
+        });
+    }
+    dims[0] /= world;
+    let mut data = tensor.into_data();
+    let part: TensorData = with_elements!(group, data, slice => {
+        group
+            .reduce_scatter(slice, op)
+            .map(|part| TensorData::new(part, dims))
+    })?;
+    Ok(Tensor::from_data(part, &device))
+}
