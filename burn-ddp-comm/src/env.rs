@@ -129,7 +129,9 @@ impl LaunchEnv {
             )));
         }
         let local_world_size = vars.number(names.local_world_size)?.unwrap_or(world_size);
-        let local_rank = vars.number(names.local_rank)?.unwrap_or(rank % local_world_size);
+        let local_rank = vars
+            .number(names.local_rank)?
+            .unwrap_or(rank % local_world_size);
         if local_rank >= local_world_size {
             return Err(CommError::config(format!(
                 "{}={local_rank} but {}={local_world_size}; local ranks run from 0 to {}",
@@ -141,11 +143,16 @@ impl LaunchEnv {
 
         let master_addr = vars.get("MASTER_ADDR").filter(|addr| !addr.is_empty());
         let master_port = match vars.get("MASTER_PORT") {
-            Some(port) => port.trim().parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
-                CommError::config(format!(
-                    "MASTER_PORT={port:?} is not a port number (1-65535); rank {rank}"
-                ))
-            })?,
+            Some(port) => port
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| {
+                    CommError::config(format!(
+                        "MASTER_PORT={port:?} is not a port number (1-65535); rank {rank}"
+                    ))
+                })?,
             None => DEFAULT_MASTER_PORT,
         };
         if world_size > 1 && master_addr.is_none() {
@@ -307,7 +314,10 @@ mod tests {
             ("TORCHELASTIC_USE_AGENT_STORE", "True"),
         ])
         .unwrap();
-        assert_eq!((e.rank, e.world_size, e.local_rank, e.local_world_size), (3, 8, 1, 2));
+        assert_eq!(
+            (e.rank, e.world_size, e.local_rank, e.local_world_size),
+            (3, 8, 1, 2)
+        );
         assert_eq!(e.master_addr.as_deref(), Some("10.1.2.3"));
         assert_eq!(e.master_port, 1234);
         assert_eq!(e.launcher, Launcher::Torchrun);
@@ -324,7 +334,10 @@ mod tests {
             ("MASTER_ADDR", "127.0.0.1"),
         ])
         .unwrap();
-        assert_eq!((e.rank, e.world_size, e.local_rank, e.launcher), (1, 2, 1, Launcher::OpenMpi));
+        assert_eq!(
+            (e.rank, e.world_size, e.local_rank, e.launcher),
+            (1, 2, 1, Launcher::OpenMpi)
+        );
         assert_eq!(e.master_port, DEFAULT_MASTER_PORT);
         let e = env(&[
             ("SLURM_PROCID", "5"),
@@ -335,7 +348,10 @@ mod tests {
             ("MASTER_PORT", "29400"),
         ])
         .unwrap();
-        assert_eq!((e.rank, e.world_size, e.local_rank, e.launcher), (5, 8, 1, Launcher::Slurm));
+        assert_eq!(
+            (e.rank, e.world_size, e.local_rank, e.launcher),
+            (5, 8, 1, Launcher::Slurm)
+        );
         assert_eq!(e.store_host, StoreHost::RankZero);
     }
 
@@ -357,14 +373,22 @@ mod tests {
         let text = err(&[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]);
         assert!(text.contains("RANK=2") && text.contains("0 to 1"), "{text}");
         let text = err(&[("RANK", "1"), ("WORLD_SIZE", "2")]);
-        assert!(text.contains("MASTER_ADDR is not set") && text.contains("rank 1"), "{text}");
+        assert!(
+            text.contains("MASTER_ADDR is not set") && text.contains("rank 1"),
+            "{text}"
+        );
         let text = err(&[("RANK", "0")]);
         assert!(text.contains("WORLD_SIZE"), "{text}");
         let text = err(&[("WORLD_SIZE", "4")]);
         assert!(text.contains("RANK"), "{text}");
         let text = err(&[("RANK", "x"), ("WORLD_SIZE", "2")]);
         assert!(text.contains("RANK=\"x\""), "{text}");
-        let text = err(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "99999")]);
+        let text = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "99999"),
+        ]);
         assert!(text.contains("MASTER_PORT"), "{text}");
         let text = err(&[("RANK", "0"), ("WORLD_SIZE", "0")]);
         assert!(text.contains("at least one"), "{text}");

@@ -160,8 +160,7 @@ impl ProcessGroup {
             }
             _ => None,
         };
-        let client =
-            TcpStoreClient::connect(&host, env.master_port, Some(env.rank), env.timeout)?;
+        let client = TcpStoreClient::connect(&host, env.master_port, Some(env.rank), env.timeout)?;
         join(&client, &env)?;
         let bind_ip = client.local_ip()?;
         let ring = TcpRing::connect(
@@ -247,14 +246,20 @@ impl ProcessGroup {
     /// Reduces `data` over all ranks, in place, on every rank.
     pub fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
         let mut transport = self.transport.lock().unwrap();
-        self.check_signature(&mut **transport, Signature::new("all_reduce", T::DTYPE, data.len(), op as i64))?;
+        self.check_signature(
+            &mut **transport,
+            Signature::new("all_reduce", T::DTYPE, data.len(), op as i64),
+        )?;
         transport.all_reduce(T::buffer(data), op)
     }
 
     /// Concatenates every rank's `input`, in rank order, on every rank.
     pub fn all_gather<T: Element>(&self, input: &[T]) -> Result<Vec<T>> {
         let mut transport = self.transport.lock().unwrap();
-        self.check_signature(&mut **transport, Signature::new("all_gather", T::DTYPE, input.len(), 0))?;
+        self.check_signature(
+            &mut **transport,
+            Signature::new("all_gather", T::DTYPE, input.len(), 0),
+        )?;
         let k = input.len();
         let mut output = vec![T::zeroed(); k * self.world_size];
         output[self.rank * k..(self.rank + 1) * k].copy_from_slice(input);
@@ -278,7 +283,10 @@ impl ProcessGroup {
             });
         }
         let mut transport = self.transport.lock().unwrap();
-        self.check_signature(&mut **transport, Signature::new("reduce_scatter", T::DTYPE, input.len(), op as i64))?;
+        self.check_signature(
+            &mut **transport,
+            Signature::new("reduce_scatter", T::DTYPE, input.len(), op as i64),
+        )?;
         let mut work = input.to_vec();
         transport.reduce_scatter(T::buffer(&mut work), op)?;
         let k = input.len() / self.world_size;
@@ -298,7 +306,10 @@ impl ProcessGroup {
             });
         }
         let mut transport = self.transport.lock().unwrap();
-        self.check_signature(&mut **transport, Signature::new("broadcast", T::DTYPE, data.len(), root as i64))?;
+        self.check_signature(
+            &mut **transport,
+            Signature::new("broadcast", T::DTYPE, data.len(), root as i64),
+        )?;
         transport.broadcast(T::buffer(data), root)
     }
 
@@ -380,7 +391,10 @@ impl std::fmt::Display for Signature {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let [op, dtype, len, extra] = self.words;
         let op = OP_NAMES.get(op as usize).copied().unwrap_or("?");
-        let dtype = DTYPES.get(dtype as usize).map(|d| format!("{d:?}")).unwrap_or_default();
+        let dtype = DTYPES
+            .get(dtype as usize)
+            .map(|d| format!("{d:?}"))
+            .unwrap_or_default();
         let extra = match op {
             "broadcast" => format!(", root {extra}"),
             "all_gather" => String::new(),
@@ -397,9 +411,7 @@ fn host_store(host: &str, port: u16) -> Result<StoreServer> {
         .ok()
         .and_then(|mut addrs| addrs.next())
         .map(|addr| addr.ip())
-        .ok_or_else(|| {
-            CommError::config(format!("rank 0: cannot resolve MASTER_ADDR {host:?}"))
-        })?;
+        .ok_or_else(|| CommError::config(format!("rank 0: cannot resolve MASTER_ADDR {host:?}")))?;
     // A loopback master serves this machine only; any other address means other
     // machines connect, and the name may resolve to an address we cannot bind
     // (behind NAT, in containers), so listen on every interface.

@@ -33,6 +33,10 @@ pub fn default_group() -> Option<Arc<ProcessGroup>> {
 /// Waits for every rank (bounded by the timeout), then forgets the default group;
 /// its connections close once the last handle to it is dropped.
 pub fn destroy_process_group() -> Result<()> {
-    let group = DEFAULT_GROUP.lock().unwrap().take().ok_or(CommError::Destroyed)?;
+    let group = DEFAULT_GROUP
+        .lock()
+        .unwrap()
+        .take()
+        .ok_or(CommError::Destroyed)?;
     group.barrier()
 }

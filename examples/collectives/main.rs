@@ -47,7 +47,10 @@ fn run() -> burn_ddp::Result<()> {
         .float()
         .add_scalar(rank as f32 * 100.0);
     let out = burn_ddp::reduce_scatter(&group, input, ReduceOp::Sum)?;
-    println!("{rank} reduce_scatter {:?}", out.into_data().to_vec::<f32>().unwrap());
+    println!(
+        "{rank} reduce_scatter {:?}",
+        out.into_data().to_vec::<f32>().unwrap()
+    );
 
     burn_ddp::destroy_process_group()
 }

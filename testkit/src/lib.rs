@@ -211,7 +211,10 @@ pub fn run_cases(cases: &[Case]) -> ! {
         .skip(1)
         .find(|arg| !arg.starts_with('-'))
         .unwrap_or_default();
-    let selected: Vec<_> = cases.iter().filter(|(name, _)| name.contains(&filter)).collect();
+    let selected: Vec<_> = cases
+        .iter()
+        .filter(|(name, _)| name.contains(&filter))
+        .collect();
     println!("\nrunning {} tests", selected.len());
     let started = Instant::now();
     let mut failures = Vec::new();

@@ -42,7 +42,8 @@ impl TcpStoreClient {
                 });
             match attempt {
                 Ok((server, conn)) => {
-                    conn.set_nodelay(true).map_err(|e| store_err(e.to_string()))?;
+                    conn.set_nodelay(true)
+                        .map_err(|e| store_err(e.to_string()))?;
                     return Ok(Self {
                         conn: Mutex::new(conn),
                         rank,
@@ -250,7 +251,10 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(3));
         assert!(err.is_timeout());
         let text = err.to_string();
-        assert!(text.contains("rank 3") && text.contains("\"never\""), "{text}");
+        assert!(
+            text.contains("rank 3") && text.contains("\"never\""),
+            "{text}"
+        );
     }
 
     #[test]
@@ -288,7 +292,10 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(started.elapsed() < Duration::from_secs(5));
-        assert!(err.contains("rank 2") && err.contains("MASTER_ADDR"), "{err}");
+        assert!(
+            err.contains("rank 2") && err.contains("MASTER_ADDR"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -133,9 +133,7 @@ fn handle(request: &[u8], state: &State) -> io::Result<Vec<u8>> {
             let timeout = Duration::from_millis(fields.u64()?);
             let values = wait_for(state, &[key], timeout);
             Ok(match values {
-                Some(values) => FieldWriter::new(protocol::OK)
-                    .bytes(&values[key])
-                    .finish(),
+                Some(values) => FieldWriter::new(protocol::OK).bytes(&values[key]).finish(),
                 None => FieldWriter::new(protocol::TIMED_OUT).finish(),
             })
         }
@@ -206,6 +204,10 @@ fn wait_for<'a>(
         if now >= deadline || state.stopping.load(Ordering::SeqCst) {
             return None;
         }
-        values = state.changed.wait_timeout(values, deadline - now).unwrap().0;
+        values = state
+            .changed
+            .wait_timeout(values, deadline - now)
+            .unwrap()
+            .0;
     }
 }

@@ -214,7 +214,9 @@ impl TcpRing {
             let writer = scope.spawn(|| (&self.next).write_all(out_bytes));
             let received = self.receive(incoming, landing, op);
             let sent = match writer.join() {
-                Ok(sent) => sent.map_err(|err| self.io_error(err, self.next_rank(), op, "sending to")),
+                Ok(sent) => {
+                    sent.map_err(|err| self.io_error(err, self.next_rank(), op, "sending to"))
+                }
                 Err(_) => Err(CommError::Peer {
                     rank: self.rank,
                     peer: self.next_rank(),
@@ -323,9 +325,9 @@ impl TcpRing {
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(data);
             let forward = ring.next_rank() != root;
             if ring.rank == root {
-                return (&ring.next)
-                    .write_all(bytes)
-                    .map_err(|err| ring.io_error(err, ring.next_rank(), "broadcast", "sending to"));
+                return (&ring.next).write_all(bytes).map_err(|err| {
+                    ring.io_error(err, ring.next_rank(), "broadcast", "sending to")
+                });
             }
             // A chain from the root around the ring: receive a piece, pass it on.
             for piece in bytes.chunks_mut(PIECE_BYTES) {
@@ -377,7 +379,11 @@ impl Transport for TcpRing {
 }
 
 /// Borrows two disjoint ranges of one slice, one shared and one mutable.
-fn split_disjoint<T>(data: &mut [T], shared: Range<usize>, unique: Range<usize>) -> (&[T], &mut [T]) {
+fn split_disjoint<T>(
+    data: &mut [T],
+    shared: Range<usize>,
+    unique: Range<usize>,
+) -> (&[T], &mut [T]) {
     if shared.start >= unique.end {
         let (head, tail) = data.split_at_mut(shared.start);
         (&tail[..shared.len()], &mut head[unique])
@@ -391,7 +397,10 @@ fn split_disjoint<T>(data: &mut [T], shared: Range<usize>, unique: Range<usize>)
 fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match TcpStream::connect_timeout(&addr, left.clamp(Duration::from_millis(1), Duration::from_secs(2))) {
+        match TcpStream::connect_timeout(
+            &addr,
+            left.clamp(Duration::from_millis(1), Duration::from_secs(2)),
+        ) {
             Ok(stream) => return Ok(stream),
             Err(err) if Instant::now() >= deadline => return Err(err),
             Err(_) => std::thread::sleep(Duration::from_millis(20)),

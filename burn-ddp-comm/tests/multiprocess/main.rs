@@ -13,14 +13,26 @@ fn main() {
         scenarios::run(&name);
     }
     let cases: &[Case] = &[
-        ("collectives_lab_values_world_1_to_4", collectives_lab_values),
+        (
+            "collectives_lab_values_world_1_to_4",
+            collectives_lab_values,
+        ),
         ("sizes_ops_and_dtypes_world_2_to_4", sizes_ops_and_dtypes),
         ("rank_zero_hosts_the_store", rank_zero_hosts_the_store),
         ("many_operations_back_to_back", many_operations_back_to_back),
-        ("world_of_one_needs_no_network", world_of_one_needs_no_network),
-        ("a_peer_that_never_joins_is_named_within_the_timeout", peer_never_joins),
+        (
+            "world_of_one_needs_no_network",
+            world_of_one_needs_no_network,
+        ),
+        (
+            "a_peer_that_never_joins_is_named_within_the_timeout",
+            peer_never_joins,
+        ),
         ("a_peer_that_dies_fails_the_collective_fast", peer_dies),
-        ("debug_checks_catch_mismatched_calls", debug_checks_catch_mismatched_calls),
+        (
+            "debug_checks_catch_mismatched_calls",
+            debug_checks_catch_mismatched_calls,
+        ),
         ("invalid_arguments_are_errors_not_hangs", invalid_arguments),
     ];
     run_cases(cases);
@@ -36,7 +48,11 @@ fn collectives_lab_values() -> Result<(), String> {
             let expect_reduce = format!("{}", (0..world).sum::<usize>() as f32);
             let expect_gather = format!("{:?}", (0..world as i64).collect::<Vec<_>>());
             let chunk: Vec<f32> = (0..2)
-                .map(|j| (0..world).map(|q| (2 * r + j) as f32 + 100.0 * q as f32).sum())
+                .map(|j| {
+                    (0..world)
+                        .map(|q| (2 * r + j) as f32 + 100.0 * q as f32)
+                        .sum()
+                })
                 .collect();
             let expect = [
                 ("all_reduce", expect_reduce),
@@ -85,9 +101,10 @@ fn world_of_one_needs_no_network() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     check(out.status.success(), || format!("{out:?}"))?;
-    check(stdout.contains("all_reduce 0\n") && stdout.contains("reduce_scatter [0.0, 1.0]"), || {
-        stdout.to_string()
-    })
+    check(
+        stdout.contains("all_reduce 0\n") && stdout.contains("reduce_scatter [0.0, 1.0]"),
+        || stdout.to_string(),
+    )
 }
 
 fn peer_never_joins() -> Result<(), String> {
@@ -99,13 +116,16 @@ fn peer_never_joins() -> Result<(), String> {
         world.deadline = Duration::from_secs(30);
         let outcomes = world.run("lab");
         for o in &outcomes {
-            check(o.code == Some(1), || format!("rank {} should fail: {o:?}", o.rank))?;
+            check(o.code == Some(1), || {
+                format!("rank {} should fail: {o:?}", o.rank)
+            })?;
             check(o.elapsed < Duration::from_secs(15), || {
                 format!("rank {} took {:?}", o.rank, o.elapsed)
             })?;
-            check(o.stderr.contains("rank(s) [2]") && o.stderr.contains("timed out"), || {
-                format!("rank {} should name rank 2: {}", o.rank, o.stderr)
-            })?;
+            check(
+                o.stderr.contains("rank(s) [2]") && o.stderr.contains("timed out"),
+                || format!("rank {} should name rank 2: {}", o.rank, o.stderr),
+            )?;
         }
     }
     Ok(())
@@ -119,7 +139,9 @@ fn peer_dies() -> Result<(), String> {
     world.deadline = Duration::from_secs(90);
     let outcomes = world.run("die");
     for o in outcomes.iter().filter(|o| o.rank != 2) {
-        check(o.code == Some(1), || format!("rank {} should fail: {o:?}", o.rank))?;
+        check(o.code == Some(1), || {
+            format!("rank {} should fail: {o:?}", o.rank)
+        })?;
         check(o.elapsed < Duration::from_secs(20), || {
             format!("rank {} took {:?}: {}", o.rank, o.elapsed, o.stderr)
         })?;
@@ -135,7 +157,8 @@ fn debug_checks_catch_mismatched_calls() -> Result<(), String> {
         check(o.code == Some(1), || format!("{o:?}"))?;
         let other = 1 - o.rank;
         check(
-            o.stderr.contains("ranks disagree") && o.stderr.contains(&format!("rank {other} calls all_reduce")),
+            o.stderr.contains("ranks disagree")
+                && o.stderr.contains(&format!("rank {other} calls all_reduce")),
             || o.stderr.clone(),
         )?;
     }

@@ -55,7 +55,9 @@ fn lab() -> Result<(), String> {
     g.broadcast(&mut z, 0).map_err(e)?;
     println!("broadcast {}", z[0]);
 
-    let input: Vec<f32> = (0..world * 2).map(|i| i as f32 + rank as f32 * 100.0).collect();
+    let input: Vec<f32> = (0..world * 2)
+        .map(|i| i as f32 + rank as f32 * 100.0)
+        .collect();
     let out = g.reduce_scatter(&input, ReduceOp::Sum).map_err(e)?;
     println!("reduce_scatter {out:?}");
     g.destroy().map_err(e)
@@ -85,14 +87,22 @@ fn sizes() -> Result<(), String> {
         let mut max = mine.clone();
         g.all_reduce(&mut max, ReduceOp::Max).map_err(e)?;
         let want: Vec<f32> = (0..len)
-            .map(|i| (0..n).map(|r| pattern(i) * scale(r)).fold(f32::MIN, f32::max))
+            .map(|i| {
+                (0..n)
+                    .map(|r| pattern(i) * scale(r))
+                    .fold(f32::MIN, f32::max)
+            })
             .collect();
         expect(&format!("max f32 len {len}"), &max, &want)?;
 
         let mut min = mine.clone();
         g.all_reduce(&mut min, ReduceOp::Min).map_err(e)?;
         let want: Vec<f32> = (0..len)
-            .map(|i| (0..n).map(|r| pattern(i) * scale(r)).fold(f32::MAX, f32::min))
+            .map(|i| {
+                (0..n)
+                    .map(|r| pattern(i) * scale(r))
+                    .fold(f32::MAX, f32::min)
+            })
             .collect();
         expect(&format!("min f32 len {len}"), &min, &want)?;
 
@@ -162,7 +172,8 @@ fn die() -> Result<(), String> {
         std::process::exit(7);
     }
     let mut data = vec![1.0f32; 1 << 20];
-    g.all_reduce(&mut data, ReduceOp::Sum).map_err(|e| e.to_string())?;
+    g.all_reduce(&mut data, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
     Err("the all_reduce with a dead peer should have failed".into())
 }
 
@@ -170,7 +181,8 @@ fn die() -> Result<(), String> {
 fn mismatch() -> Result<(), String> {
     let g = group()?;
     let mut data = vec![1.0f32; 4 + g.rank()];
-    g.all_reduce(&mut data, ReduceOp::Sum).map_err(|e| e.to_string())?;
+    g.all_reduce(&mut data, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
     Err("mismatched all_reduce should have failed".into())
 }
 
@@ -178,8 +190,12 @@ fn mismatch() -> Result<(), String> {
 /// group stays usable afterwards.
 fn invalid() -> Result<(), String> {
     let g = group()?;
-    let err = g.reduce_scatter(&[1.0f32; 3], ReduceOp::Sum).unwrap_err().to_string();
-    if !err.contains("divisible by the world size") || !err.contains(&format!("rank {}", g.rank())) {
+    let err = g
+        .reduce_scatter(&[1.0f32; 3], ReduceOp::Sum)
+        .unwrap_err()
+        .to_string();
+    if !err.contains("divisible by the world size") || !err.contains(&format!("rank {}", g.rank()))
+    {
         return Err(format!("unexpected reduce_scatter error: {err}"));
     }
     let err = g.broadcast(&mut [0.0f32], 5).unwrap_err().to_string();
@@ -187,7 +203,8 @@ fn invalid() -> Result<(), String> {
         return Err(format!("unexpected broadcast error: {err}"));
     }
     let mut x = [1.0f32];
-    g.all_reduce(&mut x, ReduceOp::Sum).map_err(|e| e.to_string())?;
+    g.all_reduce(&mut x, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
     if x[0] != g.world_size() as f32 {
         return Err(format!("group unusable after bad arguments: {}", x[0]));
     }

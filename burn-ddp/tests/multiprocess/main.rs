@@ -1,0 +1,118 @@
+//! burn-ddp across real processes: tensor collectives on NdArray.
+
+use burn::backend::NdArray;
+use burn::tensor::{Int, Tensor, TensorData};
+use burn_ddp::ReduceOp;
+use burn_ddp_testkit::{all_ok, check, run_cases, Case, World, SCENARIO_VAR};
+
+type B = NdArray;
+
+fn main() {
+    if let Ok(name) = std::env::var(SCENARIO_VAR) {
+        let result = match name.as_str() {
+            "tensor_collectives" => tensor_collectives(),
+            other => Err(format!("unknown scenario {other}")),
+        };
+        if let Err(message) = result {
+            eprintln!("ERROR: {message}");
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+    let cases: &[Case] = &[("tensor_collectives_world_1_to_3", tensor_collectives_case)];
+    run_cases(cases);
+}
+
+fn tensor_collectives_case() -> Result<(), String> {
+    for world in 1..=3 {
+        let outcomes = World::new(world).run("tensor_collectives");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(o.value("done") == Some("yes"), || o.stdout.clone())?;
+        }
+    }
+    Ok(())
+}
+
+/// Float and int tensors of rank 2, each collective against its closed form.
+fn tensor_collectives() -> Result<(), String> {
+    let group = burn_ddp::init_process_group().map_err(|e| e.to_string())?;
+    let (rank, n) = (group.rank(), group.world_size());
+    let e = |e: burn_ddp::CommError| e.to_string();
+    let device = Default::default();
+    let same = |what: &str, got: TensorData, want: TensorData| {
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{what}: got {got:?}, want {want:?}"))
+        }
+    };
+
+    // A [2, 3] float tensor: value (rank + 1) * (index + 1).
+    let mine = |r: usize| {
+        Tensor::<B, 1, Int>::arange(1..7, &device)
+            .float()
+            .mul_scalar((r + 1) as f32)
+            .reshape([2, 3])
+    };
+    let total: f32 = (1..=n).map(|r| r as f32).sum();
+    let sum = burn_ddp::all_reduce(&group, mine(rank), ReduceOp::Sum).map_err(e)?;
+    same(
+        "sum",
+        sum.into_data(),
+        mine(0).mul_scalar(total).into_data(),
+    )?;
+    let mean = burn_ddp::all_reduce(&group, mine(rank), ReduceOp::Mean).map_err(e)?;
+    mean.into_data().assert_approx_eq::<f32>(
+        &mine(0).mul_scalar(total / n as f32).into_data(),
+        Default::default(),
+    );
+    let max = burn_ddp::all_reduce(&group, mine(rank), ReduceOp::Max).map_err(e)?;
+    same("max", max.into_data(), mine(n - 1).into_data())?;
+
+    let ints = Tensor::<B, 2, Int>::from_ints([[rank as i64, -(rank as i64)]], &device);
+    let gathered = burn_ddp::all_gather(&group, ints).map_err(e)?;
+    if gathered.len() != n {
+        return Err(format!("all_gather returned {} tensors", gathered.len()));
+    }
+    for (r, t) in gathered.into_iter().enumerate() {
+        let want = Tensor::<B, 2, Int>::from_ints([[r as i64, -(r as i64)]], &device);
+        same("all_gather", t.into_data(), want.into_data())?;
+    }
+
+    let root = n - 1;
+    let value = if rank == root {
+        mine(7)
+    } else {
+        mine(rank).zeros_like()
+    };
+    let got = burn_ddp::broadcast(&group, value, root).map_err(e)?;
+    same("broadcast", got.into_data(), mine(7).into_data())?;
+
+    // [2n, 3] split along dim 0: rank r gets rows 2r..2r+2 summed over ranks.
+    let rows = Tensor::<B, 1, Int>::arange(0..(6 * n) as i64, &device)
+        .float()
+        .reshape([2 * n, 3]);
+    let scattered =
+        burn_ddp::reduce_scatter(&group, rows.clone().add_scalar(rank as f32), ReduceOp::Sum)
+            .map_err(e)?;
+    let offset: f32 = (0..n).map(|r| r as f32).sum();
+    let want = rows
+        .slice([2 * rank..2 * rank + 2])
+        .mul_scalar(n as f32)
+        .add_scalar(offset);
+    same("reduce_scatter", scattered.into_data(), want.into_data())?;
+
+    if n > 1 {
+        let odd = Tensor::<B, 2>::zeros([2 * n + 1, 1], &device);
+        let err = burn_ddp::reduce_scatter(&group, odd, ReduceOp::Sum)
+            .unwrap_err()
+            .to_string();
+        if !err.contains("multiple of") {
+            return Err(format!("bad reduce_scatter error: {err}"));
+        }
+    }
+    burn_ddp::destroy_process_group().map_err(e)?;
+    println!("done yes");
+    Ok(())
+}
