@@ -1,0 +1,294 @@
+//! Starting the workers and watching them until all exit or one fails.
+
+use crate::cli::LaunchConfig;
+use crate::output::LineSink;
+use crate::signals;
+use burn_ddp_comm::env::LAUNCHER_STORE_VAR;
+use burn_ddp_comm::store::StoreServer;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const POLL: Duration = Duration::from_millis(10);
+
+struct Worker {
+    rank: usize,
+    local_rank: usize,
+    pid: u32,
+    child: Child,
+    exit: Option<(ExitStatus, Duration)>,
+    pumps: Vec<JoinHandle<()>>,
+}
+
+/// How a worker ended, for the failure summary.
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(signal)) => format!("killed by {}", signals::name(signal)),
+        _ => "ended".into(),
+    }
+}
+
+/// The launcher's exit code for a worker's status: its code, or 128 + signal.
+fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+/// Runs the job; returns the launcher's exit code.
+pub fn run(config: &LaunchConfig) -> Result<i32, String> {
+    let world_size = config.nnodes * config.nproc_per_node;
+    // Node 0's launcher hosts the store, like torchrun's agent, so a worker that
+    // dies early does not take it down with it.
+    let store = if config.node_rank == 0 {
+        Some(host_store(config)?)
+    } else {
+        None
+    };
+    let master_port = store
+        .as_ref()
+        .map_or(config.master_port, |s| s.addr().port());
+    let omp_default = config.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none();
+    if omp_default {
+        eprintln!(
+            "burn-ddp-run: setting OMP_NUM_THREADS=1 for each of the {} processes to avoid \
+             oversubscribing the CPU; set it yourself to tune",
+            config.nproc_per_node
+        );
+    }
+    signals::install();
+    let started = Instant::now();
+    let mut workers = Vec::with_capacity(config.nproc_per_node);
+    for local_rank in 0..config.nproc_per_node {
+        let rank = config.node_rank * config.nproc_per_node + local_rank;
+        match spawn(
+            config,
+            rank,
+            local_rank,
+            world_size,
+            master_port,
+            omp_default,
+        ) {
+            Ok(worker) => workers.push(worker),
+            Err(err) => {
+                stop(&mut workers, config.shutdown_timeout);
+                return Err(err);
+            }
+        }
+    }
+    Ok(supervise(workers, config, started))
+}
+
+fn host_store(config: &LaunchConfig) -> Result<StoreServer, String> {
+    let addr: SocketAddr = if config.standalone {
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    } else {
+        let resolved = (config.master_addr.as_str(), config.master_port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .ok_or_else(|| format!("cannot resolve --master-addr {:?}", config.master_addr))?;
+        if resolved.ip().is_loopback() {
+            resolved
+        } else {
+            SocketAddr::from(([0, 0, 0, 0], config.master_port))
+        }
+    };
+    StoreServer::bind(addr).map_err(|err| {
+        format!("{err} (use --master-port to pick another port, or --standalone for a free one)")
+    })
+}
+
+fn spawn(
+    config: &LaunchConfig,
+    rank: usize,
+    local_rank: usize,
+    world_size: usize,
+    master_port: u16,
+    omp_default: bool,
+) -> Result<Worker, String> {
+    let mut command = Command::new(&config.program[0]);
+    command
+        .args(&config.program[1..])
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", local_rank.to_string())
+        .env("WORLD_SIZE", world_size.to_string())
+        .env("LOCAL_WORLD_SIZE", config.nproc_per_node.to_string())
+        .env("GROUP_RANK", config.node_rank.to_string())
+        .env("GROUP_WORLD_SIZE", config.nnodes.to_string())
+        .env("ROLE_RANK", rank.to_string())
+        .env("ROLE_WORLD_SIZE", world_size.to_string())
+        .env("MASTER_ADDR", &config.master_addr)
+        .env("MASTER_PORT", master_port.to_string())
+        .env(LAUNCHER_STORE_VAR, "1")
+        // We are not torchrun: a worker must not look for torchrun's agent store.
+        .env_remove("TORCHELASTIC_RUN_ID")
+        .env_remove("TORCHELASTIC_USE_AGENT_STORE");
+    if omp_default {
+        command.env("OMP_NUM_THREADS", "1");
+    }
+    stop_with_parent(&mut command);
+    let capture = config.prefix_output || config.log_dir.is_some();
+    if capture {
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    let mut child = command.spawn().map_err(|err| {
+        format!(
+            "cannot start {:?} for rank {rank}: {err}",
+            config.program[0]
+        )
+    })?;
+    let mut pumps = Vec::new();
+    if capture {
+        let sink = LineSink::new(rank, config.prefix_output, config.log_dir.as_deref())
+            .map_err(|err| format!("cannot open the log for rank {rank}: {err}"))?;
+        pumps.push(sink.clone().pump(child.stdout.take().unwrap(), false));
+        pumps.push(sink.pump(child.stderr.take().unwrap(), true));
+    }
+    Ok(Worker {
+        rank,
+        local_rank,
+        pid: child.id(),
+        child,
+        exit: None,
+        pumps,
+    })
+}
+
+fn supervise(mut workers: Vec<Worker>, config: &LaunchConfig, started: Instant) -> i32 {
+    let mut first_failure: Option<usize> = None;
+    let mut interrupted: Option<i32> = None;
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        if let Some(signal) = signals::take() {
+            if interrupted.is_none() {
+                eprintln!(
+                    "burn-ddp-run: received {}, passing it to the workers",
+                    signals::name(signal)
+                );
+            }
+            interrupted = Some(signal);
+            for w in workers.iter().filter(|w| w.exit.is_none()) {
+                signals::send(w.pid, signal);
+            }
+            kill_at.get_or_insert(Instant::now() + config.shutdown_timeout);
+        }
+        for (i, w) in workers.iter_mut().enumerate() {
+            if w.exit.is_some() {
+                continue;
+            }
+            if let Ok(Some(status)) = w.child.try_wait() {
+                w.exit = Some((status, started.elapsed()));
+                if !status.success() && first_failure.is_none() && interrupted.is_none() {
+                    first_failure = Some(i);
+                }
+            }
+        }
+        if first_failure.is_some() && kill_at.is_none() {
+            // Stop the others at once; they would otherwise wait out their timeouts.
+            for w in workers.iter().filter(|w| w.exit.is_none()) {
+                signals::send(w.pid, libc::SIGTERM);
+            }
+            kill_at = Some(Instant::now() + config.shutdown_timeout);
+        }
+        if workers.iter().all(|w| w.exit.is_some()) {
+            break;
+        }
+        if kill_at.is_some_and(|at| Instant::now() >= at) {
+            for w in workers.iter_mut().filter(|w| w.exit.is_none()) {
+                let _ = w.child.kill();
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+    for w in &mut workers {
+        for pump in w.pumps.drain(..) {
+            let _ = pump.join();
+        }
+    }
+    if let Some(signal) = interrupted {
+        return 128 + signal;
+    }
+    match first_failure {
+        None => 0,
+        Some(root) => {
+            print_summary(&workers, root);
+            exit_code(workers[root].exit.unwrap().0)
+        }
+    }
+}
+
+fn print_summary(workers: &[Worker], root: usize) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    eprintln!("burn-ddp-run: the job failed");
+    eprintln!("  rank  local_rank  pid       ended after  result");
+    for w in workers {
+        let (status, at) = w.exit.unwrap();
+        let cause = if std::ptr::eq(w, &workers[root]) {
+            "  <- first failure (root cause)"
+        } else {
+            ""
+        };
+        eprintln!(
+            "  {:<4}  {:<10}  {:<8}  {:>9.2}s  {}{cause}",
+            w.rank,
+            w.local_rank,
+            w.pid,
+            at.as_secs_f64(),
+            describe(status)
+        );
+    }
+    let w = &workers[root];
+    eprintln!(
+        "burn-ddp-run: root cause: rank {} (local rank {}, pid {}) {} at {:02}:{:02}:{:02} UTC; \
+         see its output above",
+        w.rank,
+        w.local_rank,
+        w.pid,
+        describe(w.exit.unwrap().0),
+        now / 3600 % 24,
+        now / 60 % 60,
+        now % 60
+    );
+}
+
+/// Terminates workers that were already started (when a later one failed to start).
+fn stop(workers: &mut [Worker], grace: Duration) {
+    for w in workers.iter() {
+        signals::send(w.pid, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    for w in workers.iter_mut() {
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = w.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(POLL);
+        }
+        let _ = w.child.kill();
+        let _ = w.child.wait();
+    }
+}
+
+/// Makes the kernel SIGTERM a worker if the launcher itself dies (even by
+/// SIGKILL), so no orphaned worker keeps a GPU or a port.
+#[cfg(target_os = "linux")]
+fn stop_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe, as required between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stop_with_parent(_command: &mut Command) {}

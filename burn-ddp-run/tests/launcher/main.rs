@@ -1,0 +1,469 @@
+//! The launcher with real worker processes: collectives, failures, signals, flags.
+
+use burn_ddp_comm::{ProcessGroup, ReduceOp};
+use burn_ddp_testkit::{check, run_cases, Case, SCENARIO_VAR};
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const LAUNCHER: &str = env!("CARGO_BIN_EXE_burn-ddp-run");
+
+fn main() {
+    if let Ok(name) = std::env::var(SCENARIO_VAR) {
+        worker(&name);
+    }
+    let cases: &[Case] = &[
+        (
+            "collectives_through_the_launcher_2_to_4_ranks",
+            collectives_through_launcher,
+        ),
+        (
+            "workers_get_torchruns_variables",
+            workers_get_torchruns_variables,
+        ),
+        (
+            "a_failing_rank_stops_the_others_and_sets_the_exit_code",
+            failing_rank,
+        ),
+        (
+            "a_rank_ignoring_sigterm_is_killed_after_the_shutdown_timeout",
+            rank_ignoring_sigterm,
+        ),
+        (
+            "a_rank_killed_by_a_signal_gives_128_plus_signal",
+            rank_killed_by_signal,
+        ),
+        (
+            "sigterm_to_the_launcher_reaches_every_worker",
+            sigterm_is_forwarded,
+        ),
+        ("log_dir_keeps_one_file_per_rank", log_dir),
+        (
+            "workers_die_with_a_killed_launcher",
+            workers_die_with_launcher,
+        ),
+        ("bad_flags_give_a_usage_error", bad_flags),
+        ("a_port_in_use_is_a_clear_error", port_in_use),
+    ];
+    run_cases(cases);
+}
+
+/// Worker side: runs under the launcher, reading its environment.
+fn worker(name: &str) -> ! {
+    let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
+    match name {
+        "collectives" => {
+            let g = ProcessGroup::from_env().unwrap_or_else(|e| {
+                eprintln!("{e}");
+                std::process::exit(1)
+            });
+            let mut x = [rank as f32];
+            g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+            let gathered = g.all_gather(&[rank as i64]).unwrap();
+            println!("sum={:?} gathered={gathered:?}", x[0]);
+            g.destroy().unwrap();
+        }
+        "env" => {
+            for var in [
+                "RANK",
+                "LOCAL_RANK",
+                "WORLD_SIZE",
+                "LOCAL_WORLD_SIZE",
+                "GROUP_RANK",
+                "GROUP_WORLD_SIZE",
+                "ROLE_RANK",
+                "ROLE_WORLD_SIZE",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "OMP_NUM_THREADS",
+            ] {
+                println!("{var}={}", std::env::var(var).unwrap_or_default());
+            }
+        }
+        "fail" => {
+            if rank == 1 {
+                std::thread::sleep(Duration::from_millis(300));
+                std::process::exit(3);
+            }
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "ignore_term" => {
+            if rank == 0 {
+                unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+                println!("ignoring SIGTERM");
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            std::process::exit(5);
+        }
+        "pid_then_sleep" => {
+            println!("pid {}", std::process::id());
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "self_kill" => {
+            if rank == 1 {
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        _ => {}
+    }
+    std::process::exit(0)
+}
+
+fn launcher(args: &[&str]) -> Command {
+    let mut cmd = Command::new(LAUNCHER);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("OMP_NUM_THREADS");
+    cmd
+}
+
+/// Runs the launcher on this test binary as the worker program, bounded by `limit`.
+fn run_scenario(
+    scenario: &str,
+    flags: &[&str],
+    limit: Duration,
+) -> Result<(Output, Duration), String> {
+    let exe = std::env::current_exe().unwrap();
+    let mut args: Vec<&str> = flags.to_vec();
+    args.push(exe.to_str().unwrap());
+    let mut cmd = launcher(&args);
+    cmd.env(SCENARIO_VAR, scenario);
+    bounded(cmd, limit)
+}
+
+fn bounded(mut cmd: Command, limit: Duration) -> Result<(Output, Duration), String> {
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = out.read_to_end(&mut buf);
+        buf
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = err.read_to_end(&mut buf);
+        buf
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("the launcher did not exit within {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = started.elapsed();
+    Ok((
+        Output {
+            status,
+            stdout: out_reader.join().unwrap(),
+            stderr: err_reader.join().unwrap(),
+        },
+        elapsed,
+    ))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn collectives_through_launcher() -> Result<(), String> {
+    for n in 2..=4usize {
+        let nproc = n.to_string();
+        let (out, _) = run_scenario(
+            "collectives",
+            &[
+                "--standalone",
+                "--nproc-per-node",
+                &nproc,
+                "--prefix-output",
+            ],
+            Duration::from_secs(60),
+        )?;
+        let stdout = text(&out.stdout);
+        check(out.status.code() == Some(0), || format!("{out:?}"))?;
+        let sum = (0..n).sum::<usize>() as f32;
+        let gathered: Vec<i64> = (0..n as i64).collect();
+        for rank in 0..n {
+            let line = format!("[rank {rank}] sum={sum:?} gathered={gathered:?}");
+            check(stdout.lines().any(|l| l == line), || {
+                format!("missing {line:?} in:\n{stdout}")
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn workers_get_torchruns_variables() -> Result<(), String> {
+    let (out, _) = run_scenario(
+        "env",
+        &[
+            "--nproc_per_node=2",
+            "--master-port",
+            &free_port().to_string(),
+            "--prefix-output",
+        ],
+        Duration::from_secs(30),
+    )?;
+    check(out.status.success(), || format!("{out:?}"))?;
+    let stdout = text(&out.stdout);
+    for rank in 0..2 {
+        for (var, value) in [
+            ("RANK", rank.to_string()),
+            ("LOCAL_RANK", rank.to_string()),
+            ("WORLD_SIZE", "2".into()),
+            ("LOCAL_WORLD_SIZE", "2".into()),
+            ("GROUP_RANK", "0".into()),
+            ("GROUP_WORLD_SIZE", "1".into()),
+            ("ROLE_RANK", rank.to_string()),
+            ("ROLE_WORLD_SIZE", "2".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("OMP_NUM_THREADS", "1".into()),
+        ] {
+            let line = format!("[rank {rank}] {var}={value}");
+            check(stdout.contains(&line), || {
+                format!("missing {line:?} in:\n{stdout}")
+            })?;
+        }
+    }
+    let stderr = text(&out.stderr);
+    check(stderr.matches("OMP_NUM_THREADS=1").count() == 1, || {
+        stderr.clone()
+    })
+}
+
+fn failing_rank() -> Result<(), String> {
+    let (out, elapsed) = run_scenario(
+        "fail",
+        &[
+            "--nproc-per-node",
+            "3",
+            "--master-port",
+            &free_port().to_string(),
+        ],
+        Duration::from_secs(30),
+    )?;
+    let stderr = text(&out.stderr);
+    check(out.status.code() == Some(3), || format!("{out:?}"))?;
+    check(elapsed < Duration::from_secs(10), || {
+        format!("took {elapsed:?}")
+    })?;
+    check(stderr.contains("root cause: rank 1"), || stderr.clone())?;
+    check(stderr.matches("killed by SIGTERM").count() == 2, || {
+        stderr.clone()
+    })
+}
+
+fn rank_ignoring_sigterm() -> Result<(), String> {
+    let (out, elapsed) = run_scenario(
+        "ignore_term",
+        &[
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--shutdown-timeout",
+            "1",
+        ],
+        Duration::from_secs(30),
+    )?;
+    let stderr = text(&out.stderr);
+    check(out.status.code() == Some(5), || format!("{out:?}"))?;
+    // rank 1 fails at ~0.5 s; rank 0 ignores SIGTERM and is killed 1 s later.
+    check(
+        elapsed >= Duration::from_millis(1400) && elapsed < Duration::from_secs(10),
+        || format!("took {elapsed:?}"),
+    )?;
+    check(
+        stderr.contains("killed by SIGKILL") && stderr.contains("root cause: rank 1"),
+        || stderr.clone(),
+    )
+}
+
+fn rank_killed_by_signal() -> Result<(), String> {
+    let (out, _) = run_scenario(
+        "self_kill",
+        &["--standalone", "--nproc-per-node", "2"],
+        Duration::from_secs(30),
+    )?;
+    let stderr = text(&out.stderr);
+    check(out.status.code() == Some(128 + libc::SIGKILL), || {
+        format!("{out:?}")
+    })?;
+    check(
+        stderr.contains("rank 1") && stderr.contains("killed by SIGKILL"),
+        || stderr,
+    )
+}
+
+fn sigterm_is_forwarded() -> Result<(), String> {
+    // The sleep must not hold the output pipe open after its shell exits.
+    let script = "trap 'echo rank $RANK got TERM; kill $!; exit 0' TERM; echo rank $RANK ready; \
+                  sleep 30 >/dev/null 2>&1 & wait";
+    let mut cmd = launcher(&["--standalone", "--nproc-per-node", "2", "sh", "-c", script]);
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let mut stdout = child.stdout.take().unwrap();
+    // Wait until both workers have installed their trap.
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    while seen.matches("ready").count() < 2 {
+        let n = stdout.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 || started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            return Err(format!("workers did not start: {seen}"));
+        }
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let mut rest = String::new();
+    let _ = stdout.read_to_string(&mut rest);
+    let status = child.wait().map_err(|e| e.to_string())?;
+    check(status.code() == Some(128 + libc::SIGTERM), || {
+        format!("{status:?}")
+    })?;
+    check(started.elapsed() < Duration::from_secs(20), || {
+        "too slow".into()
+    })?;
+    for rank in 0..2 {
+        check(rest.contains(&format!("rank {rank} got TERM")), || {
+            rest.clone()
+        })?;
+    }
+    Ok(())
+}
+
+fn log_dir() -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("burn-ddp-run-logs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (out, _) = run_scenario(
+        "env",
+        &[
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            dir.to_str().unwrap(),
+        ],
+        Duration::from_secs(30),
+    )?;
+    check(out.status.success(), || format!("{out:?}"))?;
+    for rank in 0..2 {
+        let log = std::fs::read_to_string(dir.join(format!("rank_{rank}.log")))
+            .map_err(|e| e.to_string())?;
+        check(
+            log.contains(&format!("RANK={rank}\n")) && !log.contains("[rank"),
+            || log.clone(),
+        )?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn bad_flags() -> Result<(), String> {
+    for (args, expect) in [
+        (
+            vec!["--nproc-per-node", "zero", "true"],
+            "is not a positive integer",
+        ),
+        (vec!["--frobnicate", "true"], "unknown option --frobnicate"),
+        (vec!["--standalone"], "no program"),
+    ] {
+        let (out, _) = bounded(launcher(&args), Duration::from_secs(10))?;
+        let stderr = text(&out.stderr);
+        check(out.status.code() == Some(2), || {
+            format!("{args:?}: {out:?}")
+        })?;
+        check(stderr.contains(expect) && stderr.contains("USAGE"), || {
+            stderr.clone()
+        })?;
+    }
+    let (out, _) = bounded(launcher(&["--help"]), Duration::from_secs(10))?;
+    check(
+        out.status.success() && text(&out.stdout).contains("--nproc-per-node"),
+        || format!("{out:?}"),
+    )
+}
+
+fn port_in_use() -> Result<(), String> {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port().to_string();
+    let (out, _) = bounded(
+        launcher(&["--master-port", &port, "--nproc-per-node", "2", "true"]),
+        Duration::from_secs(10),
+    )?;
+    let stderr = text(&out.stderr);
+    check(out.status.code() == Some(1), || format!("{out:?}"))?;
+    check(
+        stderr.contains(&port)
+            && stderr.contains("--master-port")
+            && stderr.to_lowercase().contains("in use"),
+        || stderr,
+    )
+}
+
+fn free_port() -> u16 {
+    burn_ddp_testkit::free_port()
+}
+
+fn process_alive(pid: i32) -> bool {
+    // A zombie (exited, not yet reaped by its new parent) counts as gone.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+fn workers_die_with_launcher() -> Result<(), String> {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = launcher(&[
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        exe.to_str().unwrap(),
+    ]);
+    cmd.env(SCENARIO_VAR, "pid_then_sleep");
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let mut stdout = child.stdout.take().unwrap();
+    let started = Instant::now();
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    while seen.matches("pid ").count() < 2 {
+        let n = stdout.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 || started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            return Err(format!("workers did not start: {seen}"));
+        }
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let pids: Vec<i32> = seen
+        .lines()
+        .filter_map(|l| l.strip_prefix("pid ")?.trim().parse().ok())
+        .collect();
+    child.kill().map_err(|e| e.to_string())?;
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| process_alive(*p)) {
+        if Instant::now() > deadline {
+            for p in &pids {
+                unsafe { libc::kill(*p, libc::SIGKILL) };
+            }
+            return Err(format!("workers {pids:?} outlived the launcher"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
