@@ -8,10 +8,12 @@
 #![warn(missing_docs)]
 
 mod collective;
+pub mod data;
 mod global;
 
 pub use burn_ddp_comm::{
     env::LaunchEnv, CommError, Launcher, ProcessGroup, ProcessGroupBuilder, ReduceOp, Result,
 };
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
+pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks};
 pub use global::{default_group, destroy_process_group, init_process_group};
