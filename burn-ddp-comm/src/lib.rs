@@ -16,6 +16,7 @@ pub mod env;
 mod error;
 pub mod frame;
 mod group;
+pub mod reducer;
 pub mod store;
 pub mod transport;
 
@@ -23,3 +24,4 @@ pub use element::{finish_reduce, reduce_into, BufferMut, DType, Element, ReduceO
 pub use env::{LaunchEnv, Launcher, StoreHost};
 pub use error::{CommError, Result};
 pub use group::{ProcessGroup, ProcessGroupBuilder, DEBUG_VAR};
+pub use reducer::{BucketConfig, BucketPlan, ParamLayout, Reducer};

@@ -1,42 +1,73 @@
-//! The process-wide default group, as `torch.distributed` keeps one.
+//! The process-wide default group and its reducer, as `torch.distributed` keeps
+//! a default group.
 //!
-//! Parts of a training program that cannot be handed a group (a backend's
-//! `backward`) find it here.
+//! `Ddp<B>::backward` has no way to be handed a group, so it finds it here.
 
-use crate::{CommError, ProcessGroup, Result};
-use std::sync::{Arc, Mutex};
+use crate::{BucketConfig, CommError, LaunchEnv, ProcessGroup, Reducer, Result};
+use std::sync::{Arc, Mutex, OnceLock};
 
-static DEFAULT_GROUP: Mutex<Option<Arc<ProcessGroup>>> = Mutex::new(None);
+/// The default group and the reducer that synchronises gradients over it.
+pub(crate) struct DdpState {
+    pub group: Arc<ProcessGroup>,
+    pub reducer: Mutex<Reducer>,
+}
+
+static DEFAULT: Mutex<Option<Arc<DdpState>>> = Mutex::new(None);
 
 /// Joins the group described by the launcher's environment (torchrun,
 /// burn-ddp-run, Open MPI, Slurm; a world of one without a launcher) and makes it
-/// the default group.
+/// the default group, the one `Ddp<B>` synchronises gradients over.
 pub fn init_process_group() -> Result<Arc<ProcessGroup>> {
-    let mut slot = DEFAULT_GROUP.lock().unwrap();
-    if let Some(group) = slot.as_ref() {
+    let mut slot = DEFAULT.lock().unwrap();
+    if let Some(state) = slot.as_ref() {
         return Err(CommError::config(format!(
             "rank {}: init_process_group was already called; reuse the group it \
              returned (or burn_ddp::default_group())",
-            group.rank()
+            state.group.rank()
         )));
     }
     let group = Arc::new(ProcessGroup::from_env()?);
-    *slot = Some(Arc::clone(&group));
+    *slot = Some(Arc::new(DdpState {
+        reducer: Mutex::new(Reducer::new(Arc::clone(&group), BucketConfig::default())),
+        group: Arc::clone(&group),
+    }));
     Ok(group)
 }
 
 /// The group made by [`init_process_group`], if any.
 pub fn default_group() -> Option<Arc<ProcessGroup>> {
-    DEFAULT_GROUP.lock().unwrap().clone()
+    state().map(|state| Arc::clone(&state.group))
+}
+
+pub(crate) fn state() -> Option<Arc<DdpState>> {
+    DEFAULT.lock().unwrap().clone()
+}
+
+/// The default state, or an error if the launcher started several ranks but
+/// nobody joined the group (gradients would silently stay local).
+pub(crate) fn require_state_if_distributed() -> Result<Option<Arc<DdpState>>> {
+    if let Some(state) = state() {
+        return Ok(Some(state));
+    }
+    static LAUNCHED_WORLD: OnceLock<Option<(usize, usize)>> = OnceLock::new();
+    let launched = LAUNCHED_WORLD.get_or_init(|| {
+        LaunchEnv::from_env()
+            .ok()
+            .map(|env| (env.rank, env.world_size))
+    });
+    match launched {
+        Some((rank, world)) if *world > 1 => Err(CommError::config(format!(
+            "rank {rank} of {world}: a Ddp backend ran backward() before the process \
+             group was initialised, so its gradients would not be averaged; call \
+             burn_ddp::init_process_group() at the start of the program"
+        ))),
+        _ => Ok(None),
+    }
 }
 
 /// Waits for every rank (bounded by the timeout), then forgets the default group;
 /// its connections close once the last handle to it is dropped.
 pub fn destroy_process_group() -> Result<()> {
-    let group = DEFAULT_GROUP
-        .lock()
-        .unwrap()
-        .take()
-        .ok_or(CommError::Destroyed)?;
-    group.barrier()
+    let state = DEFAULT.lock().unwrap().take().ok_or(CommError::Destroyed)?;
+    state.group.barrier()
 }

@@ -1,0 +1,264 @@
+//! Averaging gradients across ranks, bucket by bucket.
+//!
+//! Two front ends share one path: `Ddp<B>::backward` (parameters found by
+//! [`crate::tracking`]) and [`sync_gradients`] (parameters found by walking a
+//! module, for any autodiff backend). Both hand a list of flat gradients to
+//! [`average_gradients`], which concatenates each bucket on the device, moves
+//! it through the reducer in one collective and slices it back.
+
+use crate::global;
+use crate::tracking::{self, TrackedAutodiff};
+use crate::{CommError, ParamLayout, Reducer, Result};
+use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn_backend::tensor::FloatTensor;
+use burn_ddp_comm::DType as WireDType;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static NO_SYNC_DEPTH: AtomicUsize = AtomicUsize::new(0);
+
+/// While alive, `Ddp<B>::backward` keeps gradients local (PyTorch's `no_sync()`).
+///
+/// Use it to accumulate gradients over several micro-batches and communicate
+/// once: run the first k-1 backward passes under the guard, accumulate the
+/// `GradientsParams` yourself, then average the sum with [`sync_gradients`] (or
+/// run the last backward without the guard, which averages only that pass).
+#[must_use = "gradients stay local only while the guard is alive"]
+pub struct NoSyncGuard {
+    _private: (),
+}
+
+/// Turns off gradient synchronisation until the returned guard is dropped.
+pub fn no_sync() -> NoSyncGuard {
+    NO_SYNC_DEPTH.fetch_add(1, Ordering::SeqCst);
+    NoSyncGuard { _private: () }
+}
+
+impl Drop for NoSyncGuard {
+    fn drop(&mut self) {
+        NO_SYNC_DEPTH.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether backward passes currently synchronise.
+pub fn sync_enabled() -> bool {
+    NO_SYNC_DEPTH.load(Ordering::SeqCst) == 0
+}
+
+/// Called by `Ddp<B>::backward` with the fresh gradients.
+pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Result<()> {
+    if !sync_enabled() {
+        return Ok(());
+    }
+    let Some(state) = global::require_state_if_distributed()? else {
+        return Ok(());
+    };
+    if state.group.world_size() == 1 {
+        return Ok(());
+    }
+    let params = tracking::live_params::<B>();
+    let Some(device) = params.first().map(|(_, _, key)| B::float_device(key)) else {
+        return Ok(());
+    };
+    let layout = params
+        .iter()
+        .map(|(shape, dtype, _)| param_layout(state.group.rank(), shape, *dtype))
+        .collect::<Result<Vec<_>>>()?;
+    // A parameter this pass did not reach gets a zero gradient, so every rank
+    // issues the same collectives.
+    let local: Vec<Option<FloatTensor<B::InnerBackend>>> = params
+        .iter()
+        .map(|(_, _, key)| B::grad_remove(key, grads))
+        .collect();
+    let mut reducer = state.reducer.lock().unwrap();
+    let averaged = average_gradients::<B::InnerBackend>(&mut reducer, &layout, local, &device)?;
+    for ((_, _, key), grad) in params.iter().zip(averaged) {
+        B::grad_replace(key, grads, grad);
+    }
+    Ok(())
+}
+
+fn param_layout(rank: usize, shape: &[usize], dtype: DType) -> Result<ParamLayout> {
+    let dtype = match dtype {
+        DType::F32 => WireDType::F32,
+        DType::F64 => WireDType::F64,
+        other => {
+            return Err(CommError::InvalidArgument {
+                rank,
+                message: format!(
+                    "burn-ddp averages f32 and f64 gradients; a parameter has {other:?} \
+                     (train in f32, or cast the parameter)"
+                ),
+            })
+        }
+    };
+    Ok(ParamLayout {
+        shape: shape.to_vec(),
+        dtype,
+    })
+}
+
+/// Averages `grads` (missing ones count as zero) over all ranks, returning them
+/// in the same order and shapes.
+pub(crate) fn average_gradients<I: Backend>(
+    reducer: &mut Reducer,
+    layout: &[ParamLayout],
+    mut grads: Vec<Option<FloatTensor<I>>>,
+    device: &I::Device,
+) -> Result<Vec<FloatTensor<I>>> {
+    let rank = reducer.group().rank();
+    let plan = reducer.prepare(layout)?.clone();
+    let mut averaged: Vec<Option<FloatTensor<I>>> = (0..layout.len()).map(|_| None).collect();
+    for bucket in &plan.buckets {
+        let members = &plan.order[bucket.slots.clone()];
+        let parts: Vec<Tensor<I, 1>> = members
+            .iter()
+            .map(|&p| {
+                let numel = layout[p].numel();
+                let flat = match grads[p].take() {
+                    Some(grad) => I::float_reshape(grad, [numel].into()),
+                    None => I::float_zeros([numel].into(), device, float_dtype(&layout[p]).into()),
+                };
+                Tensor::from_primitive(TensorPrimitive::Float(flat))
+            })
+            .collect();
+        let mut data = Tensor::cat(parts, 0).into_data();
+        reduce_data(reducer, &mut data, rank)?;
+        let flat = Tensor::<I, 1>::from_data(data, device);
+        for (&p, &offset) in members.iter().zip(&bucket.offsets) {
+            let numel = layout[p].numel();
+            let part = flat
+                .clone()
+                .slice(offset..offset + numel)
+                .into_primitive()
+                .tensor();
+            averaged[p] = Some(I::float_reshape(part, layout[p].shape.clone().into()));
+        }
+    }
+    Ok(averaged
+        .into_iter()
+        .map(|g| g.expect("every parameter is in a bucket"))
+        .collect())
+}
+
+fn float_dtype(layout: &ParamLayout) -> DType {
+    match layout.dtype {
+        WireDType::F64 => DType::F64,
+        _ => DType::F32,
+    }
+}
+
+fn reduce_data(reducer: &Reducer, data: &mut TensorData, rank: usize) -> Result<()> {
+    let view_error = |err| CommError::InvalidArgument {
+        rank,
+        message: format!("cannot view a gradient bucket as numbers: {err:?}"),
+    };
+    match data.dtype {
+        DType::F32 => reducer.reduce_bucket(data.as_mut_slice::<f32>().map_err(view_error)?),
+        DType::F64 => reducer.reduce_bucket(data.as_mut_slice::<f64>().map_err(view_error)?),
+        other => Err(CommError::InvalidArgument {
+            rank,
+            message: format!("gradient bucket of unsupported type {other:?}"),
+        }),
+    }
+}
+
+/// Averages accumulated gradients of `module` over all ranks of the default
+/// group, for any autodiff backend (no `Ddp<B>` needed).
+///
+/// Every trainable parameter takes part, in declaration order; one missing
+/// from `grads` counts as zero. Use it after accumulating micro-batches under
+/// [`no_sync`], or with a plain `Autodiff<B>` backend.
+pub fn sync_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    mut grads: GradientsParams,
+) -> Result<GradientsParams> {
+    let Some(state) = global::require_state_if_distributed()? else {
+        return Ok(grads);
+    };
+    let group = &state.group;
+    if group.world_size() == 1 {
+        return Ok(grads);
+    }
+    let mut collect = CollectGrads::<B> {
+        grads: &mut grads,
+        rank: group.rank(),
+        ids: Vec::new(),
+        layout: Vec::new(),
+        local: Vec::new(),
+        device: None,
+        error: None,
+    };
+    module.visit(&mut collect);
+    if let Some(err) = collect.error {
+        return Err(err);
+    }
+    let CollectGrads {
+        ids,
+        layout,
+        local,
+        device,
+        ..
+    } = collect;
+    let Some(device) = device else {
+        return Ok(grads);
+    };
+    let averaged = {
+        let mut reducer = state.reducer.lock().unwrap();
+        average_gradients::<B::InnerBackend>(&mut reducer, &layout, local, &device)?
+    };
+    let mut put_back = PutBack::<B> {
+        grads: &mut grads,
+        averaged: ids.into_iter().zip(averaged).collect(),
+    };
+    module.visit(&mut put_back);
+    Ok(grads)
+}
+
+/// Takes each trainable parameter's gradient out, in declaration order.
+struct CollectGrads<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    rank: usize,
+    ids: Vec<ParamId>,
+    layout: Vec<ParamLayout>,
+    local: Vec<Option<FloatTensor<B::InnerBackend>>>,
+    device: Option<burn_backend::tensor::Device<B::InnerBackend>>,
+    error: Option<CommError>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for CollectGrads<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let value = param.val();
+        if !value.is_require_grad() {
+            return; // buffers (batch-norm statistics) are not trained
+        }
+        match param_layout(self.rank, &value.dims(), value.dtype()) {
+            Ok(layout) => self.layout.push(layout),
+            Err(err) => {
+                self.error.get_or_insert(err);
+                return;
+            }
+        }
+        self.device.get_or_insert_with(|| value.device());
+        self.ids.push(param.id);
+        let grad = self.grads.remove::<B::InnerBackend, D>(param.id);
+        self.local.push(grad.map(|g| g.into_primitive().tensor()));
+    }
+}
+
+/// Puts the averaged gradients back under their parameter ids.
+struct PutBack<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    averaged: std::collections::HashMap<ParamId, FloatTensor<B::InnerBackend>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for PutBack<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(grad) = self.averaged.remove(&param.id) {
+            let grad = Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(grad));
+            self.grads.register(param.id, grad);
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Preparing a model for data-parallel training, as `DistributedDataParallel(model)`.
+
+use crate::{global, BucketConfig, CommError, ProcessGroup};
+use burn::config::Config;
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+
+/// How gradients are synchronised; defaults follow PyTorch's DDP.
+#[derive(Config, Debug)]
+pub struct DdpConfig {
+    /// Largest gradient bucket, in MiB (PyTorch's `bucket_cap_mb`).
+    #[config(default = 25.0)]
+    pub bucket_cap_mb: f64,
+    /// Largest first bucket, in MiB (PyTorch uses 1 MiB).
+    #[config(default = 1.0)]
+    pub first_bucket_cap_mb: f64,
+}
+
+impl DdpConfig {
+    /// Broadcasts rank 0's parameters and buffers (batch-norm statistics, ...)
+    /// to every rank, so all replicas start identical whatever seed each used,
+    /// and applies this configuration to the default group's reducer.
+    ///
+    /// Every parameter is initialised here, in declaration order, which is also
+    /// the order `Ddp<B>` keeps them in; call it once, after building (or
+    /// loading) the model and before the first forward pass.
+    pub fn wrap<B: Backend, M: Module<B>>(
+        &self,
+        model: M,
+        group: &ProcessGroup,
+    ) -> crate::Result<M> {
+        let to_bytes = |mb: f64, name: &str| {
+            if mb.is_finite() && mb > 0.0 {
+                Ok((mb * 1024.0 * 1024.0) as usize)
+            } else {
+                Err(CommError::config(format!(
+                    "rank {}: DdpConfig {name} = {mb} must be a positive number of MiB",
+                    group.rank()
+                )))
+            }
+        };
+        let config = BucketConfig {
+            cap_bytes: to_bytes(self.bucket_cap_mb, "bucket_cap_mb")?,
+            first_cap_bytes: to_bytes(self.first_bucket_cap_mb, "first_bucket_cap_mb")?,
+        };
+        if let Some(state) = global::state() {
+            state.reducer.lock().unwrap().set_config(config);
+        }
+        let mut broadcaster = Broadcaster { group, error: None };
+        let model = model.map(&mut broadcaster);
+        match broadcaster.error {
+            Some(err) => Err(err),
+            None => Ok(model),
+        }
+    }
+}
+
+/// [`DdpConfig::wrap`] with the default configuration.
+pub fn wrap<B: Backend, M: Module<B>>(model: M, group: &ProcessGroup) -> crate::Result<M> {
+    DdpConfig::new().wrap(model, group)
+}
+
+/// Replaces every float and int tensor of a module by rank 0's.
+struct Broadcaster<'a> {
+    group: &'a ProcessGroup,
+    /// The first failure; later tensors are left alone so no rank waits on a
+    /// collective the others will not join.
+    error: Option<CommError>,
+}
+
+impl Broadcaster<'_> {
+    fn broadcast(&mut self, mut data: TensorData) -> TensorData {
+        if self.error.is_some() || self.group.world_size() == 1 {
+            return data;
+        }
+        let rank = self.group.rank();
+        let result = match data.dtype {
+            burn::tensor::DType::F32 => data
+                .as_mut_slice::<f32>()
+                .map_err(|e| format!("{e:?}"))
+                .map(|s| self.group.broadcast(s, 0)),
+            burn::tensor::DType::F64 => data
+                .as_mut_slice::<f64>()
+                .map_err(|e| format!("{e:?}"))
+                .map(|s| self.group.broadcast(s, 0)),
+            burn::tensor::DType::I64 => data
+                .as_mut_slice::<i64>()
+                .map_err(|e| format!("{e:?}"))
+                .map(|s| self.group.broadcast(s, 0)),
+            burn::tensor::DType::I32 => data
+                .as_mut_slice::<i32>()
+                .map_err(|e| format!("{e:?}"))
+                .map(|s| self.group.broadcast(s, 0)),
+            other => Err(format!("{other:?} tensors cannot be broadcast yet")),
+        };
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => self.error = Some(err),
+            Err(message) => {
+                self.error = Some(CommError::InvalidArgument {
+                    rank,
+                    message: format!("cannot broadcast a module tensor: {message}"),
+                })
+            }
+        }
+        data
+    }
+}
+
+impl<B: Backend> ModuleMapper<B> for Broadcaster<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let device = tensor.device();
+        let require_grad = tensor.is_require_grad();
+        let data = self.broadcast(tensor.into_data());
+        let mut value = Tensor::from_data(data, &device);
+        if require_grad {
+            value = value.require_grad();
+        }
+        Param::from_mapped_value(id, value, mapper)
+    }
+
+    fn map_int<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Int>>,
+    ) -> Param<Tensor<B, D, Int>> {
+        let (id, tensor, mapper) = param.consume();
+        let device = tensor.device();
+        let data = self.broadcast(tensor.into_data());
+        Param::from_mapped_value(id, Tensor::from_data(data, &device), mapper)
+    }
+}
