@@ -2,9 +2,11 @@
 
 use crate::{global, BucketConfig, CommError, ProcessGroup};
 use burn::config::Config;
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use burn_ddp_comm::reducer::check_same_layout;
+use burn_ddp_comm::ParamLayout;
 
 /// How gradients are synchronised; defaults follow PyTorch's DDP.
 #[derive(Config, Debug)]
@@ -47,6 +49,11 @@ impl DdpConfig {
         if let Some(state) = global::state() {
             state.reducer.lock().unwrap().set_config(config);
         }
+        // Broadcasting tensors of different sizes would garble or hang: compare
+        // the models first, so a mismatch is a clear error on every rank.
+        let mut layout = LayoutOf(Vec::new());
+        model.visit(&mut layout);
+        check_same_layout(group, &layout.0)?;
         let mut broadcaster = Broadcaster { group, error: None };
         let model = model.map(&mut broadcaster);
         match broadcaster.error {
@@ -129,5 +136,33 @@ impl<B: Backend> ModuleMapper<B> for Broadcaster<'_> {
         let device = tensor.device();
         let data = self.broadcast(tensor.into_data());
         Param::from_mapped_value(id, Tensor::from_data(data, &device), mapper)
+    }
+}
+
+/// The shape and type of every tensor a module holds, in visiting order.
+struct LayoutOf(Vec<ParamLayout>);
+
+impl LayoutOf {
+    fn push(&mut self, dims: Vec<usize>, dtype: burn::tensor::DType) {
+        use burn_ddp_comm::DType as Wire;
+        let dtype = match dtype {
+            burn::tensor::DType::F64 => Wire::F64,
+            burn::tensor::DType::I64 => Wire::I64,
+            burn::tensor::DType::I32 => Wire::I32,
+            _ => Wire::F32,
+        };
+        self.0.push(ParamLayout { shape: dims, dtype });
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for LayoutOf {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let value = param.val();
+        self.push(value.dims().to_vec(), value.dtype());
+    }
+
+    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+        let value = param.val();
+        self.push(value.dims().to_vec(), value.dtype());
     }
 }

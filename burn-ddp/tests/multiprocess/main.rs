@@ -1,4 +1,8 @@
-//! burn-ddp across real processes: tensor collectives on NdArray.
+//! burn-ddp across real processes: tensor collectives and `Ddp<B>` training on
+//! NdArray, checked against single-process references.
+
+mod models;
+mod scenarios;
 
 use burn::backend::NdArray;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -9,18 +13,79 @@ type B = NdArray;
 
 fn main() {
     if let Ok(name) = std::env::var(SCENARIO_VAR) {
-        let result = match name.as_str() {
-            "tensor_collectives" => tensor_collectives(),
-            other => Err(format!("unknown scenario {other}")),
-        };
+        let result = scenarios::run(&name);
         if let Err(message) = result {
             eprintln!("ERROR: {message}");
             std::process::exit(1);
         }
         std::process::exit(0);
     }
-    let cases: &[Case] = &[("tensor_collectives_world_1_to_3", tensor_collectives_case)];
+    let cases: &[Case] = &[
+        ("tensor_collectives_world_1_to_3", tensor_collectives_case),
+        ("ddp_equals_one_big_batch_toy_sgd", || {
+            equivalence("toy_sgd")
+        }),
+        ("ddp_equals_one_big_batch_toy_adamw", || {
+            equivalence("toy_adamw")
+        }),
+        ("ddp_equals_one_big_batch_conv_sgd", || {
+            equivalence("conv_sgd")
+        }),
+        ("ddp_equals_one_big_batch_conv_adamw", || {
+            equivalence("conv_adamw")
+        }),
+        (
+            "a_parameter_unused_on_one_rank_counts_as_zero",
+            unused_parameter,
+        ),
+        ("different_models_fail_on_every_rank", different_models),
+        ("no_sync_accumulation_equals_the_big_batch", accumulation),
+        ("two_thousand_steps_do_not_grow_memory", memory),
+    ];
     run_cases(cases);
+}
+
+/// 2 and 3 ranks; each rank checks itself against the reference and prints the gap.
+fn equivalence(scenario: &str) -> Result<(), String> {
+    for world in [2, 3] {
+        let outcomes = World::new(world).run(scenario);
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(o.value("max_rel_diff").is_some(), || o.stdout.clone())?;
+        }
+    }
+    Ok(())
+}
+
+fn unused_parameter() -> Result<(), String> {
+    all_ok(&World::new(2).run("unused"))
+}
+
+fn different_models() -> Result<(), String> {
+    let outcomes = World::new(2).run("different_models");
+    for o in &outcomes {
+        check(o.code == Some(1), || format!("{o:?}"))?;
+        check(
+            o.stderr.contains("parameter #0")
+                && o.stderr.contains("[10, 1]")
+                && o.stderr.contains("[10, 2]")
+                && o.stderr.contains(&format!("rank {}", o.rank)),
+            || o.stderr.clone(),
+        )?;
+    }
+    Ok(())
+}
+
+fn accumulation() -> Result<(), String> {
+    all_ok(&World::new(2).run("accumulation"))
+}
+
+fn memory() -> Result<(), String> {
+    let outcomes = World::new(2).run("memory");
+    all_ok(&outcomes)?;
+    check(outcomes[0].stdout.contains("tracked"), || {
+        outcomes[0].stdout.clone()
+    })
 }
 
 fn tensor_collectives_case() -> Result<(), String> {
@@ -35,7 +100,7 @@ fn tensor_collectives_case() -> Result<(), String> {
 }
 
 /// Float and int tensors of rank 2, each collective against its closed form.
-fn tensor_collectives() -> Result<(), String> {
+pub fn tensor_collectives() -> Result<(), String> {
     let group = burn_ddp::init_process_group().map_err(|e| e.to_string())?;
     let (rank, n) = (group.rank(), group.world_size());
     let e = |e: burn_ddp::CommError| e.to_string();

@@ -1,0 +1,179 @@
+//! Models, data and parameter helpers shared by the scenarios.
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+
+/// The document's ToyModel: one Linear(10, 1).
+#[derive(Module, Debug)]
+pub struct Toy<B: Backend> {
+    pub linear: Linear<B>,
+}
+
+impl<B: Backend> Toy<B> {
+    pub fn new(device: &B::Device, outputs: usize) -> Self {
+        Self {
+            linear: LinearConfig::new(10, outputs).init(device),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.linear.forward(x)
+    }
+}
+
+/// A small conv + linear classifier on 1x8x8 images, 3 classes.
+#[derive(Module, Debug)]
+pub struct SmallConv<B: Backend> {
+    conv: Conv2d<B>,
+    pool: MaxPool2d,
+    linear: Linear<B>,
+    relu: Relu,
+}
+
+impl<B: Backend> SmallConv<B> {
+    pub fn new(device: &B::Device) -> Self {
+        Self {
+            conv: Conv2dConfig::new([1, 4], [3, 3]).init(device),
+            pool: MaxPool2dConfig::new([2, 2]).init(),
+            linear: LinearConfig::new(4 * 3 * 3, 3).init(device),
+            relu: Relu::new(),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        let x = self.relu.forward(self.conv.forward(x));
+        self.linear.forward(self.pool.forward(x).flatten(1, 3))
+    }
+}
+
+/// A shared trunk with two heads; a rank may use only one of them.
+#[derive(Module, Debug)]
+pub struct TwoHeads<B: Backend> {
+    trunk: Linear<B>,
+    head_a: Linear<B>,
+    head_b: Linear<B>,
+}
+
+impl<B: Backend> TwoHeads<B> {
+    pub fn new(device: &B::Device) -> Self {
+        Self {
+            trunk: LinearConfig::new(10, 4).init(device),
+            head_a: LinearConfig::new(4, 1).init(device),
+            head_b: LinearConfig::new(4, 1).init(device),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<B, 2>, use_b: bool) -> Tensor<B, 2> {
+        let h = self.trunk.forward(x);
+        if use_b {
+            self.head_b.forward(h)
+        } else {
+            self.head_a.forward(h)
+        }
+    }
+}
+
+/// A deterministic value in [-1, 1) for (item, feature): the same on every rank.
+pub fn value(item: usize, feature: usize) -> f32 {
+    let mut h = (item as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (feature as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    h ^= h >> 29;
+    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^= h >> 32;
+    (h % 20_000) as f32 / 10_000.0 - 1.0
+}
+
+/// Features [n, 10] and regression targets [n, 1] of the given items.
+pub fn toy_batch<B: Backend>(items: &[usize], device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let x: Vec<f32> = items
+        .iter()
+        .flat_map(|&i| (0..10).map(move |f| value(i, f)))
+        .collect();
+    let y: Vec<f32> = items
+        .iter()
+        .map(|&i| {
+            (0..10)
+                .map(|f| value(i, f) * (f as f32 - 4.5) / 5.0)
+                .sum::<f32>()
+                + 0.1 * value(i, 99)
+        })
+        .collect();
+    (
+        Tensor::from_data(TensorData::new(x, [items.len(), 10]), device),
+        Tensor::from_data(TensorData::new(y, [items.len(), 1]), device),
+    )
+}
+
+/// Images [n, 1, 8, 8] and class labels [n] of the given items.
+pub fn image_batch<B: Backend>(
+    items: &[usize],
+    device: &B::Device,
+) -> (Tensor<B, 4>, Tensor<B, 1, Int>) {
+    let x: Vec<f32> = items
+        .iter()
+        .flat_map(|&i| (0..64).map(move |f| value(i, f)))
+        .collect();
+    let y: Vec<i64> = items.iter().map(|&i| (i % 3) as i64).collect();
+    (
+        Tensor::from_data(TensorData::new(x, [items.len(), 1, 8, 8]), device),
+        Tensor::from_data(TensorData::new(y, [items.len()]), device),
+    )
+}
+
+struct Collect(Vec<f32>);
+
+impl<B: Backend> ModuleVisitor<B> for Collect {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0
+            .extend(param.val().into_data().to_vec::<f32>().unwrap());
+    }
+}
+
+/// Every float parameter, flattened in declaration order.
+pub fn flat_params<B: Backend, M: Module<B>>(model: &M) -> Vec<f32> {
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+struct Load {
+    values: Vec<f32>,
+    at: usize,
+}
+
+impl<B: Backend> ModuleMapper<B> for Load {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let shape = tensor.shape();
+        let n = shape.num_elements();
+        let data = TensorData::new(self.values[self.at..self.at + n].to_vec(), shape);
+        self.at += n;
+        let value = Tensor::from_data(data, &tensor.device()).require_grad();
+        Param::from_mapped_value(id, value, mapper)
+    }
+}
+
+/// `model` with its float parameters replaced by `values` (as [`flat_params`] gives them).
+pub fn load_params<B: Backend, M: Module<B>>(model: M, values: &[f32]) -> M {
+    let mut load = Load {
+        values: values.to_vec(),
+        at: 0,
+    };
+    let model = model.map(&mut load);
+    assert_eq!(load.at, values.len(), "parameter count mismatch");
+    model
+}
+
+/// Largest difference relative to the largest magnitude (at least 1).
+pub fn max_relative_difference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
