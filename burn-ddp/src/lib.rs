@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+pub mod checkpoint;
 mod collective;
 pub mod data;
 mod global;

@@ -1,0 +1,228 @@
+//! Checkpoints written atomically: a crash mid-save leaves the previous file
+//! intact, never a truncated one.
+//!
+//! The file is Burn's named MessagePack format (`NamedMpkFileRecorder` with full
+//! precision reads it too); it is first written to a temporary file beside the
+//! target, flushed to disk, then renamed over the target.
+
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
+use burn::tensor::backend::Backend;
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// Why a checkpoint could not be written or read.
+#[derive(Debug)]
+pub enum CheckpointError {
+    /// The file system refused.
+    Io {
+        /// The file involved.
+        path: PathBuf,
+        /// What it said.
+        source: io::Error,
+    },
+    /// The record could not be encoded or decoded (a different model, a
+    /// corrupt file).
+    Record {
+        /// The file involved.
+        path: PathBuf,
+        /// What Burn's recorder said.
+        message: String,
+    },
+}
+
+impl fmt::Display for CheckpointError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckpointError::Io { path, source } => {
+                write!(f, "checkpoint {}: {source}", path.display())
+            }
+            CheckpointError::Record { path, message } => write!(
+                f,
+                "checkpoint {}: not a record of this model ({message}); was it written by a \
+                 different model or configuration?",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CheckpointError {}
+
+/// `path` with the `.mpk` extension Burn's recorders use.
+pub fn checkpoint_path(path: impl AsRef<Path>) -> PathBuf {
+    let path = path.as_ref();
+    match path.extension() {
+        Some(ext) if ext == "mpk" => path.to_path_buf(),
+        _ => {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".mpk");
+            PathBuf::from(name)
+        }
+    }
+}
+
+/// Writes `record` to `path` (`.mpk` added if missing) atomically; returns the
+/// file written. Call it from one rank only (rank 0), then `barrier()`.
+pub fn save_atomic<B: Backend, R: Record<B>>(
+    record: R,
+    path: impl AsRef<Path>,
+) -> Result<PathBuf, CheckpointError> {
+    let target = checkpoint_path(path);
+    let bytes = NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
+        .record(record, ())
+        .map_err(|err| CheckpointError::Record {
+            path: target.clone(),
+            message: err.to_string(),
+        })?;
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CheckpointError::Io { path, source }
+    };
+    let dir = match target.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    let file_name = target.file_name().unwrap_or_default().to_string_lossy();
+    let temporary = dir.join(format!(".{file_name}.{}.partial", std::process::id()));
+    let written = (|| {
+        let mut file = File::create(&temporary)?;
+        file.write_all(&bytes)?;
+        file.sync_all()
+    })();
+    if let Err(source) = written {
+        let _ = fs::remove_file(&temporary);
+        return Err(CheckpointError::Io {
+            path: temporary,
+            source,
+        });
+    }
+    fs::rename(&temporary, &target).map_err(|source| {
+        let _ = fs::remove_file(&temporary);
+        CheckpointError::Io {
+            path: target.clone(),
+            source,
+        }
+    })?;
+    // Make the rename itself durable.
+    if let Ok(dir) = File::open(&dir) {
+        let _ = dir.sync_all();
+    }
+    Ok(target)
+}
+
+/// Reads a record written by [`save_atomic`] (or Burn's `NamedMpkFileRecorder`).
+pub fn load<B: Backend, R: Record<B>>(
+    path: impl AsRef<Path>,
+    device: &B::Device,
+) -> Result<R, CheckpointError> {
+    let path = checkpoint_path(path);
+    let bytes = fs::read(&path).map_err(|source| CheckpointError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
+        .load(bytes, device)
+        .map_err(|err| CheckpointError::Record {
+            path,
+            message: err.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+    use burn::module::Module;
+    use burn::nn::{Linear, LinearConfig};
+    use burn::record::NamedMpkFileRecorder;
+
+    type B = NdArray;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("burn-ddp-ckpt-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn round_trip_with_epoch_and_burns_own_recorder_reads_it() {
+        let dir = temp_dir("roundtrip");
+        let device = Default::default();
+        let model: Linear<B> = LinearConfig::new(3, 2).init(&device);
+        let weights = model.weight.val().into_data();
+        let path =
+            save_atomic::<B, _>((model.clone().into_record(), 7usize), dir.join("ckpt")).unwrap();
+        assert_eq!(path, dir.join("ckpt.mpk"));
+        let (record, epoch): (<Linear<B> as Module<B>>::Record, usize) =
+            load::<B, _>(&path, &device).unwrap();
+        assert_eq!(epoch, 7);
+        let loaded = LinearConfig::new(3, 2)
+            .init::<B>(&device)
+            .load_record(record);
+        assert_eq!(loaded.weight.val().into_data(), weights);
+        // Burn's own file recorder reads the file too.
+        let recorder = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
+        let via_burn = LinearConfig::new(3, 2).init::<B>(&device).load_file(
+            dir.join("ckpt.mpk"),
+            &recorder,
+            &device,
+        );
+        assert!(
+            via_burn.is_err(),
+            "a (record, epoch) tuple is not a bare Linear record"
+        );
+        let bare = save_atomic::<B, _>(loaded.clone().into_record(), dir.join("bare")).unwrap();
+        let via_burn = LinearConfig::new(3, 2)
+            .init::<B>(&device)
+            .load_file(bare, &recorder, &device)
+            .unwrap();
+        assert_eq!(via_burn.weight.val().into_data(), weights);
+        // Nothing temporary is left behind.
+        let leftovers: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+            .collect();
+        assert!(leftovers.is_empty());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failed_save_keeps_the_previous_checkpoint() {
+        let dir = temp_dir("keep");
+        let device = Default::default();
+        let model: Linear<B> = LinearConfig::new(3, 2).init(&device);
+        let path = save_atomic::<B, _>(model.into_record(), dir.join("ckpt")).unwrap();
+        let before = fs::read(&path).unwrap();
+        // A directory where the temporary file would go makes the write fail.
+        fs::create_dir_all(dir.join(format!(".ckpt.mpk.{}.partial", std::process::id()))).unwrap();
+        let other: Linear<B> = LinearConfig::new(3, 2).init(&device);
+        let err = save_atomic::<B, _>(other.into_record(), dir.join("ckpt")).unwrap_err();
+        assert!(err.to_string().contains(".partial"), "{err}");
+        assert_eq!(fs::read(&path).unwrap(), before);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn loading_a_corrupt_or_missing_file_is_a_clear_error() {
+        let dir = temp_dir("corrupt");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("bad.mpk"), b"not a record").unwrap();
+        let device = Default::default();
+        let err = load::<B, <Linear<B> as Module<B>>::Record>(dir.join("bad"), &device)
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains("bad.mpk") && err.to_string().contains("not a record"),
+            "{err}"
+        );
+        let err = load::<B, <Linear<B> as Module<B>>::Record>(dir.join("missing"), &device)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("missing.mpk"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
