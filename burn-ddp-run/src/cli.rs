@@ -67,8 +67,9 @@ OPTIONS:
 Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted too.
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and
-OMP_NUM_THREADS=1 when several run and it is not set. If one worker fails, the
-others are stopped and the launcher exits with the first failure's code.
+OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set.
+If one worker fails, the others are stopped and the launcher exits with the first
+failure's code.
 
 EXAMPLE:
     burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/mnist --epochs 1

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const POLL: Duration = Duration::from_millis(10);
 
+/// Thread-pool sizes set to 1 per worker when several share a machine.
+const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
+
 struct Worker {
     rank: usize,
     local_rank: usize,
@@ -52,11 +55,25 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
     let master_port = store
         .as_ref()
         .map_or(config.master_port, |s| s.addr().port());
-    let omp_default = config.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none();
-    if omp_default {
+    // Several workers each running a full thread pool oversubscribe the CPU, as
+    // torchrun warns; OpenMP (BLAS) and rayon (Burn's NdArray) pools both.
+    let thread_defaults: Vec<&str> = if config.nproc_per_node > 1 {
+        THREAD_VARS
+            .into_iter()
+            .filter(|var| std::env::var_os(var).is_none())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if !thread_defaults.is_empty() {
         eprintln!(
-            "burn-ddp-run: setting OMP_NUM_THREADS=1 for each of the {} processes to avoid \
-             oversubscribing the CPU; set it yourself to tune",
+            "burn-ddp-run: setting {} for each of the {} processes to avoid oversubscribing \
+             the CPU; set them yourself to tune",
+            thread_defaults
+                .iter()
+                .map(|var| format!("{var}=1"))
+                .collect::<Vec<_>>()
+                .join(" and "),
             config.nproc_per_node
         );
     }
@@ -71,7 +88,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
             local_rank,
             world_size,
             master_port,
-            omp_default,
+            &thread_defaults,
         ) {
             Ok(worker) => workers.push(worker),
             Err(err) => {
@@ -109,7 +126,7 @@ fn spawn(
     local_rank: usize,
     world_size: usize,
     master_port: u16,
-    omp_default: bool,
+    thread_defaults: &[&str],
 ) -> Result<Worker, String> {
     let mut command = Command::new(&config.program[0]);
     command
@@ -128,8 +145,8 @@ fn spawn(
         // We are not torchrun: a worker must not look for torchrun's agent store.
         .env_remove("TORCHELASTIC_RUN_ID")
         .env_remove("TORCHELASTIC_USE_AGENT_STORE");
-    if omp_default {
-        command.env("OMP_NUM_THREADS", "1");
+    for var in thread_defaults {
+        command.env(var, "1");
     }
     stop_with_parent(&mut command);
     let capture = config.prefix_output || config.log_dir.is_some();

@@ -76,6 +76,7 @@ fn worker(name: &str) -> ! {
                 "MASTER_ADDR",
                 "MASTER_PORT",
                 "OMP_NUM_THREADS",
+                "RAYON_NUM_THREADS",
             ] {
                 println!("{var}={}", std::env::var(var).unwrap_or_default());
             }
@@ -117,7 +118,8 @@ fn launcher(args: &[&str]) -> Command {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .env_remove("OMP_NUM_THREADS");
+        .env_remove("OMP_NUM_THREADS")
+        .env_remove("RAYON_NUM_THREADS");
     cmd
 }
 
@@ -228,6 +230,7 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
             ("ROLE_WORLD_SIZE", "2".into()),
             ("MASTER_ADDR", "127.0.0.1".into()),
             ("OMP_NUM_THREADS", "1".into()),
+            ("RAYON_NUM_THREADS", "1".into()),
         ] {
             let line = format!("[rank {rank}] {var}={value}");
             check(stdout.contains(&line), || {

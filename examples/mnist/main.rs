@@ -1,0 +1,362 @@
+//! Port of the MNIST DDP trainer (document 000): a two-conv CNN, cross-entropy,
+//! AdamW (lr 1e-3), per-process batch 128, a DistributedSampler with
+//! `set_epoch`, the average loss all-reduced and printed by rank 0, and the
+//! final model saved by rank 0 as `mnist_ddp.mpk`. Test accuracy is measured on
+//! a test set sharded across ranks without duplicates.
+//!
+//! ```text
+//! burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/mnist \
+//!     --epochs 2 --data-dir ../shared/data/mnist
+//! ```
+
+#[path = "../common/mod.rs"]
+mod common;
+mod idx;
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
+use burn::data::dataset::Dataset;
+use burn::module::{AutodiffModule, Module};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn_ddp::data::DistributedDataset;
+use burn_ddp::{Ddp, ReduceOp};
+use common::fail;
+use common::flags::{Flag, Flags};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+const FLAGS: &[Flag] = &[
+    Flag {
+        name: "epochs",
+        default: Some("2"),
+        help: "training epochs",
+    },
+    Flag {
+        name: "batch-size",
+        default: Some("128"),
+        help: "batch size per process",
+    },
+    Flag {
+        name: "lr",
+        default: Some("0.001"),
+        help: "AdamW learning rate",
+    },
+    Flag {
+        name: "data-dir",
+        default: Some("data/mnist"),
+        help: "folder with the four MNIST IDX files (.gz or not)",
+    },
+    Flag {
+        name: "train-samples",
+        default: None,
+        help: "use only the first N training images",
+    },
+    Flag {
+        name: "test-samples",
+        default: None,
+        help: "use only the first N test images",
+    },
+    Flag {
+        name: "test-batch-size",
+        default: Some("1000"),
+        help: "batch size for evaluation",
+    },
+    Flag {
+        name: "max-steps",
+        default: None,
+        help: "stop each epoch after N steps (quick runs)",
+    },
+    Flag {
+        name: "seed",
+        default: Some("0"),
+        help: "seed of the initial model and the shuffle",
+    },
+    Flag {
+        name: "output",
+        default: Some("mnist_ddp"),
+        help: "where rank 0 saves the final model (.mpk)",
+    },
+    Flag {
+        name: "backend",
+        default: Some("flex"),
+        help: "flex (fast CPU), ndarray (slow convolutions), or cuda with the cuda feature",
+    },
+];
+
+/// The document's `Net`.
+#[derive(Module, Debug)]
+struct Net<B: Backend> {
+    conv1: Conv2d<B>,
+    conv2: Conv2d<B>,
+    pool: MaxPool2d,
+    fc1: Linear<B>,
+    fc2: Linear<B>,
+    relu: Relu,
+}
+
+impl<B: Backend> Net<B> {
+    fn new(device: &B::Device) -> Self {
+        Self {
+            conv1: Conv2dConfig::new([1, 32], [3, 3]).init(device),
+            conv2: Conv2dConfig::new([32, 64], [3, 3]).init(device),
+            pool: MaxPool2dConfig::new([2, 2]).init(),
+            fc1: LinearConfig::new(9216, 128).init(device),
+            fc2: LinearConfig::new(128, 10).init(device),
+            relu: Relu::new(),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        let x = self.relu.forward(self.conv1.forward(x));
+        let x = self.relu.forward(self.conv2.forward(x));
+        let x = self.pool.forward(x);
+        let x = x.flatten(1, 3);
+        let x = self.relu.forward(self.fc1.forward(x));
+        self.fc2.forward(x)
+    }
+}
+
+/// One split of MNIST as a Burn dataset of indices into shared pixel buffers.
+#[derive(Clone)]
+struct Mnist {
+    split: Arc<idx::Split>,
+}
+
+#[derive(Clone, Debug)]
+struct MnistItem {
+    split: Arc<[u8]>,
+    label: u8,
+}
+
+impl Dataset<MnistItem> for Mnist {
+    fn get(&self, index: usize) -> Option<MnistItem> {
+        let pixels = self.split.pixels();
+        let image = self
+            .split
+            .images
+            .get(index * pixels..(index + 1) * pixels)?;
+        Some(MnistItem {
+            split: Arc::from(image),
+            label: self.split.labels[index],
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.split.len()
+    }
+}
+
+/// `ToTensor()` then `Normalize((0.1307,), (0.3081,))`.
+#[derive(Clone)]
+struct MnistBatcher;
+
+impl<B: Backend> Batcher<B, MnistItem, (Tensor<B, 4>, Tensor<B, 1, Int>)> for MnistBatcher {
+    fn batch(
+        &self,
+        items: Vec<MnistItem>,
+        device: &B::Device,
+    ) -> (Tensor<B, 4>, Tensor<B, 1, Int>) {
+        let n = items.len();
+        let pixels: Vec<f32> = items
+            .iter()
+            .flat_map(|item| {
+                item.split
+                    .iter()
+                    .map(|p| (*p as f32 / 255.0 - 0.1307) / 0.3081)
+            })
+            .collect();
+        let labels: Vec<i64> = items.iter().map(|item| item.label as i64).collect();
+        (
+            Tensor::from_data(TensorData::new(pixels, [n, 1, 28, 28]), device),
+            Tensor::from_data(TensorData::new(labels, [n]), device),
+        )
+    }
+}
+
+fn main() {
+    let flags = Flags::parse("mnist", "DDP training of the document's MNIST CNN.", FLAGS);
+    match flags.get::<String>("backend").as_str() {
+        "flex" => train::<Ddp<Autodiff<Flex>>>(&flags, Default::default()),
+        "ndarray" => train::<Ddp<Autodiff<NdArray>>>(&flags, Default::default()),
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let local_rank = burn_ddp::LaunchEnv::from_env()
+                .map(|e| e.local_rank)
+                .unwrap_or(0);
+            train::<Ddp<Autodiff<burn::backend::Cuda>>>(
+                &flags,
+                burn::backend::cuda::CudaDevice::new(local_rank),
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => fail(
+            None,
+            "this binary was built without CUDA; rebuild with --features cuda",
+        ),
+        other => fail(
+            None,
+            format!("--backend {other:?}: expected flex, ndarray or cuda"),
+        ),
+    }
+}
+
+fn load(flags: &Flags, rank: usize) -> (Mnist, Mnist) {
+    let dir: PathBuf = flags.get("data-dir");
+    let mut train = idx::load_split(&dir, "train").unwrap_or_else(|e| fail(Some(rank), e));
+    let mut test = idx::load_split(&dir, "t10k").unwrap_or_else(|e| fail(Some(rank), e));
+    if let Some(n) = flags.optional::<usize>("train-samples") {
+        train.truncate(n);
+    }
+    if let Some(n) = flags.optional::<usize>("test-samples") {
+        test.truncate(n);
+    }
+    if (train.rows, train.cols) != (28, 28) {
+        fail(
+            Some(rank),
+            format!(
+                "MNIST images are 28x28, these are {}x{}",
+                train.rows, train.cols
+            ),
+        );
+    }
+    (
+        Mnist {
+            split: Arc::new(train),
+        },
+        Mnist {
+            split: Arc::new(test),
+        },
+    )
+}
+
+fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
+    let epochs: usize = flags.get("epochs");
+    let batch_size: usize = flags.get("batch-size");
+    let lr: f64 = flags.get("lr");
+    let seed: u64 = flags.get("seed");
+    let max_steps: Option<usize> = flags.optional("max-steps");
+    let output: PathBuf = flags.get("output");
+
+    let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e));
+    let (rank, world_size) = (group.rank(), group.world_size());
+    let (train_set, test_set) = load(flags, rank);
+
+    let sampler = burn_ddp::distributed_sampler(&group, train_set.len())
+        .unwrap_or_else(|e| fail(Some(rank), e))
+        .seed(seed);
+    let shard = DistributedDataset::new(train_set, sampler);
+    let epoch_handle = shard.epoch_handle();
+    let shard_len = shard.len();
+    let train_loader = DataLoaderBuilder::<B, _, _>::new(MnistBatcher)
+        .batch_size(batch_size)
+        .set_device(device.clone())
+        .build(shard);
+    // The test set is split without padding, so summed counts are exact.
+    let test_sampler = burn_ddp::evaluation_sampler(&group, test_set.len())
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    let test_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(MnistBatcher)
+        .batch_size(flags.get("test-batch-size"))
+        .set_device(device.clone())
+        .build(DistributedDataset::new(test_set, test_sampler));
+
+    B::seed(&device, seed);
+    let mut model =
+        burn_ddp::wrap(Net::<B>::new(&device), &group).unwrap_or_else(|e| fail(Some(rank), e));
+    let mut optimizer = AdamWConfig::new().init();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+
+    for epoch in 0..epochs {
+        epoch_handle.set_epoch(epoch as u64);
+        let started = Instant::now();
+        let steps_per_epoch = shard_len
+            .div_ceil(batch_size)
+            .min(max_steps.unwrap_or(usize::MAX));
+        let progress = progress_bar(group.is_main(), steps_per_epoch, epoch);
+        let (mut total_loss, mut steps, mut samples) = (0.0f64, 0usize, 0usize);
+        for (images, targets) in train_loader.iter().take(steps_per_epoch) {
+            samples += targets.dims()[0];
+            let logits = model.forward(images);
+            let loss = loss_fn.forward(logits, targets);
+            total_loss += loss.clone().into_scalar().elem::<f64>();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optimizer.step(lr, model, grads);
+            steps += 1;
+            if let Some(bar) = &progress {
+                bar.inc(1);
+            }
+        }
+        if let Some(bar) = progress {
+            bar.finish_and_clear();
+        }
+        // avg = all_reduce(total_loss / len(loader)) / world_size, as the document computes it.
+        let mut average = [total_loss / steps.max(1) as f64];
+        group
+            .all_reduce(&mut average, ReduceOp::Sum)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        let average = average[0] / world_size as f64;
+        let [all_samples] = burn_ddp::sum_over_ranks(&group, [samples as i64])
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        let elapsed = started.elapsed().as_secs_f64();
+        let (correct, total) = evaluate(&model.valid(), test_loader.as_ref());
+        let [correct, total] = burn_ddp::sum_over_ranks(&group, [correct, total])
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        if group.is_main() {
+            println!(
+                "epoch={epoch} avg_loss={average:.4} test_acc={:.2}% epoch_time={elapsed:.1}s samples/s={:.0}",
+                100.0 * correct as f64 / total.max(1) as f64,
+                all_samples as f64 / elapsed
+            );
+        }
+    }
+
+    if group.is_main() {
+        let path = burn_ddp::checkpoint::save_atomic::<B, _>(model.into_record(), &output)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        println!("saved {}", path.display());
+    }
+    burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+}
+
+/// Correct predictions and samples seen on this rank's test shard.
+fn evaluate<B: Backend>(
+    model: &Net<B>,
+    loader: &dyn burn::data::dataloader::DataLoader<B, (Tensor<B, 4>, Tensor<B, 1, Int>)>,
+) -> (i64, i64) {
+    let (mut correct, mut total) = (0i64, 0i64);
+    for (images, targets) in loader.iter() {
+        total += targets.dims()[0] as i64;
+        let predicted = model.forward(images).argmax(1).flatten::<1>(0, 1);
+        correct += predicted
+            .equal(targets)
+            .int()
+            .sum()
+            .into_scalar()
+            .elem::<i64>();
+    }
+    (correct, total)
+}
+
+/// A bar on rank 0 when a person is watching (stderr is a terminal).
+fn progress_bar(main: bool, steps: usize, epoch: usize) -> Option<indicatif::ProgressBar> {
+    if !main || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "epoch {msg} [{bar:30}] {pos}/{len} steps, {per_sec}, eta {eta}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
+    );
+    bar.set_message(epoch.to_string());
+    Some(bar)
+}
