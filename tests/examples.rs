@@ -1,0 +1,335 @@
+//! The example trainers end to end: real processes through the launcher.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// target/debug (or release), where cargo put the examples and the launcher.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn example(name: &str) -> PathBuf {
+    let path = target_dir().join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo test --workspace`",
+        path.display()
+    );
+    path
+}
+
+fn launcher() -> PathBuf {
+    let path = target_dir().join("burn-ddp-run");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo test --workspace`, which builds the launcher",
+        path.display()
+    );
+    path
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-ddp-examples-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `cmd` in `dir`, killing it after `limit`.
+fn run(mut cmd: Command, dir: &Path, limit: Duration) -> Output {
+    cmd.current_dir(dir)
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("starting the example");
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{cmd:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        stdout(out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `(epoch, loss)` from the toy trainer's "Epoch e/E, Avg Loss: x" lines.
+fn toy_losses(text: &str) -> Vec<(usize, f64)> {
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("Epoch ")?;
+            let (epoch, rest) = rest.split_once('/')?;
+            let loss = rest.split("Avg Loss: ").nth(1)?;
+            Some((epoch.parse().ok()?, loss.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn relative(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs().max(1e-12)
+}
+
+#[test]
+fn toy_two_ranks_equal_one_big_batch_and_resume_from_a_checkpoint() {
+    let dir = scratch("toy");
+    let toy = example("toy");
+    let mut two = Command::new(launcher());
+    two.args(["--standalone", "--nproc-per-node", "2"])
+        .arg(&toy)
+        .args([
+            "--epochs",
+            "4",
+            "--batch_size",
+            "64",
+            "--loss-precision",
+            "9",
+        ]);
+    let out = run(two, &dir, Duration::from_secs(300));
+    assert_success(&out);
+    let distributed = toy_losses(&stdout(&out));
+    assert_eq!(
+        distributed.iter().map(|(e, _)| *e).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    assert!(
+        distributed[3].1 < distributed[0].1,
+        "the loss should fall: {distributed:?}"
+    );
+    assert_eq!(stdout(&out).matches("starting training").count(), 2);
+    for epoch in [2, 4] {
+        assert!(dir.join(format!("model_epoch_{epoch}.mpk")).is_file());
+    }
+
+    // One process with batch 2 x 64 computes the same thing.
+    let single_dir = scratch("toy-single");
+    let mut one = Command::new(&toy);
+    one.args([
+        "--epochs",
+        "4",
+        "--batch-size",
+        "128",
+        "--loss-precision",
+        "9",
+    ]);
+    let out = run(one, &single_dir, Duration::from_secs(300));
+    assert_success(&out);
+    let single = toy_losses(&stdout(&out));
+    for ((e, a), (_, b)) in distributed.iter().zip(&single) {
+        assert!(
+            relative(*a, *b) < 1e-5,
+            "epoch {e}: 2x64 gives {a}, 1x128 gives {b}"
+        );
+    }
+
+    // Resuming from epoch 2 continues where that run was.
+    let mut resume = Command::new(launcher());
+    resume
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .arg(&toy)
+        .args([
+            "--epochs",
+            "4",
+            "--loss-precision",
+            "9",
+            "--resume",
+            "model_epoch_2.mpk",
+        ]);
+    let out = run(resume, &dir, Duration::from_secs(300));
+    assert_success(&out);
+    assert!(stdout(&out).contains("at epoch 2"), "{}", stdout(&out));
+    let resumed = toy_losses(&stdout(&out));
+    assert_eq!(
+        resumed.iter().map(|(e, _)| *e).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    for ((e, a), (_, b)) in resumed.iter().zip(&distributed[2..]) {
+        assert!(
+            relative(*a, *b) < 1e-5,
+            "epoch {e}: resumed {a}, uninterrupted {b}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&single_dir);
+}
+
+#[test]
+fn toy_resume_from_a_missing_checkpoint_names_the_file() {
+    let dir = scratch("toy-missing");
+    let mut cmd = Command::new(example("toy"));
+    cmd.args(["--resume", "nowhere/model_epoch_9"]);
+    let out = run(cmd, &dir, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nowhere/model_epoch_9.mpk") && stderr.contains("rank 0"),
+        "{stderr}"
+    );
+}
+
+fn mnist_data() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist");
+    assert!(
+        dir.join("train-images-idx3-ubyte.gz").is_file(),
+        "the real MNIST files are expected in {} (the project's shared data)",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn mnist_short_run_on_two_ranks_learns_and_saves_the_model() {
+    let dir = scratch("mnist");
+    let mut cmd = Command::new(launcher());
+    cmd.args(["--standalone", "--nproc-per-node", "2"])
+        .arg(example("mnist"))
+        .arg("--data-dir")
+        .arg(mnist_data())
+        .args([
+            "--train-samples",
+            "640",
+            "--test-samples",
+            "300",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "32",
+        ]);
+    let out = run(cmd, &dir, Duration::from_secs(600));
+    assert_success(&out);
+    let text = stdout(&out);
+    let field = |line: &str, name: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .map(|v| v.trim_end_matches(['%', 's']).parse().unwrap())
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+    };
+    let epochs: Vec<&str> = text.lines().filter(|l| l.starts_with("epoch=")).collect();
+    assert_eq!(
+        epochs.len(),
+        2,
+        "rank 0 alone logs, once per epoch:\n{text}"
+    );
+    let (first, last) = (field(epochs[0], "avg_loss"), field(epochs[1], "avg_loss"));
+    assert!(last < first, "the loss should fall: {first} then {last}");
+    let accuracy = field(epochs[1], "test_acc");
+    assert!(
+        accuracy > 50.0,
+        "640 samples should already beat chance by far: {accuracy}%"
+    );
+    assert!(dir.join("mnist_ddp.mpk").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writes an IDX file of unsigned bytes.
+fn write_idx(path: &Path, magic: u32, dims: &[u32], data: &[u8]) {
+    let mut bytes = magic.to_be_bytes().to_vec();
+    for d in dims {
+        bytes.extend_from_slice(&d.to_be_bytes());
+    }
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn small_mnist(dir: &Path, train: u32, test: u32) {
+    let images = |n: u32| (0..n * 784).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
+    let labels = |n: u32| (0..n).map(|i| (i % 10) as u8).collect::<Vec<u8>>();
+    write_idx(
+        &dir.join("train-images-idx3-ubyte"),
+        0x803,
+        &[train, 28, 28],
+        &images(train),
+    );
+    write_idx(
+        &dir.join("train-labels-idx1-ubyte"),
+        0x801,
+        &[train],
+        &labels(train),
+    );
+    write_idx(
+        &dir.join("t10k-images-idx3-ubyte"),
+        0x803,
+        &[test, 28, 28],
+        &images(test),
+    );
+    write_idx(
+        &dir.join("t10k-labels-idx1-ubyte"),
+        0x801,
+        &[test],
+        &labels(test),
+    );
+}
+
+#[test]
+fn mnist_reads_uncompressed_idx_files_the_test_writes() {
+    let dir = scratch("mnist-small");
+    small_mnist(&dir, 48, 20);
+    let mut cmd = Command::new(example("mnist"));
+    cmd.args(["--data-dir", ".", "--epochs", "1", "--batch-size", "16"]);
+    let out = run(cmd, &dir, Duration::from_secs(300));
+    assert_success(&out);
+    assert!(
+        stdout(&out).contains("epoch=0 avg_loss="),
+        "{}",
+        stdout(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mnist_missing_or_corrupt_files_are_named() {
+    let dir = scratch("mnist-bad");
+    let mut cmd = Command::new(example("mnist"));
+    cmd.args(["--data-dir", "absent"]);
+    let out = run(cmd, &dir, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("train-images-idx3-ubyte") && stderr.contains("--data-dir"),
+        "{stderr}"
+    );
+
+    small_mnist(&dir, 8, 8);
+    write_idx(&dir.join("t10k-labels-idx1-ubyte"), 0x803, &[8], &[0; 8]);
+    let mut cmd = Command::new(example("mnist"));
+    cmd.args(["--data-dir", "."]);
+    let out = run(cmd, &dir, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("t10k-labels-idx1-ubyte") && stderr.contains("magic 0x00000803"),
+        "{stderr}"
+    );
+
+    small_mnist(&dir, 8, 8);
+    std::fs::write(
+        dir.join("train-images-idx3-ubyte"),
+        &[0, 0, 8, 3, 0, 0, 0, 8][..],
+    )
+    .unwrap();
+    let mut cmd = Command::new(example("mnist"));
+    cmd.args(["--data-dir", "."]);
+    let out = run(cmd, &dir, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        stderr.contains("train-images-idx3-ubyte") && stderr.contains("truncated"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
