@@ -12,15 +12,13 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod idx;
+mod net;
 
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};
-use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
-use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
@@ -28,6 +26,7 @@ use burn_ddp::data::DistributedDataset;
 use burn_ddp::{Ddp, ReduceOp};
 use common::fail;
 use common::flags::{Flag, Flags};
+use net::Net;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -90,39 +89,6 @@ const FLAGS: &[Flag] = &[
         help: "flex (fast CPU), ndarray (slow convolutions), or cuda with the cuda feature",
     },
 ];
-
-/// The document's `Net`.
-#[derive(Module, Debug)]
-struct Net<B: Backend> {
-    conv1: Conv2d<B>,
-    conv2: Conv2d<B>,
-    pool: MaxPool2d,
-    fc1: Linear<B>,
-    fc2: Linear<B>,
-    relu: Relu,
-}
-
-impl<B: Backend> Net<B> {
-    fn new(device: &B::Device) -> Self {
-        Self {
-            conv1: Conv2dConfig::new([1, 32], [3, 3]).init(device),
-            conv2: Conv2dConfig::new([32, 64], [3, 3]).init(device),
-            pool: MaxPool2dConfig::new([2, 2]).init(),
-            fc1: LinearConfig::new(9216, 128).init(device),
-            fc2: LinearConfig::new(128, 10).init(device),
-            relu: Relu::new(),
-        }
-    }
-
-    fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
-        let x = self.relu.forward(self.conv1.forward(x));
-        let x = self.relu.forward(self.conv2.forward(x));
-        let x = self.pool.forward(x);
-        let x = x.flatten(1, 3);
-        let x = self.relu.forward(self.fc1.forward(x));
-        self.fc2.forward(x)
-    }
-}
 
 /// One split of MNIST as a Burn dataset of indices into shared pixel buffers.
 #[derive(Clone)]

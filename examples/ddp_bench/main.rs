@@ -1,0 +1,231 @@
+//! Benchmarks of the `Ddp<B>` training step; each prints ratios against a
+//! baseline measured in the same run.
+//!
+//! ```text
+//! # Ddp at world size 1 against the plain backend, MNIST CNN step:
+//! target/release/examples/ddp_bench --mode overhead
+//! # gradient sync of a 256-parameter model, buckets against one collective per parameter:
+//! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode buckets
+//! # share of a 2-rank MNIST CNN step spent synchronising gradients:
+//! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode share
+//! ```
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../mnist/net.rs"]
+mod net;
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Distribution, Int, Tensor};
+use burn_ddp::{Ddp, DdpConfig};
+use common::fail;
+use common::flags::{Flag, Flags};
+use net::Net;
+use std::time::Instant;
+
+type Plain = Autodiff<Flex>;
+type Wrapped = Ddp<Autodiff<Flex>>;
+
+const FLAGS: &[Flag] = &[
+    Flag {
+        name: "mode",
+        default: Some("overhead"),
+        help: "overhead | buckets | share",
+    },
+    Flag {
+        name: "iters",
+        default: Some("20"),
+        help: "measured iterations per variant",
+    },
+    Flag {
+        name: "batch-size",
+        default: Some("128"),
+        help: "MNIST batch size per process",
+    },
+];
+
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    times[times.len() / 2]
+}
+
+/// One MNIST CNN training step (forward, backward, AdamW-free SGD step), in seconds.
+fn mnist_step<B: AutodiffBackend>(model: Net<B>, batch: usize, sync: bool) -> (Net<B>, f64, f64) {
+    let device = Default::default();
+    let images =
+        Tensor::<B, 4>::random([batch, 1, 28, 28], Distribution::Normal(0.0, 1.0), &device);
+    let labels = Tensor::<B, 1, Int>::random([batch], Distribution::Uniform(0.0, 10.0), &device);
+    let started = Instant::now();
+    let loss = CrossEntropyLossConfig::new()
+        .init(&device)
+        .forward(model.forward(images), labels);
+    let backward_started = Instant::now();
+    let grads = if sync {
+        loss.backward()
+    } else {
+        let _local = burn_ddp::no_sync();
+        loss.backward()
+    };
+    let backward = backward_started.elapsed().as_secs_f64();
+    let grads = GradientsParams::from_grads(grads, &model);
+    let model = SgdConfig::new().init().step(0.01, model, grads);
+    (model, started.elapsed().as_secs_f64(), backward)
+}
+
+fn overhead(iters: usize, batch: usize) {
+    let device = Default::default();
+    let (mut plain, mut wrapped) = (Net::<Plain>::new(&device), Net::<Wrapped>::new(&device));
+    let (mut plain_times, mut wrapped_times) = (Vec::new(), Vec::new());
+    for i in 0..iters + 2 {
+        // Interleaved, so drift in the machine's speed hits both alike.
+        let (m, t, _) = mnist_step(plain, batch, true);
+        plain = m;
+        let (m, u, _) = mnist_step(wrapped, batch, true);
+        wrapped = m;
+        if i >= 2 {
+            plain_times.push(t);
+            wrapped_times.push(u);
+        }
+    }
+    let (p, w) = (median(plain_times), median(wrapped_times));
+    println!("MNIST CNN step, batch {batch}, world size 1, {iters} steps each (median)");
+    println!("| backend | step | ratio |");
+    println!("| --- | ---: | ---: |");
+    println!("| Autodiff<Flex> | {:.1} ms | 1.000 |", p * 1e3);
+    println!("| Ddp<Autodiff<Flex>> | {:.1} ms | {:.3} |", w * 1e3, w / p);
+}
+
+/// 128 small linear layers: 256 parameter tensors.
+#[derive(Module, Debug)]
+struct ManySmall<B: Backend> {
+    layers: Vec<Linear<B>>,
+}
+
+impl<B: Backend> ManySmall<B> {
+    fn new(device: &B::Device) -> Self {
+        Self {
+            layers: (0..128)
+                .map(|_| LinearConfig::new(16, 16).init(device))
+                .collect(),
+        }
+    }
+
+    fn forward(&self, mut x: Tensor<B, 2>) -> Tensor<B, 2> {
+        for layer in &self.layers {
+            x = layer.forward(x).tanh();
+        }
+        x
+    }
+}
+
+fn backward_time(model: &ManySmall<Wrapped>, sync: bool) -> f64 {
+    let device = Default::default();
+    let x = Tensor::<Wrapped, 2>::random([8, 16], Distribution::Default, &device);
+    let loss = model.forward(x).sum();
+    let started = Instant::now();
+    let _grads = if sync {
+        loss.backward()
+    } else {
+        let _local = burn_ddp::no_sync();
+        loss.backward()
+    };
+    started.elapsed().as_secs_f64()
+}
+
+fn buckets(group: &burn_ddp::ProcessGroup, iters: usize) {
+    let device = Default::default();
+    let mut results = Vec::new();
+    for (name, config) in [
+        (
+            "one bucket per parameter",
+            DdpConfig::new()
+                .with_bucket_cap_mb(1e-9)
+                .with_first_bucket_cap_mb(1e-9),
+        ),
+        ("default buckets (25 MiB, first 1 MiB)", DdpConfig::new()),
+    ] {
+        let model = config
+            .wrap(ManySmall::<Wrapped>::new(&device), group)
+            .unwrap_or_else(|e| fail(Some(group.rank()), e));
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for i in 0..iters + 3 {
+            let (a, b) = (backward_time(&model, true), backward_time(&model, false));
+            if i >= 3 {
+                with.push(a);
+                without.push(b);
+            }
+        }
+        results.push((name, median(with) - median(without)));
+    }
+    if group.is_main() {
+        println!("gradient sync of 256 parameters (128 x Linear(16, 16)), world size {}, {iters} backward passes each", group.world_size());
+        println!("| variant | sync time per backward | speed-up |");
+        println!("| --- | ---: | ---: |");
+        let base = results[0].1;
+        for (name, t) in &results {
+            println!("| {name} | {:.3} ms | {:.1}x |", t * 1e3, base / t);
+        }
+    }
+}
+
+fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
+    let device = Default::default();
+    let mut model = burn_ddp::wrap(Net::<Wrapped>::new(&device), group)
+        .unwrap_or_else(|e| fail(Some(group.rank()), e));
+    let (mut synced, mut local, mut synced_backward, mut local_backward) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..iters + 2 {
+        let (m, t, b) = mnist_step(model, batch, true);
+        let (m, u, c) = mnist_step(m, batch, false);
+        model = m;
+        if i >= 2 {
+            synced.push(t);
+            local.push(u);
+            synced_backward.push(b);
+            local_backward.push(c);
+        }
+    }
+    let (s, l) = (median(synced), median(local));
+    let sync = median(synced_backward) - median(local_backward);
+    if group.is_main() {
+        println!(
+            "MNIST CNN step, batch {batch} per rank, world size {}, {iters} steps each (median)",
+            group.world_size()
+        );
+        println!("| step | time |");
+        println!("| --- | ---: |");
+        println!("| with gradient sync | {:.1} ms |", s * 1e3);
+        println!("| without (no_sync) | {:.1} ms |", l * 1e3);
+        println!(
+            "| sync (backward with - without) | {:.1} ms = {:.1}% of the step |",
+            sync * 1e3,
+            100.0 * sync / s
+        );
+    }
+}
+
+fn main() {
+    let flags = Flags::parse("ddp_bench", "Benchmarks of the Ddp training step.", FLAGS);
+    let iters: usize = flags.get("iters");
+    let batch: usize = flags.get("batch-size");
+    let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e));
+    match flags.get::<String>("mode").as_str() {
+        "overhead" if group.world_size() == 1 => overhead(iters, batch),
+        "overhead" => fail(
+            Some(group.rank()),
+            "--mode overhead runs at world size 1 (no launcher)",
+        ),
+        "buckets" => buckets(&group, iters),
+        "share" => share(&group, iters, batch),
+        other => fail(
+            None,
+            format!("--mode {other:?}: expected overhead, buckets or share"),
+        ),
+    }
+    burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(group.rank()), e));
+}
