@@ -4,7 +4,7 @@ use crate::element::{BufferMut, DType, Element, ReduceOp};
 use crate::env::{LaunchEnv, Launcher, StoreHost, DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT};
 use crate::error::{CommError, Result};
 use crate::store::{MemoryStore, Store, StoreServer, TcpStoreClient};
-use crate::transport::{SingleProcess, TcpRing, Transport};
+use crate::transport::{SharedMemory, SingleProcess, TcpRing, Transport};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -17,11 +17,40 @@ const KEY_PREFIX: &str = "burn-ddp/";
 /// same operation on buffers of the same type and length (one extra round trip).
 pub const DEBUG_VAR: &str = "BURN_DDP_DEBUG";
 
+/// `tcp` or `shm` forces a host transport; unset, ranks that all share one
+/// machine use shared memory and others the TCP ring.
+pub const TRANSPORT_VAR: &str = "BURN_DDP_TRANSPORT";
+
+/// Which host transport to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Shared memory when every rank is on this machine, TCP otherwise.
+    Auto,
+    /// The TCP ring, always.
+    Tcp,
+    /// Shared memory (an error if the ranks are on several machines).
+    SharedMemory,
+}
+
+impl TransportChoice {
+    fn from_env(rank: usize) -> Result<Self> {
+        match std::env::var(TRANSPORT_VAR).ok().as_deref() {
+            None | Some("") | Some("auto") => Ok(Self::Auto),
+            Some("tcp") => Ok(Self::Tcp),
+            Some("shm") => Ok(Self::SharedMemory),
+            Some(other) => Err(CommError::config(format!(
+                "rank {rank}: {TRANSPORT_VAR}={other:?}; expected tcp, shm or auto"
+            ))),
+        }
+    }
+}
+
 /// How to start a [`ProcessGroup`] without reading the environment.
 #[derive(Debug, Clone)]
 pub struct ProcessGroupBuilder {
     env: LaunchEnv,
     debug_checks: bool,
+    transport: TransportChoice,
 }
 
 impl ProcessGroupBuilder {
@@ -36,7 +65,14 @@ impl ProcessGroupBuilder {
         Self {
             env,
             debug_checks: false,
+            transport: TransportChoice::Auto,
         }
+    }
+
+    /// Forces a host transport (default: shared memory on one machine, else TCP).
+    pub fn transport(mut self, choice: TransportChoice) -> Self {
+        self.transport = choice;
+        self
     }
 
     /// Host and port of the rendezvous store (rank 0 hosts it unless told otherwise).
@@ -78,7 +114,7 @@ impl ProcessGroupBuilder {
     /// Joins the group: starts or reaches the store, waits for every rank and
     /// connects the transport. Fails within the timeout if a rank never comes.
     pub fn build(self) -> Result<ProcessGroup> {
-        ProcessGroup::start(self.env, self.debug_checks)
+        ProcessGroup::start(self.env, self.debug_checks, self.transport)
     }
 }
 
@@ -117,7 +153,8 @@ impl ProcessGroup {
     pub fn from_env() -> Result<Self> {
         let env = LaunchEnv::from_env()?;
         let debug = std::env::var(DEBUG_VAR).is_ok_and(|v| v.eq_ignore_ascii_case("detail"));
-        Self::start(env, debug)
+        let transport = TransportChoice::from_env(env.rank)?;
+        Self::start(env, debug, transport)
     }
 
     /// Starts configuring a group by hand.
@@ -125,7 +162,7 @@ impl ProcessGroup {
         ProcessGroupBuilder::new(rank, world_size)
     }
 
-    fn start(env: LaunchEnv, debug_checks: bool) -> Result<Self> {
+    fn start(env: LaunchEnv, debug_checks: bool, choice: TransportChoice) -> Result<Self> {
         if env.world_size == 0 || env.rank >= env.world_size {
             return Err(CommError::config(format!(
                 "rank {} is outside a world of {} ranks; ranks run from 0 to world_size - 1",
@@ -162,16 +199,28 @@ impl ProcessGroup {
         };
         let client = TcpStoreClient::connect(&host, env.master_port, Some(env.rank), env.timeout)?;
         join(&client, &env)?;
-        let bind_ip = client.local_ip()?;
-        let ring = TcpRing::connect(
-            env.rank,
-            env.world_size,
-            &client,
-            KEY_PREFIX,
-            bind_ip,
-            env.timeout,
-        )?;
-        let group = Self::assemble(&env, debug_checks, Box::new(client), Box::new(ring), server);
+        let one_machine = all_on_one_machine(&client, &env)?;
+        let transport: Box<dyn Transport> = match (choice, one_machine) {
+            (TransportChoice::SharedMemory, false) => {
+                return Err(CommError::config(format!(
+                    "rank {}: {TRANSPORT_VAR}=shm, but the ranks run on several machines; \
+                     use tcp (or leave it unset)",
+                    env.rank
+                )))
+            }
+            (TransportChoice::SharedMemory, true) | (TransportChoice::Auto, true) => Box::new(
+                SharedMemory::connect(env.rank, env.world_size, &client, KEY_PREFIX, env.timeout)?,
+            ),
+            _ => Box::new(TcpRing::connect(
+                env.rank,
+                env.world_size,
+                &client,
+                KEY_PREFIX,
+                client.local_ip()?,
+                env.timeout,
+            )?),
+        };
+        let group = Self::assemble(&env, debug_checks, Box::new(client), transport, server);
         // Nobody leaves set-up (and possibly takes the store down) before all are connected.
         group.barrier()?;
         Ok(group)
@@ -427,6 +476,23 @@ fn host_store(host: &str, port: u16) -> Result<StoreServer> {
         },
         other => other,
     })
+}
+
+/// Whether every rank runs on this machine (same host name and boot).
+fn all_on_one_machine(store: &dyn Store, env: &LaunchEnv) -> Result<bool> {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let me = format!(
+        "{}/{}",
+        read("/proc/sys/kernel/hostname").trim(),
+        read("/proc/sys/kernel/random/boot_id").trim()
+    );
+    store.set(&format!("{KEY_PREFIX}host/{}", env.rank), me.as_bytes())?;
+    for rank in 0..env.world_size {
+        if store.get(&format!("{KEY_PREFIX}host/{rank}"), env.timeout)? != me.as_bytes() {
+            return Ok(false);
+        }
+    }
+    Ok(me != "/")
 }
 
 /// Announces this rank and waits for all the others, naming any that never come.

@@ -23,5 +23,5 @@ pub mod transport;
 pub use element::{finish_reduce, reduce_into, BufferMut, DType, Element, ReduceOp};
 pub use env::{LaunchEnv, Launcher, StoreHost};
 pub use error::{CommError, Result};
-pub use group::{ProcessGroup, ProcessGroupBuilder, DEBUG_VAR};
+pub use group::{ProcessGroup, ProcessGroupBuilder, TransportChoice, DEBUG_VAR, TRANSPORT_VAR};
 pub use reducer::{BucketConfig, BucketPlan, ParamLayout, Reducer};

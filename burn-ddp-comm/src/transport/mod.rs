@@ -5,9 +5,11 @@
 //! device transports (NCCL) work on device memory and plug in beside it.
 
 mod local;
+mod shm;
 mod tcp;
 
 pub use local::SingleProcess;
+pub use shm::SharedMemory;
 pub use tcp::TcpRing;
 
 use crate::element::{BufferMut, ReduceOp};

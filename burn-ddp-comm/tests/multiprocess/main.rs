@@ -34,15 +34,31 @@ fn main() {
             debug_checks_catch_mismatched_calls,
         ),
         ("invalid_arguments_are_errors_not_hangs", invalid_arguments),
+        ("an_unknown_transport_is_a_clear_error", unknown_transport),
     ];
     run_cases(cases);
 }
 
-/// The four results of `collectives_lab.py`, per rank.
+/// Both host transports, as `BURN_DDP_TRANSPORT` names them.
+const TRANSPORTS: [&str; 2] = ["tcp", "shm"];
+
+/// The four results of `collectives_lab.py`, per rank, over each transport.
 fn collectives_lab_values() -> Result<(), String> {
-    for world in 1..=4usize {
-        let outcomes = World::new(world).run("lab");
+    for (world, transport) in (1..=4usize).flat_map(|w| TRANSPORTS.map(|t| (w, t))) {
+        let outcomes = World::new(world)
+            .env("BURN_DDP_TRANSPORT", transport)
+            .run("lab");
         all_ok(&outcomes)?;
+        let expected = if world == 1 { "local" } else { transport };
+        for o in &outcomes {
+            check(o.value("transport") == Some(expected), || {
+                format!(
+                    "rank {} used {:?}, not {expected}",
+                    o.rank,
+                    o.value("transport")
+                )
+            })?;
+        }
         for o in &outcomes {
             let r = o.rank;
             let expect_reduce = format!("{}", (0..world).sum::<usize>() as f32);
@@ -72,8 +88,12 @@ fn collectives_lab_values() -> Result<(), String> {
 }
 
 fn sizes_ops_and_dtypes() -> Result<(), String> {
-    for world in 2..=4 {
-        all_ok(&World::new(world).run("sizes"))?;
+    for (world, transport) in (2..=4usize).flat_map(|w| TRANSPORTS.map(|t| (w, t))) {
+        all_ok(
+            &World::new(world)
+                .env("BURN_DDP_TRANSPORT", transport)
+                .run("sizes"),
+        )?;
     }
     Ok(())
 }
@@ -85,7 +105,14 @@ fn rank_zero_hosts_the_store() -> Result<(), String> {
 }
 
 fn many_operations_back_to_back() -> Result<(), String> {
-    all_ok(&World::new(3).run("back_to_back"))
+    for transport in TRANSPORTS {
+        all_ok(
+            &World::new(3)
+                .env("BURN_DDP_TRANSPORT", transport)
+                .run("back_to_back"),
+        )?;
+    }
+    Ok(())
 }
 
 fn world_of_one_needs_no_network() -> Result<(), String> {
@@ -151,7 +178,16 @@ fn peer_dies() -> Result<(), String> {
 }
 
 fn debug_checks_catch_mismatched_calls() -> Result<(), String> {
-    let world = World::new(2).env("BURN_DDP_DEBUG", "detail");
+    for transport in TRANSPORTS {
+        let world = World::new(2)
+            .env("BURN_DDP_DEBUG", "detail")
+            .env("BURN_DDP_TRANSPORT", transport);
+        debug_mismatch_outcomes(world)?;
+    }
+    Ok(())
+}
+
+fn debug_mismatch_outcomes(world: World) -> Result<(), String> {
     let outcomes = world.run("mismatch");
     for o in &outcomes {
         check(o.code == Some(1), || format!("{o:?}"))?;
@@ -167,4 +203,19 @@ fn debug_checks_catch_mismatched_calls() -> Result<(), String> {
 
 fn invalid_arguments() -> Result<(), String> {
     all_ok(&World::new(2).run("invalid"))
+}
+
+fn unknown_transport() -> Result<(), String> {
+    let outcomes = World::new(2)
+        .env("BURN_DDP_TRANSPORT", "carrier-pigeon")
+        .run("lab");
+    for o in &outcomes {
+        check(o.code == Some(1), || format!("{o:?}"))?;
+        check(
+            o.stderr.contains("BURN_DDP_TRANSPORT=\"carrier-pigeon\"")
+                && o.stderr.contains("tcp, shm"),
+            || o.stderr.clone(),
+        )?;
+    }
+    Ok(())
 }

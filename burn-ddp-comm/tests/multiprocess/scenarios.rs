@@ -43,6 +43,7 @@ fn lab() -> Result<(), String> {
     let rank = g.rank();
     let world = g.world_size();
     let e = |e: burn_ddp_comm::CommError| e.to_string();
+    println!("transport {}", g.transport_name());
 
     let mut x = [rank as f32];
     g.all_reduce(&mut x, ReduceOp::Sum).map_err(e)?;
