@@ -319,7 +319,7 @@ impl ProcessGroup {
     /// Reduces `input` (`world_size` equal chunks) over all ranks and returns
     /// this rank's chunk of the result, as `reduce_scatter_tensor` does.
     pub fn reduce_scatter<T: Element>(&self, input: &[T], op: ReduceOp) -> Result<Vec<T>> {
-        if input.len() % self.world_size != 0 {
+        if !input.len().is_multiple_of(self.world_size) {
             return Err(CommError::InvalidArgument {
                 rank: self.rank,
                 message: format!(

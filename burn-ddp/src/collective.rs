@@ -105,7 +105,7 @@ pub fn reduce_scatter<B: Backend, const D: usize, K: BasicOps<B>>(
     let device = tensor.device();
     let mut dims = tensor.dims();
     let world = group.world_size();
-    if D == 0 || dims[0] % world != 0 {
+    if D == 0 || !dims[0].is_multiple_of(world) {
         return Err(CommError::InvalidArgument {
             rank: group.rank(),
             message: format!(

@@ -35,6 +35,8 @@ pub use burn_ddp_comm::{
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
 pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks};
 pub use global::{default_group, destroy_process_group, init_process_group};
-pub use sync::{no_sync, sync_enabled, sync_gradients, NoSyncGuard};
+pub use sync::{
+    no_sync, reset_sync_stats, sync_enabled, sync_gradients, sync_stats, NoSyncGuard, SyncStats,
+};
 pub use tracking::TrackedAutodiff;
 pub use wrap::{wrap, DdpConfig};

@@ -16,6 +16,48 @@ use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
 use burn_ddp_comm::DType as WireDType;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Where gradient synchronisation spent its time (since the last reset).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SyncStats {
+    /// Synchronisations (backward passes or `sync_gradients` calls).
+    pub syncs: u64,
+    /// Buckets reduced.
+    pub buckets: u64,
+    /// Gradient bytes reduced.
+    pub bytes: u64,
+    /// Waiting for the slowest rank to finish its backward pass (load imbalance,
+    /// not communication).
+    pub wait: Duration,
+    /// Flattening gradients into buckets and reading them out of the backend.
+    pub pack: Duration,
+    /// The collectives themselves.
+    pub reduce: Duration,
+    /// Writing buckets back and splitting them into gradients.
+    pub unpack: Duration,
+}
+
+static STATS: Mutex<SyncStats> = Mutex::new(SyncStats {
+    syncs: 0,
+    buckets: 0,
+    bytes: 0,
+    wait: Duration::ZERO,
+    pack: Duration::ZERO,
+    reduce: Duration::ZERO,
+    unpack: Duration::ZERO,
+});
+
+/// Time spent synchronising gradients so far.
+pub fn sync_stats() -> SyncStats {
+    *STATS.lock().unwrap()
+}
+
+/// Starts [`sync_stats`] from zero.
+pub fn reset_sync_stats() {
+    *STATS.lock().unwrap() = SyncStats::default();
+}
 
 static NO_SYNC_DEPTH: AtomicUsize = AtomicUsize::new(0);
 
@@ -111,7 +153,17 @@ pub(crate) fn average_gradients<I: Backend>(
     let rank = reducer.group().rank();
     let plan = reducer.prepare(layout)?.clone();
     let mut averaged: Vec<Option<FloatTensor<I>>> = (0..layout.len()).map(|_| None).collect();
+    let mut stats = SyncStats {
+        syncs: 1,
+        ..SyncStats::default()
+    };
+    // One cheap barrier first, so the time spent waiting for a slower rank is
+    // told apart from the time the collectives take.
+    let waiting = Instant::now();
+    reducer.group().barrier()?;
+    stats.wait = waiting.elapsed();
     for bucket in &plan.buckets {
+        let started = Instant::now();
         let members = &plan.order[bucket.slots.clone()];
         let parts: Vec<Tensor<I, 1>> = members
             .iter()
@@ -125,7 +177,11 @@ pub(crate) fn average_gradients<I: Backend>(
             })
             .collect();
         let mut data = Tensor::cat(parts, 0).into_data();
+        let packed = Instant::now();
         reduce_data(reducer, &mut data, rank)?;
+        let reduced = Instant::now();
+        stats.buckets += 1;
+        stats.bytes += data.bytes.len() as u64;
         let flat = Tensor::<I, 1>::from_data(data, device);
         for (&p, &offset) in members.iter().zip(&bucket.offsets) {
             let numel = layout[p].numel();
@@ -136,7 +192,19 @@ pub(crate) fn average_gradients<I: Backend>(
                 .tensor();
             averaged[p] = Some(I::float_reshape(part, layout[p].shape.clone().into()));
         }
+        stats.pack += packed - started;
+        stats.reduce += reduced - packed;
+        stats.unpack += reduced.elapsed();
     }
+    let mut total = STATS.lock().unwrap();
+    total.syncs += stats.syncs;
+    total.buckets += stats.buckets;
+    total.bytes += stats.bytes;
+    total.wait += stats.wait;
+    total.pack += stats.pack;
+    total.reduce += stats.reduce;
+    total.unpack += stats.unpack;
+    drop(total);
     Ok(averaged
         .into_iter()
         .map(|g| g.expect("every parameter is in a bucket"))

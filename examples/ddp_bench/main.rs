@@ -180,7 +180,18 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     let (mut synced, mut local, mut synced_backward, mut local_backward) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..iters + 2 {
+        if i == 2 {
+            burn_ddp::reset_sync_stats();
+        }
+        // Start every measured step together: a no_sync step lets the ranks
+        // drift apart, and the next sync would otherwise absorb that drift.
+        group
+            .barrier()
+            .unwrap_or_else(|e| fail(Some(group.rank()), e));
         let (m, t, b) = mnist_step(model, batch, true);
+        group
+            .barrier()
+            .unwrap_or_else(|e| fail(Some(group.rank()), e));
         let (m, u, c) = mnist_step(m, batch, false);
         model = m;
         if i >= 2 {
@@ -192,19 +203,38 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     }
     let (s, l) = (median(synced), median(local));
     let sync = median(synced_backward) - median(local_backward);
+    let stats = burn_ddp::sync_stats();
+    let per_step = |d: std::time::Duration| d.as_secs_f64() * 1e3 / stats.syncs.max(1) as f64;
     if group.is_main() {
         println!(
-            "MNIST CNN step, batch {batch} per rank, world size {}, {iters} steps each (median)",
-            group.world_size()
+            "MNIST CNN step, batch {batch} per rank, world size {}, transport {}, {iters} steps each (median)",
+            group.world_size(),
+            group.transport_name()
         );
-        println!("| step | time |");
+        println!("| measure | time |");
         println!("| --- | ---: |");
-        println!("| with gradient sync | {:.1} ms |", s * 1e3);
-        println!("| without (no_sync) | {:.1} ms |", l * 1e3);
+        println!("| step with gradient sync | {:.1} ms |", s * 1e3);
+        println!("| step without (no_sync) | {:.1} ms |", l * 1e3);
+        println!("| backward with sync - without | {:.1} ms |", sync * 1e3);
+        let total = per_step(stats.wait + stats.pack + stats.reduce + stats.unpack);
+        let work = per_step(stats.pack + stats.reduce + stats.unpack);
         println!(
-            "| sync (backward with - without) | {:.1} ms = {:.1}% of the step |",
-            sync * 1e3,
-            100.0 * sync / s
+            "| waiting for the slower rank | {:.2} ms = {:.1}% of the step |",
+            per_step(stats.wait),
+            100.0 * per_step(stats.wait) / (s * 1e3)
+        );
+        println!(
+            "| sync work: pack {:.2} + all-reduce {:.2} + unpack {:.2} ms ({:.1} MB, {} buckets) | {work:.2} ms = {:.1}% of the step |",
+            per_step(stats.pack),
+            per_step(stats.reduce),
+            per_step(stats.unpack),
+            stats.bytes as f64 / 1e6 / stats.syncs.max(1) as f64,
+            stats.buckets / stats.syncs.max(1),
+            100.0 * work / (s * 1e3)
+        );
+        println!(
+            "| total in sync | {total:.2} ms = {:.1}% of the step |",
+            100.0 * total / (s * 1e3)
         );
     }
 }

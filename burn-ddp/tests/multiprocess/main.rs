@@ -163,7 +163,7 @@ pub fn tensor_collectives() -> Result<(), String> {
             .map_err(e)?;
     let offset: f32 = (0..n).map(|r| r as f32).sum();
     let want = rows
-        .slice([2 * rank..2 * rank + 2])
+        .slice(2 * rank..2 * rank + 2)
         .mul_scalar(n as f32)
         .add_scalar(offset);
     same("reduce_scatter", scattered.into_data(), want.into_data())?;

@@ -152,6 +152,14 @@ where
             "Ddp and the single-process reference differ by {diff:e} (relative)"
         ));
     }
+    // One synchronisation per step, covering every parameter byte.
+    let stats = burn_ddp::sync_stats();
+    let param_bytes = 4 * flat_params(&model).len() as u64;
+    if stats.syncs != 10 || stats.bytes != 10 * param_bytes || stats.buckets < 10 {
+        return Err(format!(
+            "10 synchronised steps of {param_bytes} bytes, but the stats say {stats:?}"
+        ));
+    }
     burn_ddp::destroy_process_group().map_err(e)
 }
 
