@@ -5,6 +5,37 @@
 
 pub mod flags;
 
+/// Calls `$train::<B>(&flags, device)` with the `Ddp` backend that `--backend`
+/// names: flex, ndarray, or cuda (one GPU per local rank) with the cuda feature.
+#[allow(unused_macros)]
+macro_rules! run_on_backend {
+    ($flags:expr, $train:ident) => {{
+        use burn::backend::{Autodiff, Flex, NdArray};
+        use burn_ddp::Ddp;
+        match $flags.get::<String>("backend").as_str() {
+            "flex" => $train::<Ddp<Autodiff<Flex>>>(&$flags, Default::default()),
+            "ndarray" => $train::<Ddp<Autodiff<NdArray>>>(&$flags, Default::default()),
+            #[cfg(feature = "cuda")]
+            "cuda" => {
+                let local_rank = burn_ddp::LaunchEnv::from_env()
+                    .map(|e| e.local_rank)
+                    .unwrap_or(0);
+                let device = burn::backend::cuda::CudaDevice::new(local_rank);
+                $train::<Ddp<Autodiff<burn::backend::Cuda>>>(&$flags, device)
+            }
+            #[cfg(not(feature = "cuda"))]
+            "cuda" => $crate::common::fail(
+                None,
+                "this binary was built without CUDA; rebuild with --features cuda",
+            ),
+            other => $crate::common::fail(
+                None,
+                format!("--backend {other:?}: expected flex, ndarray or cuda"),
+            ),
+        }
+    }};
+}
+
 /// A seeded generator of standard normal numbers (SplitMix64 + Box-Muller), so
 /// synthetic data is identical on every rank and every run.
 pub struct Normal {

@@ -9,12 +9,12 @@
 //!     --epochs 2 --data-dir ../shared/data/mnist
 //! ```
 
+#[macro_use]
 #[path = "../common/mod.rs"]
 mod common;
 mod idx;
 mod net;
 
-use burn::backend::{Autodiff, Flex, NdArray};
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};
@@ -23,7 +23,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use burn_ddp::data::DistributedDataset;
-use burn_ddp::{Ddp, ReduceOp};
+use burn_ddp::ReduceOp;
 use common::fail;
 use common::flags::{Flag, Flags};
 use net::Net;
@@ -149,29 +149,7 @@ impl<B: Backend> Batcher<B, MnistItem, (Tensor<B, 4>, Tensor<B, 1, Int>)> for Mn
 
 fn main() {
     let flags = Flags::parse("mnist", "DDP training of the document's MNIST CNN.", FLAGS);
-    match flags.get::<String>("backend").as_str() {
-        "flex" => train::<Ddp<Autodiff<Flex>>>(&flags, Default::default()),
-        "ndarray" => train::<Ddp<Autodiff<NdArray>>>(&flags, Default::default()),
-        #[cfg(feature = "cuda")]
-        "cuda" => {
-            let local_rank = burn_ddp::LaunchEnv::from_env()
-                .map(|e| e.local_rank)
-                .unwrap_or(0);
-            train::<Ddp<Autodiff<burn::backend::Cuda>>>(
-                &flags,
-                burn::backend::cuda::CudaDevice::new(local_rank),
-            )
-        }
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => fail(
-            None,
-            "this binary was built without CUDA; rebuild with --features cuda",
-        ),
-        other => fail(
-            None,
-            format!("--backend {other:?}: expected flex, ndarray or cuda"),
-        ),
-    }
+    run_on_backend!(flags, train);
 }
 
 fn load(flags: &Flags, rank: usize) -> (Mnist, Mnist) {

@@ -8,10 +8,10 @@
 //! burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/toy --epochs 10 --batch_size 32
 //! ```
 
+#[macro_use]
 #[path = "../common/mod.rs"]
 mod common;
 
-use burn::backend::{Autodiff, Flex, NdArray};
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::Module;
@@ -21,7 +21,7 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use burn_ddp::data::DistributedDataset;
-use burn_ddp::{Ddp, ReduceOp};
+use burn_ddp::ReduceOp;
 use common::flags::{Flag, Flags};
 use common::{fail, Normal};
 use std::path::PathBuf;
@@ -155,29 +155,7 @@ fn main() {
         "DDP training of the document's ToyModel (Linear 10 -> 1).",
         FLAGS,
     );
-    match flags.get::<String>("backend").as_str() {
-        "flex" => train::<Ddp<Autodiff<Flex>>>(&flags, Default::default()),
-        "ndarray" => train::<Ddp<Autodiff<NdArray>>>(&flags, Default::default()),
-        #[cfg(feature = "cuda")]
-        "cuda" => {
-            let local_rank = burn_ddp::LaunchEnv::from_env()
-                .map(|e| e.local_rank)
-                .unwrap_or(0);
-            train::<Ddp<Autodiff<burn::backend::Cuda>>>(
-                &flags,
-                burn::backend::cuda::CudaDevice::new(local_rank),
-            )
-        }
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => fail(
-            None,
-            "this binary was built without CUDA; rebuild with --features cuda",
-        ),
-        other => fail(
-            None,
-            format!("--backend {other:?}: expected flex, ndarray or cuda"),
-        ),
-    }
+    run_on_backend!(flags, train);
 }
 
 fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {

@@ -4,6 +4,55 @@
 //! it; a transport only moves and combines bytes. TCP is the portable default;
 //! device transports (NCCL) work on device memory and plug in beside it.
 
+/// Implements [`Transport`] for a type with generic `all_reduce_typed`,
+/// `reduce_scatter_typed`, `all_gather_typed` and `broadcast_typed` methods, by
+/// dispatching on the buffer's element type.
+macro_rules! typed_transport {
+    ($ty:ty, $name:literal) => {
+        impl $crate::transport::Transport for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn all_reduce(
+                &mut self,
+                data: $crate::element::BufferMut<'_>,
+                op: $crate::element::ReduceOp,
+            ) -> $crate::error::Result<()> {
+                typed_transport!(@each data, d => self.all_reduce_typed(d, op))
+            }
+
+            fn reduce_scatter(
+                &mut self,
+                data: $crate::element::BufferMut<'_>,
+                op: $crate::element::ReduceOp,
+            ) -> $crate::error::Result<()> {
+                typed_transport!(@each data, d => self.reduce_scatter_typed(d, op))
+            }
+
+            fn all_gather(&mut self, data: $crate::element::BufferMut<'_>) -> $crate::error::Result<()> {
+                typed_transport!(@each data, d => self.all_gather_typed(d))
+            }
+
+            fn broadcast(
+                &mut self,
+                data: $crate::element::BufferMut<'_>,
+                root: usize,
+            ) -> $crate::error::Result<()> {
+                typed_transport!(@each data, d => self.broadcast_typed(d, root))
+            }
+        }
+    };
+    (@each $buffer:expr, $data:ident => $call:expr) => {
+        match $buffer {
+            $crate::element::BufferMut::F32($data) => $call,
+            $crate::element::BufferMut::F64($data) => $call,
+            $crate::element::BufferMut::I32($data) => $call,
+            $crate::element::BufferMut::I64($data) => $call,
+        }
+    };
+}
+
 mod local;
 mod shm;
 mod tcp;

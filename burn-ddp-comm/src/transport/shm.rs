@@ -12,8 +12,8 @@
 //! it lasts), bounded by the group's timeout; a rank whose process has exited is
 //! detected within milliseconds and named.
 
-use super::{chunk_range, Transport};
-use crate::element::{finish_reduce, reduce_into, BufferMut, Element, ReduceOp};
+use super::chunk_range;
+use crate::element::{finish_reduce, reduce_into, Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use memmap2::MmapMut;
@@ -328,35 +328,4 @@ fn process_alive(pid: u32) -> bool {
     }
 }
 
-macro_rules! dispatch {
-    ($buffer:expr, $data:ident => $call:expr) => {
-        match $buffer {
-            BufferMut::F32($data) => $call,
-            BufferMut::F64($data) => $call,
-            BufferMut::I32($data) => $call,
-            BufferMut::I64($data) => $call,
-        }
-    };
-}
-
-impl Transport for SharedMemory {
-    fn name(&self) -> &'static str {
-        "shm"
-    }
-
-    fn all_reduce(&mut self, data: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        dispatch!(data, d => self.all_reduce_typed(d, op))
-    }
-
-    fn reduce_scatter(&mut self, data: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        dispatch!(data, d => self.reduce_scatter_typed(d, op))
-    }
-
-    fn all_gather(&mut self, data: BufferMut<'_>) -> Result<()> {
-        dispatch!(data, d => self.all_gather_typed(d))
-    }
-
-    fn broadcast(&mut self, data: BufferMut<'_>, root: usize) -> Result<()> {
-        dispatch!(data, d => self.broadcast_typed(d, root))
-    }
-}
+typed_transport!(SharedMemory, "shm");

@@ -6,8 +6,8 @@
 //! buffer size whatever the world size, and large chunks stream in pieces so the
 //! reduction overlaps the transfer.
 
-use super::{chunk_range, Transport};
-use crate::element::{finish_reduce, reduce_into, BufferMut, Element, ReduceOp};
+use super::chunk_range;
+use crate::element::{finish_reduce, reduce_into, Element, ReduceOp};
 use crate::error::{io_is_timeout, CommError, Result};
 use crate::store::Store;
 use std::io::{self, Read, Write};
@@ -345,38 +345,7 @@ impl TcpRing {
     }
 }
 
-macro_rules! dispatch {
-    ($buffer:expr, $data:ident => $call:expr) => {
-        match $buffer {
-            BufferMut::F32($data) => $call,
-            BufferMut::F64($data) => $call,
-            BufferMut::I32($data) => $call,
-            BufferMut::I64($data) => $call,
-        }
-    };
-}
-
-impl Transport for TcpRing {
-    fn name(&self) -> &'static str {
-        "tcp"
-    }
-
-    fn all_reduce(&mut self, data: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        dispatch!(data, d => self.all_reduce_typed(d, op))
-    }
-
-    fn reduce_scatter(&mut self, data: BufferMut<'_>, op: ReduceOp) -> Result<()> {
-        dispatch!(data, d => self.reduce_scatter_typed(d, op))
-    }
-
-    fn all_gather(&mut self, data: BufferMut<'_>) -> Result<()> {
-        dispatch!(data, d => self.all_gather_typed(d))
-    }
-
-    fn broadcast(&mut self, data: BufferMut<'_>, root: usize) -> Result<()> {
-        dispatch!(data, d => self.broadcast_typed(d, root))
-    }
-}
+typed_transport!(TcpRing, "tcp");
 
 /// Borrows two disjoint ranges of one slice, one shared and one mutable.
 fn split_disjoint<T>(
