@@ -3,7 +3,7 @@
 //! (algbw * 2(n-1)/n, comparable across world sizes).
 //!
 //! ```text
-//! cargo build --release -p burn-ddp-comm --example allreduce_bench -p burn-ddp-run
+//! cargo build --release -p burn-ddp-comm -p burn-ddp-run --bins --example allreduce_bench
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 \
 //!     target/release/examples/allreduce_bench --sizes 4K,1M,16M,100M --iters 20
 //! ```
