@@ -157,10 +157,29 @@ impl Reducer {
         }
     }
 
-    /// The plan for `layout`, checked against every rank when it is new.
+    /// The plan for `layout`, after checking that every rank has the same one.
+    ///
+    /// The check is one tiny collective on every call, made by all ranks alike:
+    /// deciding locally ("my layout changed, let me check") would leave a rank
+    /// whose layout changed alone running a different collective than the
+    /// others, which garbles the sums instead of failing.
     pub fn prepare(&mut self, layout: &[ParamLayout]) -> Result<&BucketPlan> {
+        if self.group.world_size() > 1 {
+            let mine = fingerprint(layout);
+            // max(fp) and max(-fp) = -min(fp): equal to ours on every rank iff all agree.
+            let mut seen = [mine, mine.wrapping_neg()];
+            self.group.all_reduce(&mut seen, ReduceOp::Max)?;
+            if seen != [mine, mine.wrapping_neg()] {
+                check_same_layout(&self.group, layout)?;
+                return Err(CommError::Mismatch {
+                    rank: self.group.rank(),
+                    message: "ranks' parameter layouts hash differently but compare equal; \
+                              please report this"
+                        .into(),
+                });
+            }
+        }
         if layout != self.layout.as_slice() || self.plan.order.len() != layout.len() {
-            check_same_layout(&self.group, layout)?;
             self.plan = BucketPlan::new(layout, self.config);
             self.layout = layout.to_vec();
         }
@@ -216,6 +235,17 @@ pub fn check_same_layout(group: &ProcessGroup, layout: &[ParamLayout]) -> Result
         });
     }
     Ok(())
+}
+
+/// FNV-1a over the encoded layout: equal layouts, equal fingerprints.
+fn fingerprint(layout: &[ParamLayout]) -> i64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for word in encode(layout).into_iter().chain([layout.len() as i64]) {
+        for byte in word.to_le_bytes() {
+            hash = (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    hash as i64
 }
 
 fn dtype_code(dtype: DType) -> i64 {
@@ -328,6 +358,19 @@ mod tests {
         assert!(plan.buckets.len() <= 3, "{:?}", plan.buckets);
         let covered: usize = plan.buckets.iter().map(|b| b.slots.len()).sum();
         assert_eq!(covered, layout.len());
+    }
+
+    #[test]
+    fn fingerprints_tell_layouts_apart() {
+        let a = f32s(&[&[3, 4], &[4]]);
+        let mut b = a.clone();
+        assert_eq!(fingerprint(&a), fingerprint(&b));
+        b[1].shape = vec![5];
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+        assert_ne!(fingerprint(&a), fingerprint(&a[..1]));
+        b = a.clone();
+        b[0].dtype = DType::F64;
+        assert_ne!(fingerprint(&a), fingerprint(&b));
     }
 
     #[test]

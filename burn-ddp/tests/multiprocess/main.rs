@@ -40,6 +40,10 @@ fn main() {
         ),
         ("different_models_fail_on_every_rank", different_models),
         ("no_sync_accumulation_equals_the_big_batch", accumulation),
+        (
+            "a_layout_change_on_one_rank_fails_every_rank",
+            layout_change,
+        ),
         ("two_thousand_steps_do_not_grow_memory", memory),
     ];
     run_cases(cases);
@@ -70,6 +74,21 @@ fn different_models() -> Result<(), String> {
                 && o.stderr.contains("[10, 1]")
                 && o.stderr.contains("[10, 2]")
                 && o.stderr.contains(&format!("rank {}", o.rank)),
+            || o.stderr.clone(),
+        )?;
+    }
+    Ok(())
+}
+
+fn layout_change() -> Result<(), String> {
+    let outcomes = World::new(2).run("layout_change");
+    for o in &outcomes {
+        // backward() cannot return an error: it panics with the reason.
+        check(o.code.is_some_and(|c| c != 0), || format!("{o:?}"))?;
+        check(
+            o.stderr.contains("gradient synchronisation failed")
+                && o.stderr.contains("parameters differ between rank")
+                && o.stderr.contains("[7]"),
             || o.stderr.clone(),
         )?;
     }

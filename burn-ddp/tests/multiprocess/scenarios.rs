@@ -218,6 +218,29 @@ fn different_models() -> Res<()> {
     }
 }
 
+/// After two steps rank 1 alone marks an extra tensor `require_grad` (a new
+/// parameter to `Ddp`): the next backward must fail on every rank, not sum
+/// misaligned buckets.
+fn layout_changes_on_one_rank() -> Res<()> {
+    let group = burn_ddp::init_process_group().map_err(e)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    let device = Default::default();
+    let (mut model, _) = start::<ToyTask>(&group)?;
+    let mut opt = SgdConfig::new().init();
+    let shards = shards(world * 8, world);
+    let mut extra = None;
+    for step in 0..3 {
+        if step == 2 && rank == 1 {
+            extra = Some(Tensor::<Wrapped, 1>::zeros([7], &device).require_grad());
+        }
+        let loss = ToyTask::loss::<Wrapped>(&model, &shards[rank][2 * step..2 * step + 2], &device);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = opt.step(0.1, model, grads);
+    }
+    drop(extra);
+    Err("a layout change on one rank should have failed the backward".into())
+}
+
 /// k micro-batches under `no_sync`, accumulated, then averaged once.
 fn accumulation() -> Res<()> {
     let group = burn_ddp::init_process_group().map_err(e)?;
@@ -325,6 +348,7 @@ pub fn run(name: &str) -> Res<()> {
         "unused" => unused_parameter(),
         "different_models" => different_models(),
         "accumulation" => accumulation(),
+        "layout_change" => layout_changes_on_one_rank(),
         "memory" => memory(),
         "tensor_collectives" => crate::tensor_collectives(),
         other => Err(format!("unknown scenario {other}")),
