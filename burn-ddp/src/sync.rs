@@ -151,16 +151,16 @@ pub(crate) fn average_gradients<I: Backend>(
     device: &I::Device,
 ) -> Result<Vec<FloatTensor<I>>> {
     let rank = reducer.group().rank();
-    let plan = reducer.prepare(layout)?.clone();
     let mut averaged: Vec<Option<FloatTensor<I>>> = (0..layout.len()).map(|_| None).collect();
     let mut stats = SyncStats {
         syncs: 1,
         ..SyncStats::default()
     };
-    // One cheap barrier first, so the time spent waiting for a slower rank is
-    // told apart from the time the collectives take.
+    // `prepare` makes the one small collective that checks every rank has the
+    // same layout; it also absorbs the wait for the slowest rank, so its time is
+    // told apart from the time the bucket collectives take.
     let waiting = Instant::now();
-    reducer.group().barrier()?;
+    let plan = reducer.prepare(layout)?.clone();
     stats.wait = waiting.elapsed();
     for bucket in &plan.buckets {
         let started = Instant::now();
