@@ -70,6 +70,14 @@ pub struct LaunchEnv {
     pub store_host: StoreHost,
     /// Bound on every wait.
     pub timeout: Duration,
+    /// Index of this machine among the job's machines (`GROUP_RANK`,
+    /// `SLURM_NODEID`), when the launcher says.
+    pub node_rank: Option<usize>,
+    /// torchrun's job id (`TORCHELASTIC_RUN_ID`), named in errors.
+    pub run_id: Option<String>,
+    /// How many times torchrun restarted the workers
+    /// (`TORCHELASTIC_RESTART_COUNT`); each attempt uses its own store keys.
+    pub restart_count: usize,
 }
 
 impl LaunchEnv {
@@ -163,6 +171,11 @@ impl LaunchEnv {
             )));
         }
 
+        let node_rank = match names.node_rank {
+            Some(name) => vars.number(name)?,
+            None => None,
+        };
+        let restart_count = vars.number("TORCHELASTIC_RESTART_COUNT")?.unwrap_or(0);
         let store_host = if vars.present(LAUNCHER_STORE_VAR) {
             StoreHost::Launcher
         } else if vars
@@ -184,6 +197,9 @@ impl LaunchEnv {
             launcher,
             store_host,
             timeout: vars.timeout()?,
+            node_rank,
+            run_id: vars.get("TORCHELASTIC_RUN_ID"),
+            restart_count,
         })
     }
 
@@ -199,6 +215,9 @@ impl LaunchEnv {
             launcher: Launcher::None,
             store_host: StoreHost::RankZero,
             timeout,
+            node_rank: None,
+            run_id: None,
+            restart_count: 0,
         }
     }
 }
@@ -209,6 +228,8 @@ struct Names {
     world_size: &'static str,
     local_rank: &'static str,
     local_world_size: &'static str,
+    /// Open MPI exports no node index.
+    node_rank: Option<&'static str>,
 }
 
 const TORCHRUN_NAMES: Names = Names {
@@ -216,6 +237,7 @@ const TORCHRUN_NAMES: Names = Names {
     world_size: "WORLD_SIZE",
     local_rank: "LOCAL_RANK",
     local_world_size: "LOCAL_WORLD_SIZE",
+    node_rank: Some("GROUP_RANK"),
 };
 
 const OPEN_MPI_NAMES: Names = Names {
@@ -223,6 +245,7 @@ const OPEN_MPI_NAMES: Names = Names {
     world_size: "OMPI_COMM_WORLD_SIZE",
     local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
     local_world_size: "OMPI_COMM_WORLD_LOCAL_SIZE",
+    node_rank: None,
 };
 
 // Slurm has no per-node task count variable in every version; SLURM_NTASKS_PER_NODE
@@ -232,6 +255,7 @@ const SLURM_NAMES: Names = Names {
     world_size: "SLURM_NTASKS",
     local_rank: "SLURM_LOCALID",
     local_world_size: "SLURM_NTASKS_PER_NODE",
+    node_rank: Some("SLURM_NODEID"),
 };
 
 struct Vars<'a> {

@@ -3,7 +3,7 @@
 use crate::element::{BufferMut, DType, Element, ReduceOp};
 use crate::env::{LaunchEnv, Launcher, StoreHost, DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT};
 use crate::error::{CommError, Result};
-use crate::store::{MemoryStore, Store, StoreServer, TcpStoreClient};
+use crate::store::{C10dStoreClient, MemoryStore, Store, StoreServer, TcpStoreClient};
 use crate::transport::{SharedMemory, SingleProcess, TcpRing, Transport};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Mutex;
@@ -186,20 +186,12 @@ impl ProcessGroup {
         })?;
         let server = match env.store_host {
             StoreHost::RankZero if env.rank == 0 => Some(host_store(&host, env.master_port)?),
-            StoreHost::TorchrunAgent => {
-                return Err(CommError::config(format!(
-                    "rank {}: started by torchrun, whose agent hosts a c10d TCPStore on \
-                     MASTER_PORT; burn-ddp cannot speak to it yet. Start the job with \
-                     burn-ddp-run (same flags as torchrun), or set \
-                     TORCHELASTIC_USE_AGENT_STORE=False and a free MASTER_PORT",
-                    env.rank
-                )))
-            }
             _ => None,
         };
-        let client = TcpStoreClient::connect(&host, env.master_port, Some(env.rank), env.timeout)?;
-        join(&client, &env)?;
-        let one_machine = all_on_one_machine(&client, &env)?;
+        let (store, local_ip) = connect_store(&host, &env)?;
+        let client = &*store;
+        join(client, &env)?;
+        let one_machine = all_on_one_machine(client, &env)?;
         let transport: Box<dyn Transport> = match (choice, one_machine) {
             (TransportChoice::SharedMemory, false) => {
                 return Err(CommError::config(format!(
@@ -209,18 +201,18 @@ impl ProcessGroup {
                 )))
             }
             (TransportChoice::SharedMemory, true) | (TransportChoice::Auto, true) => Box::new(
-                SharedMemory::connect(env.rank, env.world_size, &client, KEY_PREFIX, env.timeout)?,
+                SharedMemory::connect(env.rank, env.world_size, client, KEY_PREFIX, env.timeout)?,
             ),
             _ => Box::new(TcpRing::connect(
                 env.rank,
                 env.world_size,
-                &client,
+                client,
                 KEY_PREFIX,
-                client.local_ip()?,
+                local_ip,
                 env.timeout,
             )?),
         };
-        let group = Self::assemble(&env, debug_checks, Box::new(client), transport, server);
+        let group = Self::assemble(&env, debug_checks, store, transport, server);
         // Nobody leaves set-up (and possibly takes the store down) before all are connected.
         group.barrier()?;
         Ok(group)
@@ -454,6 +446,40 @@ impl std::fmt::Display for Signature {
 }
 
 /// Starts the store on rank 0 at the master address.
+/// Reaches the store at the master address: our own protocol, or c10d's when
+/// torchrun's agent hosts it. Also returns the local interface that reaches it,
+/// which is the one peers can reach us on.
+fn connect_store(host: &str, env: &LaunchEnv) -> Result<(Box<dyn Store>, IpAddr)> {
+    let rank = Some(env.rank);
+    if env.store_host == StoreHost::TorchrunAgent {
+        let client = C10dStoreClient::connect(host, env.master_port, rank, env.timeout)
+            .map_err(|err| torchrun_context(err, env))?
+            // PyTorch's own workers keep their keys under the same prefix.
+            .namespaced(format!("/worker/attempt_{}", env.restart_count));
+        let ip = client.local_ip()?;
+        return Ok((Box::new(client), ip));
+    }
+    let client = TcpStoreClient::connect(host, env.master_port, rank, env.timeout)?;
+    let ip = client.local_ip()?;
+    Ok((Box::new(client), ip))
+}
+
+/// Says which torchrun job could not be reached, and what usually causes it.
+fn torchrun_context(err: CommError, env: &LaunchEnv) -> CommError {
+    match err {
+        CommError::Store { rank, message } => CommError::Store {
+            rank,
+            message: format!(
+                "{message}; started by torchrun (run id {}) with \
+                 TORCHELASTIC_USE_AGENT_STORE=True, so its agent's c10d TCPStore should \
+                 be listening there",
+                env.run_id.as_deref().unwrap_or("unknown")
+            ),
+        },
+        other => other,
+    }
+}
+
 fn host_store(host: &str, port: u16) -> Result<StoreServer> {
     let ip: IpAddr = (host, port)
         .to_socket_addrs()

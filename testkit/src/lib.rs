@@ -4,6 +4,12 @@
 //! running a scenario; without, it is the driver that starts ranks, bounds every
 //! wait and checks what they printed and how they exited.
 
+mod c10d_server;
+mod mpirun;
+
+pub use c10d_server::C10dTestServer;
+pub use mpirun::{mpirun_world, REQUIRE_MPIRUN_VAR};
+
 use burn_ddp_comm::store::StoreServer;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -50,6 +56,9 @@ pub enum Hosting {
     RankZero,
     /// The driver (as burn-ddp-run does).
     Driver,
+    /// The driver, speaking c10d's protocol, with the variables torchrun sets
+    /// when its agent hosts the store.
+    TorchrunAgent,
 }
 
 pub struct World {
@@ -89,13 +98,18 @@ impl World {
 
     /// Starts every rank on `scenario` and waits for all of them (bounded).
     pub fn run(&self, scenario: &str) -> Vec<RankOutcome> {
-        let server = match self.hosting {
+        let ours = match self.hosting {
             Hosting::Driver => Some(StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap()),
-            Hosting::RankZero => None,
+            _ => None,
         };
-        let port = match &server {
-            Some(server) => server.addr().port(),
-            None => free_port(),
+        let agent = match self.hosting {
+            Hosting::TorchrunAgent => Some(C10dTestServer::start()),
+            _ => None,
+        };
+        let port = match (&ours, &agent) {
+            (Some(server), _) => server.addr().port(),
+            (_, Some(agent)) => agent.port(),
+            _ => free_port(),
         };
         let exe = std::env::current_exe().unwrap();
         let start = Instant::now();
@@ -116,8 +130,14 @@ impl World {
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped());
-                if server.is_some() {
+                if ours.is_some() {
                     cmd.env("BURN_DDP_LAUNCHER_STORE", "1");
+                }
+                if agent.is_some() {
+                    cmd.env("TORCHELASTIC_USE_AGENT_STORE", "True")
+                        .env("TORCHELASTIC_RUN_ID", "testkit")
+                        .env("TORCHELASTIC_RESTART_COUNT", "0")
+                        .env("GROUP_RANK", "0");
                 }
                 for (key, value) in &self.env {
                     cmd.env(key, value);

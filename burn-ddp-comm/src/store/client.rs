@@ -1,12 +1,13 @@
 //! Client side of the store: one connection per rank, one request at a time.
 
+use super::connect::connect_with_retry;
 use super::protocol::{self, ADD, CHECK, GET, SET, WAIT};
 use super::Store;
 use crate::error::{io_is_timeout, CommError, Result};
 use crate::frame::{read_frame, write_frame, FieldReader, FieldWriter};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Extra time the client waits beyond a server-side timeout before calling the server dead.
 const REPLY_GRACE: Duration = Duration::from_secs(5);
@@ -23,46 +24,14 @@ pub struct TcpStoreClient {
 impl TcpStoreClient {
     /// Connects to `host:port`, retrying until `timeout` (the server may start later).
     pub fn connect(host: &str, port: u16, rank: Option<usize>, timeout: Duration) -> Result<Self> {
-        let store_err = |message: String| CommError::Store { rank, message };
-        let deadline = Instant::now() + timeout;
-        let mut last_error;
-        loop {
-            let attempt = (host, port)
-                .to_socket_addrs()
-                .map_err(|err| format!("cannot resolve MASTER_ADDR {host:?}: {err}"))
-                .and_then(|mut addrs| {
-                    addrs
-                        .next()
-                        .ok_or_else(|| format!("MASTER_ADDR {host:?} resolves to no address"))
-                })
-                .and_then(|addr| {
-                    TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-                        .map(|conn| (addr, conn))
-                        .map_err(|err| format!("cannot connect to {addr}: {err}"))
-                });
-            match attempt {
-                Ok((server, conn)) => {
-                    conn.set_nodelay(true)
-                        .map_err(|e| store_err(e.to_string()))?;
-                    return Ok(Self {
-                        conn: Mutex::new(conn),
-                        rank,
-                        server,
-                        request_timeout: timeout.max(Duration::from_secs(1)),
-                    });
-                }
-                Err(message) => last_error = message,
-            }
-            if Instant::now() >= deadline {
-                return Err(store_err(format!(
-                    "no store at {host}:{port} after {:.1}s ({last_error}); check that \
-                     MASTER_ADDR/MASTER_PORT are the same on every rank and that rank 0 \
-                     (or the launcher) is running",
-                    timeout.as_secs_f64()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let (server, conn) = connect_with_retry(host, port, timeout)
+            .map_err(|message| CommError::Store { rank, message })?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+            rank,
+            server,
+            request_timeout: timeout.max(Duration::from_secs(1)),
+        })
     }
 
     /// The server's address.
@@ -205,6 +174,7 @@ mod tests {
     use super::*;
     use crate::store::{store_barrier, StoreServer};
     use std::sync::Arc;
+    use std::time::Instant;
 
     fn local_server() -> StoreServer {
         StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap()

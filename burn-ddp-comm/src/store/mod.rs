@@ -2,13 +2,17 @@
 //!
 //! Ranks use it once, at start-up, to find each other (transport addresses,
 //! later the NCCL unique id) and for barriers outside the data path. It is hosted
-//! by the launcher when there is one, else by rank 0.
+//! by the launcher when there is one, else by rank 0. Under torchrun, whose
+//! agent hosts a c10d `TCPStore`, the ranks use [`C10dStoreClient`] instead.
 
+pub mod c10d;
 mod client;
+mod connect;
 mod memory;
 mod protocol;
 mod server;
 
+pub use c10d::C10dStoreClient;
 pub use client::TcpStoreClient;
 pub use memory::MemoryStore;
 pub use server::StoreServer;

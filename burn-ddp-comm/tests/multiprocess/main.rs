@@ -19,6 +19,15 @@ fn main() {
         ),
         ("sizes_ops_and_dtypes_world_2_to_4", sizes_ops_and_dtypes),
         ("rank_zero_hosts_the_store", rank_zero_hosts_the_store),
+        (
+            "runs_under_torchruns_agent_store",
+            runs_under_torchruns_agent_store,
+        ),
+        ("runs_under_mpirun", runs_under_mpirun),
+        (
+            "a_missing_agent_store_names_torchrun",
+            a_missing_agent_store_names_torchrun,
+        ),
         ("many_operations_back_to_back", many_operations_back_to_back),
         (
             "world_of_one_needs_no_network",
@@ -37,6 +46,90 @@ fn main() {
         ("an_unknown_transport_is_a_clear_error", unknown_transport),
     ];
     run_cases(cases);
+}
+
+/// Checks each rank's four `collectives_lab.py` results in a world of `world`.
+fn check_lab_values(
+    outcomes: &[burn_ddp_testkit::RankOutcome],
+    world: usize,
+) -> Result<(), String> {
+    for o in outcomes {
+        let r = o.rank;
+        let expect_reduce = format!("{}", (0..world).sum::<usize>() as f32);
+        let expect_gather = format!("{:?}", (0..world as i64).collect::<Vec<_>>());
+        let chunk: Vec<f32> = (0..2)
+            .map(|j| {
+                (0..world)
+                    .map(|q| (2 * r + j) as f32 + 100.0 * q as f32)
+                    .sum()
+            })
+            .collect();
+        let expect = [
+            ("all_reduce", expect_reduce),
+            ("all_gather", expect_gather),
+            ("broadcast", "2026".to_string()),
+            ("reduce_scatter", format!("{chunk:?}")),
+        ];
+        for (tag, want) in expect {
+            let got = o.value(tag);
+            check(got == Some(want.as_str()), || {
+                format!("world {world} rank {r} {tag}: got {got:?}, want {want}")
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Ranks started as torchrun starts them when its agent hosts a c10d TCPStore
+/// (a stand-in speaking the same protocol): they rendezvous through it.
+fn runs_under_torchruns_agent_store() -> Result<(), String> {
+    for world in 2..=4usize {
+        let mut w = World::new(world);
+        w.hosting = Hosting::TorchrunAgent;
+        let outcomes = w.run("lab");
+        all_ok(&outcomes)?;
+        check_lab_values(&outcomes, world)?;
+    }
+    Ok(())
+}
+
+/// Open MPI's variables, as `mpirun -np N` sets them, with MASTER_ADDR/PORT
+/// exported by hand (rank 0 hosts the store).
+fn runs_under_mpirun() -> Result<(), String> {
+    for world in [2usize, 3] {
+        let Some(outcomes) = burn_ddp_testkit::mpirun_world(world, "lab", Duration::from_secs(60))?
+        else {
+            return Ok(()); // not installed here; .ci/run installs it and requires it
+        };
+        all_ok(&outcomes)?;
+        check_lab_values(&outcomes, world)?;
+    }
+    Ok(())
+}
+
+/// torchrun said its agent hosts the store, but nothing listens there.
+fn a_missing_agent_store_names_torchrun() -> Result<(), String> {
+    let mut world = World::new(2)
+        .env("TORCHELASTIC_USE_AGENT_STORE", "True")
+        .env("TORCHELASTIC_RUN_ID", "job42");
+    world.hosting = Hosting::RankZero; // rank 0 must not host: the agent should
+    world.timeout_secs = 1.5;
+    world.deadline = Duration::from_secs(30);
+    for o in world.run("lab") {
+        check(o.code == Some(1), || {
+            format!("rank {} should fail: {o:?}", o.rank)
+        })?;
+        check(o.elapsed < Duration::from_secs(15), || {
+            format!("rank {} took {:?}", o.rank, o.elapsed)
+        })?;
+        check(
+            o.stderr.contains(&format!("rank {}", o.rank))
+                && o.stderr.contains("torchrun (run id job42)")
+                && o.stderr.contains("MASTER_ADDR"),
+            || format!("rank {} should explain: {}", o.rank, o.stderr),
+        )?;
+    }
+    Ok(())
 }
 
 /// Both host transports, as `BURN_DDP_TRANSPORT` names them.
@@ -59,30 +152,7 @@ fn collectives_lab_values() -> Result<(), String> {
                 )
             })?;
         }
-        for o in &outcomes {
-            let r = o.rank;
-            let expect_reduce = format!("{}", (0..world).sum::<usize>() as f32);
-            let expect_gather = format!("{:?}", (0..world as i64).collect::<Vec<_>>());
-            let chunk: Vec<f32> = (0..2)
-                .map(|j| {
-                    (0..world)
-                        .map(|q| (2 * r + j) as f32 + 100.0 * q as f32)
-                        .sum()
-                })
-                .collect();
-            let expect = [
-                ("all_reduce", expect_reduce),
-                ("all_gather", expect_gather),
-                ("broadcast", "2026".to_string()),
-                ("reduce_scatter", format!("{chunk:?}")),
-            ];
-            for (tag, want) in expect {
-                let got = o.value(tag);
-                check(got == Some(want.as_str()), || {
-                    format!("world {world} rank {r} {tag}: got {got:?}, want {want}")
-                })?;
-            }
-        }
+        check_lab_values(&outcomes, world)?;
     }
     Ok(())
 }
@@ -135,7 +205,7 @@ fn world_of_one_needs_no_network() -> Result<(), String> {
 }
 
 fn peer_never_joins() -> Result<(), String> {
-    for hosting in [Hosting::Driver, Hosting::RankZero] {
+    for hosting in [Hosting::Driver, Hosting::RankZero, Hosting::TorchrunAgent] {
         let mut world = World::new(3);
         world.started = vec![0, 1];
         world.hosting = hosting;
