@@ -336,8 +336,13 @@ mod tests {
             ("MASTER_PORT", "1234"),
             ("TORCHELASTIC_RUN_ID", "none"),
             ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+            ("GROUP_RANK", "1"),
         ])
         .unwrap();
+        assert_eq!(e.node_rank, Some(1));
+        assert_eq!(e.run_id.as_deref(), Some("none"));
+        assert_eq!(e.restart_count, 2);
         assert_eq!(
             (e.rank, e.world_size, e.local_rank, e.local_world_size),
             (3, 8, 1, 2)
@@ -363,6 +368,7 @@ mod tests {
             (1, 2, 1, Launcher::OpenMpi)
         );
         assert_eq!(e.master_port, DEFAULT_MASTER_PORT);
+        assert_eq!(e.node_rank, None);
         let e = env(&[
             ("SLURM_PROCID", "5"),
             ("SLURM_NTASKS", "8"),
@@ -376,6 +382,7 @@ mod tests {
             (e.rank, e.world_size, e.local_rank, e.launcher),
             (5, 8, 1, Launcher::Slurm)
         );
+        assert_eq!(e.node_rank, Some(2));
         assert_eq!(e.store_host, StoreHost::RankZero);
     }
 

@@ -6,6 +6,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cargo_ddp;
 pub mod cli;
 mod output;
 mod signals;

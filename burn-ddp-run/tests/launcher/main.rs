@@ -7,6 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_burn-ddp-run");
+const CARGO_DDP: &str = env!("CARGO_BIN_EXE_cargo-ddp");
 
 fn main() {
     if let Ok(name) = std::env::var(SCENARIO_VAR) {
@@ -44,6 +45,10 @@ fn main() {
         ),
         ("bad_flags_give_a_usage_error", bad_flags),
         ("a_port_in_use_is_a_clear_error", port_in_use),
+        (
+            "cargo_ddp_builds_in_release_and_launches",
+            cargo_ddp_builds_and_launches,
+        ),
     ];
     run_cases(cases);
 }
@@ -468,5 +473,61 @@ fn workers_die_with_launcher() -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(())
+}
+
+/// `cargo ddp` on a scratch package with one tiny binary: it builds it in
+/// release (a target dir of its own) and runs two ranks with the program's
+/// arguments; a failing build is reported, not launched.
+fn cargo_ddp_builds_and_launches() -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("cargo-ddp-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("src")).map_err(|e| e.to_string())?;
+    let write = |name: &str, text: &str| std::fs::write(dir.join(name), text);
+    write(
+        "Cargo.toml",
+        "[package]\nname = \"hello\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[workspace]\n",
+    )
+    .and_then(|()| {
+        write(
+            "src/main.rs",
+            "fn main() {\n    let rank = std::env::var(\"RANK\").unwrap();\n    \
+             let arg = std::env::args().nth(1).unwrap_or_default();\n    \
+             println!(\"hello {rank} {arg} {}\", cfg!(debug_assertions));\n}\n",
+        )
+    })
+    .map_err(|e| e.to_string())?;
+    let manifest = dir.join("Cargo.toml");
+    let cargo_ddp = |extra: &[&str]| {
+        let mut cmd = Command::new(CARGO_DDP);
+        cmd.args(["ddp", "--nproc-per-node", "2", "--manifest-path"])
+            .arg(&manifest)
+            .args(extra)
+            .env("CARGO_TARGET_DIR", dir.join("target"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let (out, _) = bounded(
+        cargo_ddp(&["--bin", "hello", "--", "world"]),
+        Duration::from_secs(120),
+    )?;
+    let stdout = text(&out.stdout);
+    check(out.status.success(), || format!("{out:?}"))?;
+    for rank in 0..2 {
+        // `false`: built without debug assertions, i.e. in release.
+        check(
+            stdout.contains(&format!("hello {rank} world false")),
+            || format!("rank {rank} missing: {stdout}"),
+        )?;
+    }
+    let (out, _) = bounded(cargo_ddp(&["--bin", "nope"]), Duration::from_secs(120))?;
+    let stderr = text(&out.stderr);
+    check(
+        out.status.code() == Some(2) && stderr.contains("cargo ddp:"),
+        || format!("{out:?}"),
+    )?;
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
