@@ -60,6 +60,13 @@ pub enum CommError {
         /// What is wrong.
         message: String,
     },
+    /// A GPU collective failed (NCCL or the CUDA driver).
+    Device {
+        /// The rank reporting the error.
+        rank: usize,
+        /// What happened.
+        message: String,
+    },
     /// The process group was already shut down.
     Destroyed,
 }
@@ -103,6 +110,9 @@ impl fmt::Display for CommError {
                 write!(f, "rank {rank}: ranks disagree: {message}")
             }
             CommError::InvalidArgument { rank, message } => write!(f, "rank {rank}: {message}"),
+            CommError::Device { rank, message } => {
+                write!(f, "rank {rank}: GPU collective: {message}")
+            }
             CommError::Destroyed => write!(f, "the process group was already destroyed"),
         }
     }

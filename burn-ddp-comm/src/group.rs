@@ -132,6 +132,8 @@ pub struct ProcessGroup {
     debug_checks: bool,
     store: Box<dyn Store>,
     transport: Mutex<Box<dyn Transport>>,
+    #[cfg(feature = "nccl")]
+    nccl: crate::nccl::NcclSlot,
     // Dropped last: peers may still be reading from it while we tear down.
     _store_server: Option<StoreServer>,
 }
@@ -235,8 +237,15 @@ impl ProcessGroup {
             debug_checks,
             store,
             transport: Mutex::new(transport),
+            #[cfg(feature = "nccl")]
+            nccl: Default::default(),
             _store_server: server,
         }
+    }
+
+    #[cfg(feature = "nccl")]
+    pub(crate) fn nccl_slot(&self) -> &crate::nccl::NcclSlot {
+        &self.nccl
     }
 
     /// This process's global rank, `0..world_size`.
@@ -505,13 +514,19 @@ fn host_store(host: &str, port: u16) -> Result<StoreServer> {
 }
 
 /// Whether every rank runs on this machine (same host name and boot).
-fn all_on_one_machine(store: &dyn Store, env: &LaunchEnv) -> Result<bool> {
+/// This machine, as ranks compare it: host name and boot id (`"/"` when
+/// neither can be read).
+pub(crate) fn machine_id() -> String {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
-    let me = format!(
+    format!(
         "{}/{}",
         read("/proc/sys/kernel/hostname").trim(),
         read("/proc/sys/kernel/random/boot_id").trim()
-    );
+    )
+}
+
+fn all_on_one_machine(store: &dyn Store, env: &LaunchEnv) -> Result<bool> {
+    let me = machine_id();
     store.set(&format!("{KEY_PREFIX}host/{}", env.rank), me.as_bytes())?;
     for rank in 0..env.world_size {
         if store.get(&format!("{KEY_PREFIX}host/{rank}"), env.timeout)? != me.as_bytes() {

@@ -11,15 +11,18 @@
 
 #![warn(missing_docs)]
 
+mod backend;
 mod element;
 pub mod env;
 mod error;
 pub mod frame;
 mod group;
+pub mod nccl;
 pub mod reducer;
 pub mod store;
 pub mod transport;
 
+pub use backend::{CollectiveBackend, BACKEND_VAR};
 pub use element::{finish_reduce, reduce_into, BufferMut, DType, Element, ReduceOp};
 pub use env::{LaunchEnv, Launcher, StoreHost};
 pub use error::{CommError, Result};

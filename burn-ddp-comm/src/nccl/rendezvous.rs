@@ -1,0 +1,160 @@
+// Used by the `nccl` feature; compiled without it too, so CI tests it.
+#![cfg_attr(not(feature = "nccl"), allow(dead_code))]
+
+//! What ranks agree on before NCCL starts: which communicator this is, its
+//! unique id, and that no two ranks drive the same GPU.
+
+use crate::error::{CommError, Result};
+use crate::store::Store;
+use std::time::Duration;
+
+/// Bytes in an `ncclUniqueId`.
+pub(crate) const UNIQUE_ID_BYTES: usize = 128;
+
+/// Store counter every rank bumps once per communicator it creates.
+const CREATED_KEY: &str = "burn-ddp/nccl/created";
+
+/// Which communicator of this store's lifetime the ranks are creating, so a
+/// store that outlives a group (the launcher's) never hands out a stale id.
+/// Creation is collective, so each generation's `world_size` increments are
+/// consecutive.
+pub(crate) fn next_generation(store: &dyn Store, world_size: usize) -> Result<u64> {
+    let counted = store.add(CREATED_KEY, 1)?;
+    Ok(generation_of(counted, world_size))
+}
+
+fn generation_of(counted: i64, world_size: usize) -> u64 {
+    (counted.max(1) as u64 - 1) / world_size as u64
+}
+
+/// Rank 0 publishes `id` (when given); every rank returns the published id.
+pub(crate) fn share_unique_id(
+    store: &dyn Store,
+    generation: u64,
+    rank: usize,
+    id: Option<[u8; UNIQUE_ID_BYTES]>,
+    timeout: Duration,
+) -> Result<[u8; UNIQUE_ID_BYTES]> {
+    let key = format!("burn-ddp/nccl/{generation}/unique-id");
+    if let Some(id) = id {
+        store.set(&key, &id)?;
+        return Ok(id);
+    }
+    let bytes = store.get(&key, timeout)?;
+    bytes.try_into().map_err(|bytes: Vec<u8>| CommError::Store {
+        rank: Some(rank),
+        message: format!(
+            "the NCCL unique id under {key:?} has {} bytes, not {UNIQUE_ID_BYTES}",
+            bytes.len()
+        ),
+    })
+}
+
+/// Publishes where this rank's GPU is and fails (on every rank alike) when two
+/// ranks share one: NCCL refuses that, and would say so less clearly.
+pub(crate) fn check_one_gpu_per_rank(
+    store: &dyn Store,
+    generation: u64,
+    rank: usize,
+    world_size: usize,
+    machine: &str,
+    ordinal: usize,
+    timeout: Duration,
+) -> Result<()> {
+    let key = |r: usize| format!("burn-ddp/nccl/{generation}/device/{r}");
+    store.set(&key(rank), format!("{machine}#{ordinal}").as_bytes())?;
+    let places = (0..world_size)
+        .map(|r| {
+            store
+                .get(&key(r), timeout)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    match first_shared_device(&places) {
+        None => Ok(()),
+        Some((a, b)) => {
+            let ordinal = places[a].rsplit('#').next().unwrap_or("?");
+            Err(CommError::config(format!(
+                "rank {rank}: ranks {a} and {b} both use cuda:{ordinal} on one machine, and \
+                 NCCL needs one GPU per rank; give each rank its own device (cuda:LOCAL_RANK, \
+                 with as many ranks per machine as GPUs), or set BURN_DDP_BACKEND=tcp"
+            )))
+        }
+    }
+}
+
+/// The first two ranks with the same `machine#ordinal` entry.
+fn first_shared_device(places: &[String]) -> Option<(usize, usize)> {
+    places
+        .iter()
+        .enumerate()
+        .find_map(|(b, place)| places[..b].iter().position(|p| p == place).map(|a| (a, b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn generations_advance_once_per_collective_creation() {
+        let world = 3;
+        let seen: Vec<u64> = (1..=9).map(|n| generation_of(n, world)).collect();
+        assert_eq!(seen, [0, 0, 0, 1, 1, 1, 2, 2, 2]);
+        let store = MemoryStore::new();
+        let first: Vec<u64> = (0..world)
+            .map(|_| next_generation(&store, world).unwrap())
+            .collect();
+        let second = next_generation(&store, world).unwrap();
+        assert_eq!((first, second), (vec![0, 0, 0], 1));
+    }
+
+    #[test]
+    fn the_unique_id_travels_through_the_store() {
+        let store = MemoryStore::new();
+        let mut id = [0u8; UNIQUE_ID_BYTES];
+        id.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = i as u8 ^ 0x5a);
+        let timeout = Duration::from_millis(100);
+        assert_eq!(
+            share_unique_id(&store, 4, 0, Some(id), timeout).unwrap(),
+            id
+        );
+        assert_eq!(share_unique_id(&store, 4, 1, None, timeout).unwrap(), id);
+        // Another generation has no id yet: a bounded wait, then a timeout.
+        let err = share_unique_id(&store, 5, 1, None, timeout).unwrap_err();
+        assert!(err.is_timeout(), "{err}");
+        store.set("burn-ddp/nccl/6/unique-id", b"short").unwrap();
+        let err = share_unique_id(&store, 6, 2, None, timeout)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rank 2") && err.contains("5 bytes"), "{err}");
+    }
+
+    #[test]
+    fn two_ranks_on_one_gpu_are_named() {
+        let places = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(first_shared_device(&places(&["a#0", "a#1", "b#0"])), None);
+        assert_eq!(
+            first_shared_device(&places(&["a#0", "a#1", "a#0"])),
+            Some((0, 2))
+        );
+        let store = MemoryStore::new();
+        let timeout = Duration::from_millis(100);
+        check_one_gpu_per_rank(&store, 0, 1, 2, "host", 0, timeout).unwrap_err();
+        let store = MemoryStore::new();
+        store.set("burn-ddp/nccl/0/device/0", b"host#0").unwrap();
+        let err = check_one_gpu_per_rank(&store, 0, 1, 2, "host", 0, timeout)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rank 1") && err.contains("ranks 0 and 1 both use cuda:0"),
+            "{err}"
+        );
+        assert!(err.contains("BURN_DDP_BACKEND=tcp"), "{err}");
+        let store = MemoryStore::new();
+        store.set("burn-ddp/nccl/0/device/0", b"host#0").unwrap();
+        check_one_gpu_per_rank(&store, 0, 1, 2, "host", 1, timeout).unwrap();
+    }
+}
