@@ -190,6 +190,20 @@ impl Reducer {
     pub fn reduce_bucket<T: Element>(&self, data: &mut [T]) -> Result<()> {
         self.group.all_reduce(data, ReduceOp::Mean)
     }
+
+    /// Averages one bucket that lives in GPU memory, in place, over NCCL
+    /// (the division happens inside the reduction).
+    ///
+    /// # Safety
+    /// As [`crate::nccl::NcclCommunicator::all_reduce`].
+    #[cfg(feature = "nccl")]
+    pub unsafe fn reduce_device_bucket(
+        &self,
+        comm: &crate::nccl::NcclCommunicator,
+        bucket: crate::nccl::DeviceBuffer,
+    ) -> Result<()> {
+        unsafe { comm.all_reduce(bucket, ReduceOp::Mean) }
+    }
 }
 
 /// Fails on every rank, naming the first differing parameter, unless all ranks

@@ -1,9 +1,11 @@
 //! Collectives on Burn tensors, mirroring `torch.distributed`'s.
 //!
-//! They work on any backend through a host round trip (`into_data`, reduce,
-//! `from_data`); device transports take over for device tensors later. Float and
-//! int tensors of f32, f64, i32 and i64 elements are supported.
+//! CUDA tensors go over NCCL on the GPU when the group uses it
+//! ([`crate::device`]); every other tensor takes a host round trip (`into_data`,
+//! the host transports, `from_data`). Float and int tensors of f32, f64, i32
+//! and i64 elements are supported.
 
+use crate::device::{tensor_collective, TensorOp};
 use crate::{CommError, ProcessGroup, ReduceOp, Result};
 use burn::tensor::{backend::Backend, BasicOps, DType, Tensor, TensorData};
 
@@ -45,11 +47,15 @@ macro_rules! with_elements {
 }
 
 /// Reduces `tensor` over all ranks; every rank gets the result (`dist.all_reduce`).
-pub fn all_reduce<B: Backend, const D: usize, K: BasicOps<B>>(
+pub fn all_reduce<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     group: &ProcessGroup,
     tensor: Tensor<B, D, K>,
     op: ReduceOp,
 ) -> Result<Tensor<B, D, K>> {
+    let tensor = match tensor_collective(group, tensor, TensorOp::AllReduce(op))? {
+        Ok(done) => return Ok(done),
+        Err(on_host) => on_host,
+    };
     let device = tensor.device();
     let mut data = tensor.into_data();
     with_elements!(group, data, slice => group.all_reduce(slice, op))?;
@@ -57,11 +63,24 @@ pub fn all_reduce<B: Backend, const D: usize, K: BasicOps<B>>(
 }
 
 /// Copies rank `root`'s `tensor` to every rank (`dist.broadcast`).
-pub fn broadcast<B: Backend, const D: usize, K: BasicOps<B>>(
+pub fn broadcast<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     group: &ProcessGroup,
     tensor: Tensor<B, D, K>,
     root: usize,
 ) -> Result<Tensor<B, D, K>> {
+    if root >= group.world_size() {
+        return Err(CommError::InvalidArgument {
+            rank: group.rank(),
+            message: format!(
+                "broadcast from rank {root} in a world of {}",
+                group.world_size()
+            ),
+        });
+    }
+    let tensor = match tensor_collective(group, tensor, TensorOp::Broadcast(root))? {
+        Ok(done) => return Ok(done),
+        Err(on_host) => on_host,
+    };
     let device = tensor.device();
     let mut data = tensor.into_data();
     with_elements!(group, data, slice => group.broadcast(slice, root))?;
@@ -70,10 +89,20 @@ pub fn broadcast<B: Backend, const D: usize, K: BasicOps<B>>(
 
 /// Every rank's `tensor`, in rank order (`dist.all_gather`). All ranks must pass
 /// tensors of the same shape.
-pub fn all_gather<B: Backend, const D: usize, K: BasicOps<B>>(
+pub fn all_gather<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     group: &ProcessGroup,
     tensor: Tensor<B, D, K>,
 ) -> Result<Vec<Tensor<B, D, K>>> {
+    let rows = tensor.dims().first().copied().unwrap_or(1);
+    let tensor = match tensor_collective(group, tensor, TensorOp::AllGather)? {
+        // The ranks' tensors side by side along dimension 0.
+        Ok(gathered) => {
+            return Ok((0..group.world_size())
+                .map(|r| gathered.clone().narrow(0, r * rows, rows))
+                .collect())
+        }
+        Err(on_host) => on_host,
+    };
     let device = tensor.device();
     let shape = tensor.shape();
     let mut data = tensor.into_data();
@@ -97,7 +126,7 @@ pub fn all_gather<B: Backend, const D: usize, K: BasicOps<B>>(
 /// Reduces `tensor` over all ranks and returns this rank's slice of the result
 /// along dimension 0 (`dist.reduce_scatter_tensor`). Dimension 0 must be a
 /// multiple of the world size.
-pub fn reduce_scatter<B: Backend, const D: usize, K: BasicOps<B>>(
+pub fn reduce_scatter<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     group: &ProcessGroup,
     tensor: Tensor<B, D, K>,
     op: ReduceOp,
@@ -114,6 +143,10 @@ pub fn reduce_scatter<B: Backend, const D: usize, K: BasicOps<B>>(
             ),
         });
     }
+    let tensor = match tensor_collective(group, tensor, TensorOp::ReduceScatter(op))? {
+        Ok(part) => return Ok(part),
+        Err(on_host) => on_host,
+    };
     dims[0] /= world;
     let mut data = tensor.into_data();
     let part: TensorData = with_elements!(group, data, slice => {

@@ -22,18 +22,24 @@ mod backend;
 pub mod checkpoint;
 mod collective;
 pub mod data;
+mod device;
 mod global;
 mod sync;
 pub mod tracking;
 mod wrap;
 
 pub use backend::Ddp;
+#[cfg(feature = "cuda")]
+pub use burn_ddp_comm::nccl;
 pub use burn_ddp_comm::{
     env::LaunchEnv, BucketConfig, CommError, Launcher, ParamLayout, ProcessGroup,
     ProcessGroupBuilder, ReduceOp, Reducer, Result,
 };
+pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
 pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks};
+#[cfg(feature = "cuda")]
+pub use device::cuda_device_for_rank;
 pub use global::{default_group, destroy_process_group, init_process_group};
 pub use sync::{
     no_sync, reset_sync_stats, sync_enabled, sync_gradients, sync_stats, NoSyncGuard, SyncStats,

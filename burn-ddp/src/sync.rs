@@ -6,6 +6,7 @@
 //! [`average_gradients`], which concatenates each bucket on the device, moves
 //! it through the reducer in one collective and slices it back.
 
+use crate::device::{self, Bucket};
 use crate::global;
 use crate::tracking::{self, TrackedAutodiff};
 use crate::{CommError, ParamLayout, Reducer, Result};
@@ -28,12 +29,16 @@ pub struct SyncStats {
     pub buckets: u64,
     /// Gradient bytes reduced.
     pub bytes: u64,
+    /// Buckets averaged on the GPU over NCCL (the others went through host memory).
+    pub device_buckets: u64,
     /// Waiting for the slowest rank to finish its backward pass (load imbalance,
     /// not communication).
     pub wait: Duration,
-    /// Flattening gradients into buckets and reading them out of the backend.
+    /// Flattening gradients into buckets (and, on the host path, reading them
+    /// out of the backend).
     pub pack: Duration,
-    /// The collectives themselves.
+    /// The collectives themselves (on the GPU path, including the wait for the
+    /// kernels that fill the bucket).
     pub reduce: Duration,
     /// Writing buckets back and splitting them into gradients.
     pub unpack: Duration,
@@ -43,6 +48,7 @@ static STATS: Mutex<SyncStats> = Mutex::new(SyncStats {
     syncs: 0,
     buckets: 0,
     bytes: 0,
+    device_buckets: 0,
     wait: Duration::ZERO,
     pack: Duration::ZERO,
     reduce: Duration::ZERO,
@@ -97,7 +103,7 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
     let Some(state) = global::require_state_if_distributed()? else {
         return Ok(());
     };
-    if state.group.world_size() == 1 {
+    if skip_single_process(&state.group)? {
         return Ok(());
     }
     let params = tracking::live_params::<B>();
@@ -120,6 +126,13 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
         B::grad_replace(key, grads, grad);
     }
     Ok(())
+}
+
+/// A world of one has nothing to average, unless `BURN_DDP_BACKEND=nccl` asks
+/// for the GPU path anyway (so one process can exercise it).
+fn skip_single_process(group: &crate::ProcessGroup) -> Result<bool> {
+    Ok(group.world_size() == 1
+        && device::configured_backend(group)? != crate::CollectiveBackend::Nccl)
 }
 
 fn param_layout(rank: usize, shape: &[usize], dtype: DType) -> Result<ParamLayout> {
@@ -176,13 +189,29 @@ pub(crate) fn average_gradients<I: Backend>(
                 Tensor::from_primitive(TensorPrimitive::Float(flat))
             })
             .collect();
-        let mut data = Tensor::cat(parts, 0).into_data();
-        let packed = Instant::now();
-        reduce_data(reducer, &mut data, rank)?;
-        let reduced = Instant::now();
+        let flat = Tensor::cat(parts, 0).into_primitive().tensor();
+        let catted = Instant::now();
         stats.buckets += 1;
-        stats.bytes += data.bytes.len() as u64;
-        let flat = Tensor::<I, 1>::from_data(data, device);
+        stats.bytes += members
+            .iter()
+            .map(|&p| layout[p].numel() * float_dtype(&layout[p]).size())
+            .sum::<usize>() as u64;
+        let (flat, packed, reduced) = match device::average_bucket::<I>(reducer, flat)? {
+            Bucket::Averaged(flat) => {
+                stats.device_buckets += 1;
+                (flat, catted, Instant::now())
+            }
+            Bucket::OnHost(flat) => {
+                let mut data =
+                    Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(flat)).into_data();
+                let packed = Instant::now();
+                reduce_data(reducer, &mut data, rank)?;
+                let reduced = Instant::now();
+                let flat = Tensor::<I, 1>::from_data(data, device);
+                (flat.into_primitive().tensor(), packed, reduced)
+            }
+        };
+        let flat = Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(flat));
         for (&p, &offset) in members.iter().zip(&bucket.offsets) {
             let numel = layout[p].numel();
             let part = flat
@@ -200,6 +229,7 @@ pub(crate) fn average_gradients<I: Backend>(
     total.syncs += stats.syncs;
     total.buckets += stats.buckets;
     total.bytes += stats.bytes;
+    total.device_buckets += stats.device_buckets;
     total.wait += stats.wait;
     total.pack += stats.pack;
     total.reduce += stats.reduce;
@@ -247,7 +277,7 @@ pub fn sync_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
         return Ok(grads);
     };
     let group = &state.group;
-    if group.world_size() == 1 {
+    if skip_single_process(group)? {
         return Ok(grads);
     }
     let mut collect = CollectGrads::<B> {

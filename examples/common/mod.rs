@@ -17,10 +17,11 @@ macro_rules! run_on_backend {
             "ndarray" => $train::<Ddp<Autodiff<NdArray>>>(&$flags, Default::default()),
             #[cfg(feature = "cuda")]
             "cuda" => {
-                let local_rank = burn_ddp::LaunchEnv::from_env()
-                    .map(|e| e.local_rank)
-                    .unwrap_or(0);
-                let device = burn::backend::cuda::CudaDevice::new(local_rank);
+                // cuda:LOCAL_RANK, as `torch.cuda.set_device(local_rank)`.
+                let env = burn_ddp::LaunchEnv::from_env()
+                    .unwrap_or_else(|e| $crate::common::fail(None, e));
+                let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
+                    .unwrap_or_else(|e| $crate::common::fail(Some(env.rank), e));
                 $train::<Ddp<Autodiff<burn::backend::Cuda>>>(&$flags, device)
             }
             #[cfg(not(feature = "cuda"))]

@@ -245,6 +245,13 @@ fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
         group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
     }
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+    let sync = burn_ddp::sync_stats();
+    if rank == 0 && sync.syncs > 0 {
+        println!(
+            "Gradient sync: {} buckets, {} of them on the GPU over NCCL",
+            sync.buckets, sync.device_buckets
+        );
+    }
     if rank == 0 {
         println!("Training complete.");
     }

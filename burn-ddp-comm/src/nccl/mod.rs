@@ -13,8 +13,14 @@ mod wait;
 #[cfg(feature = "nccl")]
 mod communicator;
 
+/// Element types of a [`DeviceBuffer`].
+#[cfg(feature = "nccl")]
+pub use crate::element::DType;
 #[cfg(feature = "nccl")]
 pub use communicator::{DeviceBuffer, NcclCommunicator};
+/// The CUDA bindings in use, for callers that manage device memory themselves.
+#[cfg(feature = "nccl")]
+pub use cudarc;
 
 #[cfg(feature = "nccl")]
 mod decide {
@@ -124,3 +130,19 @@ mod decide {
 
 #[cfg(feature = "nccl")]
 pub(crate) use decide::NcclSlot;
+
+/// GPUs this process can see (`CUDA_VISIBLE_DEVICES` applied), with a clear
+/// error where there is no CUDA driver.
+#[cfg(feature = "nccl")]
+pub fn cuda_device_count() -> crate::Result<usize> {
+    // SAFETY: only tries to open the driver library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(crate::CommError::config(
+            "cannot load the CUDA driver (libcuda.so); run on a machine with an NVIDIA \
+             GPU and its driver, or use a CPU backend",
+        ));
+    }
+    cudarc::driver::CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .map_err(|e| crate::CommError::config(format!("cannot count CUDA devices: {e}")))
+}

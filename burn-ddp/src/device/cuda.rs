@@ -1,0 +1,267 @@
+//! CUDA tensors (Burn's `Cuda` backend, `CubeBackend<CudaRuntime>` without
+//! fusion) over NCCL.
+//!
+//! Ordering with cubecl: before NCCL reads or writes a buffer we wait for
+//! everything queued on cubecl's stream (so the buffer is fully written), and
+//! every NCCL call returns only after its own stream has finished, before
+//! cubecl queues anything that reads the result. The buffer's allocation is
+//! held (`get_resource`) for the whole call, so it cannot be freed or reused
+//! meanwhile. Buffers written in place are exclusively owned and contiguous.
+
+use super::TensorOp;
+use crate::{CommError, ProcessGroup, Reducer, Result};
+use burn::tensor::backend::Backend;
+use burn::tensor::{BasicOps, Float, Int, Tensor, TensorPrimitive};
+use burn_autodiff::Autodiff;
+use burn_backend::backend::AutodiffBackend;
+use burn_backend::tensor::{FloatTensor, IntTensor};
+use burn_backend::{DType, Shape};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use burn_ddp_comm::nccl::DeviceBuffer;
+use burn_ddp_comm::{CollectiveBackend, DType as WireDType};
+use cubecl::cuda::{CudaDevice, CudaRuntime};
+use std::any::Any;
+
+type CudaTensor = CubeTensor<CudaRuntime>;
+/// The float/int element types of Burn's `Cuda` alias.
+type CudaInner = CubeBackend<CudaRuntime, f32, i32, u8>;
+
+/// The GPU for the rank with index `local_rank` among `local_world_size` on
+/// its machine: `cuda:LOCAL_RANK`, wrapped around the visible GPUs. When ranks
+/// outnumber GPUs they share them, which only the host path allows (NCCL needs
+/// one GPU per rank); that is said once on stderr.
+pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Result<CudaDevice> {
+    let count = burn_ddp_comm::nccl::cuda_device_count()?;
+    if count == 0 {
+        return Err(CommError::config(format!(
+            "local rank {local_rank}: no CUDA device is visible (check CUDA_VISIBLE_DEVICES)"
+        )));
+    }
+    if local_world_size > count && local_rank == 0 {
+        eprintln!(
+            "burn-ddp: {local_world_size} ranks share {count} GPU(s) on this machine; NCCL \
+             needs one GPU per rank, so gradients go through host memory (or set \
+             BURN_DDP_BACKEND=tcp)"
+        );
+    }
+    Ok(CudaDevice {
+        index: local_rank % count,
+    })
+}
+
+/// Averages a flat gradient bucket in place over NCCL; `Err` hands back a
+/// bucket that is not on CUDA, or when the group reduces through host memory.
+pub(crate) fn average_bucket<I: Backend>(
+    reducer: &Reducer,
+    bucket: FloatTensor<I>,
+    backend: CollectiveBackend,
+) -> Result<std::result::Result<FloatTensor<I>, FloatTensor<I>>> {
+    let (cuda, wrap) = match float_to_cuda::<I>(bucket) {
+        Ok(found) => found,
+        Err(other) => return Ok(Err(other)),
+    };
+    let group = reducer.group();
+    let Some(comm) = group.nccl_communicator(cuda.device.index, backend)? else {
+        return Ok(Err(wrap(cuda)));
+    };
+    let cuda = writable(cuda);
+    let pinned = pin(group.rank(), &cuda)?;
+    // SAFETY: `pin` waited for every write and holds the allocation; the tensor
+    // is exclusively ours, contiguous, and the call returns once NCCL is done.
+    unsafe { reducer.reduce_device_bucket(&comm, pinned.buffer)? };
+    drop(pinned);
+    Ok(Ok(wrap(cuda)))
+}
+
+/// Runs a tensor collective over NCCL when `tensor` is a CUDA tensor and the
+/// group uses NCCL; `Err` hands the tensor back otherwise.
+pub(crate) fn tensor_collective<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
+    group: &ProcessGroup,
+    tensor: Tensor<B, D, K>,
+    op: TensorOp,
+    backend: CollectiveBackend,
+) -> Result<std::result::Result<Tensor<B, D, K>, Tensor<B, D, K>>> {
+    let (cuda, wrap) = match tensor_to_cuda(tensor) {
+        Ok(found) => found,
+        Err(other) => return Ok(Err(other)),
+    };
+    let Some(comm) = group.nccl_communicator(cuda.device.index, backend)? else {
+        return Ok(Err(wrap(cuda)));
+    };
+    let rank = group.rank();
+    let world = group.world_size();
+    // SAFETY (every call below): `pin` waited for all writes to the buffers and
+    // holds their allocations until the call, which waits for NCCL, returns;
+    // buffers written in place are exclusively owned and contiguous.
+    let result = match op {
+        TensorOp::AllReduce(op) => {
+            let data = writable(cuda);
+            let pinned = pin(rank, &data)?;
+            unsafe { comm.all_reduce(pinned.buffer, op)? };
+            data
+        }
+        TensorOp::Broadcast(root) => {
+            let data = writable(cuda);
+            let pinned = pin(rank, &data)?;
+            unsafe { comm.broadcast(pinned.buffer, root)? };
+            data
+        }
+        TensorOp::AllGather => {
+            let input = into_contiguous(cuda);
+            let output = empty_like(&input, |rows| rows * world);
+            let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
+            unsafe { comm.all_gather(send.buffer, recv.buffer)? };
+            output
+        }
+        TensorOp::ReduceScatter(op) => {
+            let input = into_contiguous(cuda);
+            let output = empty_like(&input, |rows| rows / world);
+            let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
+            unsafe { comm.reduce_scatter(send.buffer, recv.buffer, op)? };
+            output
+        }
+    };
+    Ok(Ok(wrap(result)))
+}
+
+/// A device buffer for NCCL, with the allocation held until it is dropped.
+struct Pinned<Alive> {
+    buffer: DeviceBuffer,
+    _alive: Alive,
+}
+
+/// Waits for every kernel queued so far on this thread's cubecl stream (the
+/// ones writing `tensor` included), then takes its device address.
+fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized>> {
+    let dtype = wire_dtype(rank, tensor.dtype)?;
+    let device = |what: &str, detail: String| CommError::Device {
+        rank,
+        message: format!("{what} on cuda:{}: {detail}", tensor.device.index),
+    };
+    cubecl::future::block_on(tensor.client.sync())
+        .map_err(|e| device("waiting for queued kernels failed", format!("{e:?}")))?;
+    let resource = tensor
+        .client
+        .get_resource(tensor.handle.clone())
+        .map_err(|e| device("cannot address a tensor's memory", format!("{e:?}")))?;
+    Ok(Pinned {
+        buffer: DeviceBuffer {
+            ptr: resource.resource().ptr,
+            len: tensor.meta.shape().num_elements(),
+            dtype,
+        },
+        _alive: resource,
+    })
+}
+
+/// `tensor`, or a copy of it, that is contiguous and shared with nobody, so
+/// NCCL may write it in place.
+fn writable(tensor: CudaTensor) -> CudaTensor {
+    let tensor = into_contiguous(tensor);
+    if tensor.can_mut() && tensor.is_contiguous_buffer() {
+        tensor
+    } else {
+        tensor.copy()
+    }
+}
+
+/// A new uninitialised tensor like `like`, its first dimension resized.
+fn empty_like(like: &CudaTensor, rows: impl FnOnce(usize) -> usize) -> CudaTensor {
+    let mut dims = like.meta.shape().to_vec();
+    dims[0] = rows(dims[0]);
+    empty_device_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(dims),
+        like.dtype,
+    )
+}
+
+fn wire_dtype(rank: usize, dtype: DType) -> Result<WireDType> {
+    match dtype {
+        DType::F32 => Ok(WireDType::F32),
+        DType::F64 => Ok(WireDType::F64),
+        DType::I32 => Ok(WireDType::I32),
+        DType::I64 => Ok(WireDType::I64),
+        other => Err(CommError::InvalidArgument {
+            rank,
+            message: format!(
+                "collectives support f32, f64, i32 and i64 tensors, not {other:?}; convert \
+                 the tensor first"
+            ),
+        }),
+    }
+}
+
+/// `value` as `T`, which the caller knows is its own type.
+fn cast<A: 'static, T: 'static>(value: A) -> T {
+    *(Box::new(value) as Box<dyn Any>)
+        .downcast::<T>()
+        .expect("a value cast to its own type")
+}
+
+/// `value` as `T` if that is its type, else `value` back.
+fn try_cast<A: 'static, T: 'static>(value: A) -> std::result::Result<T, A> {
+    match (Box::new(value) as Box<dyn Any>).downcast::<T>() {
+        Ok(found) => Ok(*found),
+        Err(other) => Err(*other.downcast::<A>().expect("unchanged")),
+    }
+}
+
+type Wrap<T> = Box<dyn FnOnce(CudaTensor) -> T>;
+
+/// The CUDA tensor inside a float primitive of `B` (plain `Cuda`, or an autodiff
+/// tensor over it, as `Autodiff<Cuda>` and `Ddp<Autodiff<Cuda>>` use), and how
+/// to wrap a result the same way (an autodiff result is a fresh, untracked
+/// leaf, as after any collective).
+#[allow(clippy::type_complexity)]
+fn float_to_cuda<B: Backend>(
+    primitive: FloatTensor<B>,
+) -> std::result::Result<(CudaTensor, fn(CudaTensor) -> FloatTensor<B>), FloatTensor<B>> {
+    let primitive = match try_cast::<_, CudaTensor>(primitive) {
+        Ok(cuda) => return Ok((cuda, |cuda| cast(cuda))),
+        Err(other) => other,
+    };
+    match try_cast::<_, FloatTensor<Autodiff<CudaInner>>>(primitive) {
+        Ok(tracked) => Ok((tracked.primitive, |cuda| {
+            cast(<Autodiff<CudaInner> as AutodiffBackend>::from_inner(cuda))
+        })),
+        Err(other) => Err(other),
+    }
+}
+
+/// The CUDA tensor inside a float or int tensor of `B`, and the way back.
+#[allow(clippy::type_complexity)]
+fn tensor_to_cuda<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
+    tensor: Tensor<B, D, K>,
+) -> std::result::Result<(CudaTensor, Wrap<Tensor<B, D, K>>), Tensor<B, D, K>> {
+    let tensor = match try_cast::<_, Tensor<B, D, Float>>(tensor) {
+        Ok(float) => {
+            let rebuild = |p: TensorPrimitive<B>| cast(Tensor::<B, D, Float>::from_primitive(p));
+            return match float.into_primitive() {
+                TensorPrimitive::Float(p) => match float_to_cuda::<B>(p) {
+                    Ok((cuda, wrap)) => Ok((
+                        cuda,
+                        Box::new(move |c| rebuild(TensorPrimitive::Float(wrap(c)))),
+                    )),
+                    Err(p) => Err(rebuild(TensorPrimitive::Float(p))),
+                },
+                quantized => Err(rebuild(quantized)),
+            };
+        }
+        Err(other) => other,
+    };
+    match try_cast::<_, Tensor<B, D, Int>>(tensor) {
+        Ok(int) => {
+            let rebuild = |p: IntTensor<B>| cast(Tensor::<B, D, Int>::from_primitive(p));
+            match try_cast::<_, CudaTensor>(int.into_primitive()) {
+                Ok(cuda) => Ok((cuda, Box::new(move |c| rebuild(cast(c))))),
+                Err(p) => Err(rebuild(p)),
+            }
+        }
+        Err(other) => Err(other),
+    }
+}

@@ -1,0 +1,252 @@
+//! GPU checks for scripts/gpu-check.sh (needs `--features cuda` and a GPU).
+//!
+//! `gpu_check nccl` checks NCCL collectives on device buffers for correctness,
+//! in a world of any size (one GPU per rank). `gpu_check bench` times bucket
+//! all-reduces from 1 MiB to 256 MiB: straight NCCL on a device buffer against
+//! the path gradients take (a CUDA tensor through `burn_ddp::all_reduce`).
+//! Each prints `RESULT <name> PASS|FAIL <detail>` lines for the script.
+
+use burn::backend::cuda::{Cuda, CudaDevice};
+use burn::tensor::{Int, Tensor, TensorData};
+use burn_ddp::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use burn_ddp::nccl::{DeviceBuffer, NcclCommunicator};
+use burn_ddp::{CollectiveBackend, ProcessGroup, ReduceOp};
+use std::sync::Arc;
+use std::time::Instant;
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let group = burn_ddp::init_process_group().unwrap_or_else(|e| die(e));
+    let device = burn_ddp::cuda_device_for_rank(group.local_rank(), group.local_world_size())
+        .unwrap_or_else(|e| die(e));
+    let comm = group
+        .nccl_communicator(device.index, CollectiveBackend::Nccl)
+        .unwrap_or_else(|e| die(e))
+        .expect("BURN_DDP_BACKEND=nccl gives a communicator or an error");
+    let ok = match mode.as_str() {
+        "nccl" => check_collectives(&group, &comm, &device),
+        "bench" => bench(&group, &comm, &device),
+        _ => die("usage: gpu_check nccl|bench"),
+    };
+    burn_ddp::destroy_process_group().unwrap_or_else(|e| die(e));
+    std::process::exit(if ok { 0 } else { 1 });
+}
+
+fn die(err: impl std::fmt::Display) -> ! {
+    eprintln!("gpu_check: {err}");
+    println!("RESULT setup FAIL {err}");
+    std::process::exit(1)
+}
+
+fn report(group: &ProcessGroup, name: &str, passed: bool, detail: String) -> bool {
+    if group.is_main() || !passed {
+        let verdict = if passed { "PASS" } else { "FAIL" };
+        println!("RESULT {name} {verdict} rank {}: {detail}", group.rank());
+    }
+    passed
+}
+
+/// Device memory of our own, outside Burn, for the raw NCCL calls.
+struct Raw {
+    stream: Arc<CudaStream>,
+}
+
+impl Raw {
+    fn new(ordinal: usize) -> Self {
+        let ctx = CudaContext::new(ordinal).unwrap_or_else(|e| die(e));
+        Self {
+            stream: ctx.default_stream(),
+        }
+    }
+
+    fn upload(&self, values: &[f32]) -> CudaSlice<f32> {
+        let slice = self.stream.clone_htod(values).unwrap_or_else(|e| die(e));
+        self.stream.synchronize().unwrap_or_else(|e| die(e));
+        slice
+    }
+
+    fn download(&self, slice: &CudaSlice<f32>) -> Vec<f32> {
+        self.stream.clone_dtoh(slice).unwrap_or_else(|e| die(e))
+    }
+
+    fn buffer(&self, slice: &CudaSlice<f32>) -> DeviceBuffer {
+        let (ptr, _record) = slice.device_ptr(&self.stream);
+        DeviceBuffer {
+            ptr,
+            len: slice.len(),
+            dtype: burn_ddp::nccl::DType::F32,
+        }
+    }
+}
+
+/// Each check is built so that doing nothing fails it: outputs start as a
+/// sentinel (-1), and inputs differ per rank.
+fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> bool {
+    let (rank, world) = (group.rank() as f32, group.world_size() as f32);
+    let n = 1 << 20;
+    let raw = Raw::new(device.index);
+    let input: Vec<f32> = (0..n).map(|i| (i % 97) as f32 + 1000.0 * rank).collect();
+    let send = raw.upload(&input);
+    let mut all = true;
+
+    // Out of place, so a no-op leaves the sentinel.
+    let recv = raw.upload(&vec![-1.0; n]);
+    let expect_sum = |i: usize| world * (i % 97) as f32 + 1000.0 * world * (world - 1.0) / 2.0;
+    // SAFETY: both buffers are ours, uploaded and synchronised, alive until the end.
+    let done = unsafe { comm.all_reduce_into(raw.buffer(&send), raw.buffer(&recv), ReduceOp::Sum) };
+    let out = raw.download(&recv);
+    let bad = (0..n).find(|&i| out[i] != expect_sum(i));
+    all &= report(
+        group,
+        "nccl_all_reduce_sum",
+        done.is_ok() && bad.is_none(),
+        format!("{n} f32 out of place, {done:?}, first bad index {bad:?}"),
+    );
+
+    let recv = raw.upload(&vec![-1.0; n]);
+    let done =
+        unsafe { comm.all_reduce_into(raw.buffer(&send), raw.buffer(&recv), ReduceOp::Mean) };
+    let out = raw.download(&recv);
+    let bad = (0..n).find(|&i| (out[i] - expect_sum(i) / world).abs() > 1e-3);
+    all &= report(
+        group,
+        "nccl_all_reduce_avg",
+        done.is_ok() && bad.is_none(),
+        format!("{done:?}, first bad index {bad:?}"),
+    );
+
+    // The tensor path: a CUDA tensor (Burn's memory) reduced in place.
+    let values: Vec<f32> = (0..4096).map(|i| i as f32 * (rank + 1.0)).collect();
+    let tensor = Tensor::<Cuda, 1>::from_data(TensorData::new(values.clone(), [4096]), device);
+    let summed = burn_ddp::all_reduce(group, tensor, ReduceOp::Sum).map(|t| t.into_data());
+    let factor = world * (world + 1.0) / 2.0;
+    let fine = summed.as_ref().is_ok_and(|d| {
+        d.as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == i as f32 * factor)
+    });
+    all &= report(
+        group,
+        "tensor_all_reduce_sum",
+        fine,
+        format!("4096 f32 on {device:?}: {:?}", summed.err()),
+    );
+
+    let ints =
+        Tensor::<Cuda, 1, Int>::from_data(TensorData::new(vec![rank as i32; 8], [8]), device);
+    let max = burn_ddp::all_reduce(group, ints, ReduceOp::Max).map(|t| t.into_data());
+    let fine = max.as_ref().is_ok_and(|d| {
+        d.as_slice::<i32>()
+            .unwrap()
+            .iter()
+            .all(|v| *v == world as i32 - 1)
+    });
+    all &= report(
+        group,
+        "tensor_all_reduce_max_i32",
+        fine,
+        format!("{:?}", max.err()),
+    );
+
+    let rows = Tensor::<Cuda, 2>::from_data(TensorData::new(vec![rank; 6], [2, 3]), device);
+    let gathered = burn_ddp::all_gather(group, rows.clone());
+    let fine = gathered.as_ref().is_ok_and(|parts| {
+        parts.len() == group.world_size()
+            && parts.iter().enumerate().all(|(r, p)| {
+                p.dims() == [2, 3]
+                    && p.clone().into_data().as_slice::<f32>().unwrap() == [r as f32; 6]
+            })
+    });
+    all &= report(
+        group,
+        "tensor_all_gather",
+        fine,
+        format!("{:?}", gathered.err()),
+    );
+
+    let root = group.world_size() - 1;
+    let broadcast = burn_ddp::broadcast(group, rows, root).map(|t| t.into_data());
+    let fine = broadcast
+        .as_ref()
+        .is_ok_and(|d| d.as_slice::<f32>().unwrap() == [root as f32; 6]);
+    all &= report(
+        group,
+        "tensor_broadcast",
+        fine,
+        format!("{:?}", broadcast.err()),
+    );
+
+    let w = group.world_size();
+    let tall = Tensor::<Cuda, 1>::from_data(TensorData::new(vec![1.0f32; 2 * w], [2 * w]), device);
+    let part = burn_ddp::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
+    let fine = part
+        .as_ref()
+        .is_ok_and(|d| d.shape.to_vec() == [2] && d.as_slice::<f32>().unwrap() == [world; 2]);
+    all &= report(
+        group,
+        "tensor_reduce_scatter",
+        fine,
+        format!("{:?}", part.err()),
+    );
+
+    let barrier = comm.barrier();
+    all &= report(
+        group,
+        "nccl_barrier",
+        barrier.is_ok(),
+        format!("{barrier:?}"),
+    );
+    all
+}
+
+/// Times one bucket all-reduce (mean) per size, over `iters` rounds after a
+/// warm-up: straight NCCL on a device buffer, then a CUDA tensor through
+/// `burn_ddp::all_reduce` (waits for Burn's kernels, addresses the buffer,
+/// NCCL in place).
+fn bench(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> bool {
+    let raw = Raw::new(device.index);
+    let world = group.world_size() as f64;
+    if group.is_main() {
+        println!("TABLE | size | NCCL ms | bucket path ms | path / NCCL | NCCL busbw GB/s | path busbw GB/s |");
+    }
+    for mib in [1usize, 4, 16, 25, 64, 128, 256] {
+        let n = mib * (1 << 20) / 4;
+        let iters = (400 / mib).clamp(5, 50);
+        let data = raw.upload(&vec![1.0f32; n]);
+        let buffer = raw.buffer(&data);
+        let time = |f: &mut dyn FnMut()| {
+            f();
+            group.barrier().unwrap_or_else(|e| die(e));
+            let started = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            started.elapsed().as_secs_f64() / iters as f64
+        };
+        // SAFETY: our buffer, alive for the whole loop; each call waits for NCCL.
+        let nccl = time(&mut || {
+            unsafe { comm.all_reduce(buffer, ReduceOp::Mean) }.unwrap_or_else(|e| die(e))
+        });
+        let mut tensor = Some(Tensor::<Cuda, 1>::ones([n], device));
+        let path = time(&mut || {
+            let t = tensor.take().unwrap();
+            tensor =
+                Some(burn_ddp::all_reduce(group, t, ReduceOp::Mean).unwrap_or_else(|e| die(e)));
+        });
+        let bytes = (n * 4) as f64;
+        let busbw = |secs: f64| bytes / secs * 2.0 * (world - 1.0) / world / 1e9;
+        if group.is_main() {
+            println!(
+                "TABLE | {mib} MiB | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} |",
+                nccl * 1e3,
+                path * 1e3,
+                path / nccl,
+                busbw(nccl),
+                busbw(path)
+            );
+        }
+    }
+    true
+}
