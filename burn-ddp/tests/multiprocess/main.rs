@@ -45,6 +45,10 @@ fn main() {
             layout_change,
         ),
         ("two_thousand_steps_do_not_grow_memory", memory),
+        (
+            "burn_ddp_backend_on_cpu_tensors",
+            backend_choice_on_cpu_tensors,
+        ),
     ];
     run_cases(cases);
 }
@@ -63,6 +67,52 @@ fn equivalence(scenario: &str) -> Result<(), String> {
 
 fn unused_parameter() -> Result<(), String> {
     all_ok(&World::new(2).run("unused"))
+}
+
+/// `BURN_DDP_BACKEND` with CPU tensors: `tcp` and `auto` take the host path;
+/// `nccl` is refused with the reason, even in a world of one (where it forces
+/// the synchronisation that would otherwise be skipped); a typo is named.
+fn backend_choice_on_cpu_tensors() -> Result<(), String> {
+    for value in ["tcp", "auto"] {
+        let outcomes = World::new(2).env("BURN_DDP_BACKEND", value).run("one_step");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(o.value("tensor_sum") == Some("[2.0, 2.0, 2.0]"), || {
+                o.stdout.clone()
+            })?;
+            check(o.value("stepped").is_some_and(|b| b != "0"), || {
+                o.stdout.clone()
+            })?;
+        }
+    }
+    for world in [1, 2] {
+        let outcomes = World::new(world)
+            .env("BURN_DDP_BACKEND", "nccl")
+            .run("one_step");
+        for o in &outcomes {
+            let refused = format!(
+                "rank {}: BURN_DDP_BACKEND=nccl, but burn-ddp was built without its `cuda` feature",
+                o.rank
+            );
+            check(o.code.is_some_and(|c| c != 0), || format!("{o:?}"))?;
+            check(
+                o.stdout.contains(&format!(
+                    "tensor_error burn-ddp configuration error: {refused}"
+                )) && o.stderr.contains(&refused)
+                    && !o.stdout.contains("stepped"),
+                || format!("world {world}: {o:?}"),
+            )?;
+        }
+    }
+    let outcomes = World::new(2).env("BURN_DDP_BACKEND", "mpi").run("one_step");
+    for o in &outcomes {
+        check(
+            o.stdout.contains("expected nccl, tcp or auto")
+                || o.stderr.contains("expected nccl, tcp or auto"),
+            || format!("{o:?}"),
+        )?;
+    }
+    Ok(())
 }
 
 fn different_models() -> Result<(), String> {

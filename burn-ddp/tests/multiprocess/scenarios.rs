@@ -207,6 +207,24 @@ fn unused_parameter() -> Res<()> {
     burn_ddp::destroy_process_group().map_err(e)
 }
 
+/// One tensor collective and one backward pass, reporting what each did (for
+/// the `BURN_DDP_BACKEND` cases).
+fn one_step() -> Res<()> {
+    let group = burn_ddp::init_process_group().map_err(e)?;
+    let device = Default::default();
+    let ones = Tensor::<NdArray, 1>::ones([3], &device);
+    match burn_ddp::all_reduce(&group, ones, burn_ddp::ReduceOp::Sum) {
+        Ok(sum) => println!("tensor_sum {:?}", sum.into_data().to_vec::<f32>().unwrap()),
+        Err(err) => println!("tensor_error {err}"),
+    }
+    let model = burn_ddp::wrap(TwoHeads::<Wrapped>::new(&device), &group).map_err(e)?;
+    let (x, y) = toy_batch::<Wrapped>(&[0, 1, 2, 3], &device);
+    let loss = MseLoss::new().forward(model.forward(x, true), y, Reduction::Mean);
+    let _ = loss.backward(); // panics with the reason if synchronisation fails
+    println!("stepped {}", burn_ddp::sync_stats().buckets);
+    burn_ddp::destroy_process_group().map_err(e)
+}
+
 /// Rank 1 builds a wider layer than rank 0: wrapping must fail on every rank.
 fn different_models() -> Res<()> {
     let group = burn_ddp::init_process_group().map_err(e)?;
@@ -351,6 +369,7 @@ pub fn run(name: &str) -> Res<()> {
         "layout_change" => layout_changes_on_one_rank(),
         "memory" => memory(),
         "tensor_collectives" => crate::tensor_collectives(),
+        "one_step" => one_step(),
         other => Err(format!("unknown scenario {other}")),
     }
 }
