@@ -142,11 +142,30 @@ if [ "$GPUS" -gt 0 ]; then
     row "multi-rank nccl" "SKIP" "one GPU: NCCL refuses two ranks on one device"
   fi
 
+  code=$(run overhead 600 "$BIN/examples/gpu_check" overhead)
+  ratio=$(awk '/^OVERHEAD/ { print $2 }' "$WORK/overhead.log")
+  if [ "$code" -ne 0 ] || [ -z "$ratio" ]; then
+    row "ddp overhead world=1" FAIL "exit $code; $(last_lines "$WORK/overhead.log")"
+  else
+    # A speed goal, not a correctness check: a miss is reported, not failed.
+    goal=$(awk -v r="$ratio" 'BEGIN { print (r <= 1.03) ? "PASS" : "MISS" }')
+    row "ddp overhead world=1 (goal <= 1.03)" "$goal" "$(grep '^OVERHEAD' "$WORK/overhead.log" | cut -d' ' -f2-)"
+  fi
+
   BENCH_RANKS=$GPUS
   code=$(BURN_DDP_BACKEND=nccl run bench 600 "$BIN/burn-ddp-run" --standalone \
     --nproc-per-node "$BENCH_RANKS" "$BIN/examples/gpu_check" bench)
   if [ "$code" -eq 0 ] && grep -q '^TABLE | 256 MiB' "$WORK/bench.log"; then
     row "bucket all-reduce timings" PASS "world=$BENCH_RANKS, table below"
+    # Goal with several GPUs: the bucket path keeps >= 90% of NCCL's bus
+    # bandwidth from 25 MiB up, i.e. path/NCCL time <= 1/0.9.
+    worst=$(awk -F'|' '/^TABLE \| [0-9]/ { split($2, s, " "); if (s[1] >= 25 && $5 + 0 > w) w = $5 + 0 } END { print w }' "$WORK/bench.log")
+    if [ "$BENCH_RANKS" -ge 2 ]; then
+      goal=$(awk -v w="$worst" 'BEGIN { print (w <= 1 / 0.9) ? "PASS" : "MISS" }')
+      row "bucket busbw >= 90% of NCCL from 25 MiB" "$goal" "worst path/NCCL time ratio $worst"
+    else
+      row "bucket busbw >= 90% of NCCL from 25 MiB" SKIP "needs two GPUs (worst time ratio at world 1: $worst)"
+    fi
   else
     row "bucket all-reduce timings" FAIL "exit $code; $(last_lines "$WORK/bench.log")"
   fi

@@ -4,9 +4,19 @@
 //! in a world of any size (one GPU per rank). `gpu_check bench` times bucket
 //! all-reduces from 1 MiB to 256 MiB: straight NCCL on a device buffer against
 //! the path gradients take (a CUDA tensor through `burn_ddp::all_reduce`).
+//! `gpu_check overhead` times an MNIST CNN training step on `Autodiff<Cuda>`
+//! against `Ddp<Autodiff<Cuda>>` at world size 1.
 //! Each prints `RESULT <name> PASS|FAIL <detail>` lines for the script.
 
+#[path = "../mnist/net.rs"]
+mod net;
+
 use burn::backend::cuda::{Cuda, CudaDevice};
+use burn::backend::Autodiff;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Distribution;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_ddp::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use burn_ddp::nccl::{DeviceBuffer, NcclCommunicator};
@@ -16,6 +26,10 @@ use std::time::Instant;
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
+    if mode == "overhead" {
+        overhead();
+        return;
+    }
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| die(e));
     let device = burn_ddp::cuda_device_for_rank(group.local_rank(), group.local_world_size())
         .unwrap_or_else(|e| die(e));
@@ -26,7 +40,7 @@ fn main() {
     let ok = match mode.as_str() {
         "nccl" => check_collectives(&group, &comm, &device),
         "bench" => bench(&group, &comm, &device),
-        _ => die("usage: gpu_check nccl|bench"),
+        _ => die("usage: gpu_check nccl|bench|overhead"),
     };
     burn_ddp::destroy_process_group().unwrap_or_else(|e| die(e));
     std::process::exit(if ok { 0 } else { 1 });
@@ -249,4 +263,53 @@ fn bench(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> 
         }
     }
     true
+}
+
+/// One MNIST CNN step (forward, backward, SGD), waited for on the GPU, in seconds.
+fn mnist_step<B: AutodiffBackend>(model: net::Net<B>, device: &B::Device) -> (net::Net<B>, f64) {
+    let images = Tensor::<B, 4>::random([128, 1, 28, 28], Distribution::Normal(0.0, 1.0), device);
+    let labels = Tensor::<B, 1, Int>::random([128], Distribution::Uniform(0.0, 10.0), device);
+    B::sync(device).unwrap_or_else(|e| die(format!("{e:?}")));
+    let started = Instant::now();
+    let loss = CrossEntropyLossConfig::new()
+        .init(device)
+        .forward(model.forward(images), labels);
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let model = SgdConfig::new().init().step(0.01, model, grads);
+    B::sync(device).unwrap_or_else(|e| die(format!("{e:?}")));
+    (model, started.elapsed().as_secs_f64())
+}
+
+/// `Ddp<Autodiff<Cuda>>` against `Autodiff<Cuda>` at world size 1, steps
+/// interleaved so drift hits both alike; medians of 50 after 5 warm-ups.
+fn overhead() {
+    type Plain = Autodiff<Cuda>;
+    type Wrapped = burn_ddp::Ddp<Autodiff<Cuda>>;
+    let device = burn_ddp::cuda_device_for_rank(0, 1).unwrap_or_else(|e| die(e));
+    let (mut plain, mut wrapped) = (
+        net::Net::<Plain>::new(&device),
+        net::Net::<Wrapped>::new(&device),
+    );
+    let (mut p, mut w) = (Vec::new(), Vec::new());
+    for i in 0..55 {
+        let (m, t) = mnist_step(plain, &device);
+        plain = m;
+        let (m, u) = mnist_step(wrapped, &device);
+        wrapped = m;
+        if i >= 5 {
+            p.push(t);
+            w.push(u);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let (p, w) = (median(p), median(w));
+    println!(
+        "OVERHEAD {:.3} Autodiff<Cuda> {:.2} ms, Ddp<Autodiff<Cuda>> {:.2} ms (MNIST CNN, batch 128, median of 50)",
+        w / p,
+        p * 1e3,
+        w * 1e3
+    );
 }
