@@ -4,11 +4,12 @@
 #
 #   scripts/gpu-check.sh [BIN_DIR]
 #
-# BIN_DIR (default target/release) must hold burn-ddp-run, examples/toy and
-# examples/gpu_check built with `--features cuda`. Where cargo is available and
-# they are missing, the script builds them; a GPU machine without Rust runs the
-# binaries carried from a build machine (see docs/gpu.md). Nothing here needs
-# network access.
+# BIN_DIR (default target/release) must hold burn-ddp-run and
+# examples/gpu_check built with `--features cuda`; gpu_check links the toy
+# trainer's own code (`gpu_check toy` is examples/toy on Ddp<Autodiff<Cuda>>).
+# Where cargo is available and they are missing, the script builds them; a GPU
+# machine without Rust runs the binaries carried from a build machine (see
+# docs/gpu.md). Nothing here needs network access.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,17 +26,17 @@ row() { # name verdict detail
 }
 
 have_binaries() {
-  [ -x "$BIN/burn-ddp-run" ] && [ -x "$BIN/examples/toy" ] && [ -x "$BIN/examples/gpu_check" ]
+  [ -x "$BIN/burn-ddp-run" ] && [ -x "$BIN/examples/gpu_check" ]
 }
 
 if ! have_binaries && command -v cargo >/dev/null 2>&1 && [ "$BIN" = target/release ]; then
   echo "building the release binaries with --features cuda ..."
   cargo build --release --features cuda -p burn-ddp-run -p burn-ddp-examples \
-    --bins --example toy --example gpu_check || { echo "build failed"; exit 2; }
+    --bins --example gpu_check || { echo "build failed"; exit 2; }
 fi
 if ! have_binaries; then
-  echo "missing binaries in $BIN (burn-ddp-run, examples/toy, examples/gpu_check);"
-  echo "build them with: cargo build --release --features cuda -p burn-ddp-run -p burn-ddp-examples --bins --example toy --example gpu_check"
+  echo "missing binaries in $BIN (burn-ddp-run, examples/gpu_check);"
+  echo "build them with: cargo build --release --features cuda -p burn-ddp-run -p burn-ddp-examples --bins --example gpu_check"
   exit 2
 fi
 
@@ -118,12 +119,12 @@ if [ "$GPUS" -gt 0 ]; then
   row "nccl world=1 collectives" "$verdict" "$detail"
 
   code=$(BURN_DDP_BACKEND=nccl run toy1 600 "$BIN/burn-ddp-run" --standalone --nproc-per-node 1 \
-    "$BIN/examples/toy" --backend cuda --epochs 2 --checkpoint-dir "$WORK")
+    "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy1.log" "$code" gpu)"
   row "toy cuda world=1 over nccl" "$verdict" "$detail"
 
   code=$(CUDA_VISIBLE_DEVICES=0 BURN_DDP_BACKEND=tcp run toy2 600 "$BIN/burn-ddp-run" --standalone \
-    --nproc-per-node 2 "$BIN/examples/toy" --backend cuda --epochs 2 --checkpoint-dir "$WORK")
+    --nproc-per-node 2 "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy2.log" "$code" host)"
   row "toy cuda world=2 one gpu over tcp" "$verdict" "$detail"
 
@@ -135,7 +136,7 @@ if [ "$GPUS" -gt 0 ]; then
     row "nccl world=$GPUS collectives" "$verdict" "$detail"
 
     code=$(run toyN 600 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$GPUS" \
-      "$BIN/examples/toy" --backend cuda --epochs 2 --checkpoint-dir "$WORK")
+      "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
     read -r verdict detail <<<"$(toy_verdict "$WORK/toyN.log" "$code" gpu)"
     row "toy cuda world=$GPUS over nccl" "$verdict" "$detail"
   else

@@ -19,17 +19,17 @@ macro_rules! run_on_backend {
             "cuda" => {
                 // cuda:LOCAL_RANK, as `torch.cuda.set_device(local_rank)`.
                 let env = burn_ddp::LaunchEnv::from_env()
-                    .unwrap_or_else(|e| $crate::common::fail(None, e));
+                    .unwrap_or_else(|e| common::fail(None, e));
                 let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
-                    .unwrap_or_else(|e| $crate::common::fail(Some(env.rank), e));
+                    .unwrap_or_else(|e| common::fail(Some(env.rank), e));
                 $train::<Ddp<Autodiff<burn::backend::Cuda>>>(&$flags, device)
             }
             #[cfg(not(feature = "cuda"))]
-            "cuda" => $crate::common::fail(
+            "cuda" => common::fail(
                 None,
                 "this binary was built without CUDA; rebuild with --features cuda",
             ),
-            other => $crate::common::fail(
+            other => common::fail(
                 None,
                 format!("--backend {other:?}: expected flex, ndarray or cuda"),
             ),

@@ -5,11 +5,16 @@
 //! all-reduces from 1 MiB to 256 MiB: straight NCCL on a device buffer against
 //! the path gradients take (a CUDA tensor through `burn_ddp::all_reduce`).
 //! `gpu_check overhead` times an MNIST CNN training step on `Autodiff<Cuda>`
-//! against `Ddp<Autodiff<Cuda>>` at world size 1.
+//! against `Ddp<Autodiff<Cuda>>` at world size 1. `gpu_check toy [FLAGS]` is
+//! the toy trainer (examples/toy, its own code) on `Ddp<Autodiff<Cuda>>`, so
+//! one binary carries every check to the GPU machine.
 //! Each prints `RESULT <name> PASS|FAIL <detail>` lines for the script.
 
 #[path = "../mnist/net.rs"]
 mod net;
+#[allow(dead_code)] // its `main`: the checks call `train` directly
+#[path = "../toy/main.rs"]
+mod toy;
 
 use burn::backend::cuda::{Cuda, CudaDevice};
 use burn::backend::Autodiff;
@@ -30,6 +35,10 @@ fn main() {
         overhead();
         return;
     }
+    if mode == "toy" {
+        toy_on_cuda();
+        return;
+    }
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| die(e));
     let device = burn_ddp::cuda_device_for_rank(group.local_rank(), group.local_world_size())
         .unwrap_or_else(|e| die(e));
@@ -40,7 +49,7 @@ fn main() {
     let ok = match mode.as_str() {
         "nccl" => check_collectives(&group, &comm, &device),
         "bench" => bench(&group, &comm, &device),
-        _ => die("usage: gpu_check nccl|bench|overhead"),
+        _ => die("usage: gpu_check nccl|bench|overhead|toy [toy flags]"),
     };
     burn_ddp::destroy_process_group().unwrap_or_else(|e| die(e));
     std::process::exit(if ok { 0 } else { 1 });
@@ -312,4 +321,18 @@ fn overhead() {
         p * 1e3,
         w * 1e3
     );
+}
+
+/// The toy trainer on `Ddp<Autodiff<Cuda>>`, with the toy's flags.
+fn toy_on_cuda() {
+    use toy::common::flags::Flags;
+    let flags = match Flags::parse_from("gpu_check toy", toy::FLAGS, std::env::args().skip(2)) {
+        Ok(Some(flags)) => flags,
+        Ok(None) => die("gpu_check toy takes the toy's flags (see `toy --help`)"),
+        Err(message) => die(message),
+    };
+    let env = burn_ddp::LaunchEnv::from_env().unwrap_or_else(|e| die(e));
+    let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
+        .unwrap_or_else(|e| die(e));
+    toy::train::<burn_ddp::Ddp<Autodiff<Cuda>>>(&flags, device);
 }

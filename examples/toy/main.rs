@@ -8,9 +8,11 @@
 //! burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/toy --epochs 10 --batch_size 32
 //! ```
 
+// `pub(crate)` items here are reused by examples/gpu_check (the same trainer,
+// linked into the one binary carried to GPU machines).
 #[macro_use]
 #[path = "../common/mod.rs"]
-mod common;
+pub(crate) mod common;
 
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
@@ -26,7 +28,7 @@ use common::flags::{Flag, Flags};
 use common::{fail, Normal};
 use std::path::PathBuf;
 
-const FLAGS: &[Flag] = &[
+pub(crate) const FLAGS: &[Flag] = &[
     Flag {
         name: "epochs",
         default: Some("5"),
@@ -158,7 +160,7 @@ fn main() {
     run_on_backend!(flags, train);
 }
 
-fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
+pub(crate) fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
     let epochs: usize = flags.get("epochs");
     let batch_size: usize = flags.get("batch-size");
     let lr: f64 = flags.get("lr");
