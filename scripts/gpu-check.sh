@@ -55,7 +55,7 @@ find_lib() { # name -> path of the first match on the loader's paths, pip wheels
   local path="${LD_LIBRARY_PATH:-}"
   for dir in ${path//:/ } /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu \
     $(python3 -c 'import site,sys; print(" ".join(site.getsitepackages()))' 2>/dev/null | \
-      xargs -n1 -I{} sh -c 'ls -d {}/nvidia/*/lib 2>/dev/null'); do
+      xargs -I{} sh -c 'ls -d {}/nvidia/*/lib 2>/dev/null'); do
     [ -e "$dir/$name" ] && { echo "$dir/$name"; return 0; }
   done
   return 1
