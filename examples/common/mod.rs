@@ -18,8 +18,7 @@ macro_rules! run_on_backend {
             #[cfg(feature = "cuda")]
             "cuda" => {
                 // cuda:LOCAL_RANK, as `torch.cuda.set_device(local_rank)`.
-                let env = burn_ddp::LaunchEnv::from_env()
-                    .unwrap_or_else(|e| common::fail(None, e));
+                let env = burn_ddp::LaunchEnv::from_env().unwrap_or_else(|e| common::fail(None, e));
                 let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
                     .unwrap_or_else(|e| common::fail(Some(env.rank), e));
                 $train::<Ddp<Autodiff<burn::backend::Cuda>>>(&$flags, device)
