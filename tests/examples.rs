@@ -1,5 +1,6 @@
 //! The example trainers end to end: real processes through the launcher.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -37,7 +38,8 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Runs `cmd` in `dir`, killing it after `limit`.
+/// Runs `cmd` in `dir`, killing it after `limit`. Output is read while the
+/// program runs, so a chatty one cannot fill the pipe and stall.
 fn run(mut cmd: Command, dir: &Path, limit: Duration) -> Output {
     cmd.current_dir(dir)
         .env_remove("RANK")
@@ -45,15 +47,31 @@ fn run(mut cmd: Command, dir: &Path, limit: Duration) -> Output {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = cmd.spawn().expect("starting the example");
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
     let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         if started.elapsed() > limit {
             let _ = child.kill();
             panic!("{cmd:?} did not finish within {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
     }
-    child.wait_with_output().unwrap()
 }
 
 fn stdout(out: &Output) -> String {

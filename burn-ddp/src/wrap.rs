@@ -4,7 +4,7 @@ use crate::{global, BucketConfig, CommError, ProcessGroup};
 use burn::config::Config;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{BasicOps, Int, Tensor};
 use burn_ddp_comm::reducer::check_same_layout;
 use burn_ddp_comm::ParamLayout;
 
@@ -77,51 +77,32 @@ struct Broadcaster<'a> {
 }
 
 impl Broadcaster<'_> {
-    fn broadcast(&mut self, mut data: TensorData) -> TensorData {
-        if self.error.is_some() || self.group.world_size() == 1 {
-            return data;
+    /// Rank 0's `tensor` (through `crate::broadcast`: NCCL for CUDA tensors,
+    /// host memory otherwise).
+    fn broadcast<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
+        &mut self,
+        tensor: Tensor<B, D, K>,
+    ) -> Tensor<B, D, K> {
+        if self.error.is_some() {
+            return tensor;
         }
-        let rank = self.group.rank();
-        let result = match data.dtype {
-            burn::tensor::DType::F32 => data
-                .as_mut_slice::<f32>()
-                .map_err(|e| format!("{e:?}"))
-                .map(|s| self.group.broadcast(s, 0)),
-            burn::tensor::DType::F64 => data
-                .as_mut_slice::<f64>()
-                .map_err(|e| format!("{e:?}"))
-                .map(|s| self.group.broadcast(s, 0)),
-            burn::tensor::DType::I64 => data
-                .as_mut_slice::<i64>()
-                .map_err(|e| format!("{e:?}"))
-                .map(|s| self.group.broadcast(s, 0)),
-            burn::tensor::DType::I32 => data
-                .as_mut_slice::<i32>()
-                .map_err(|e| format!("{e:?}"))
-                .map(|s| self.group.broadcast(s, 0)),
-            other => Err(format!("{other:?} tensors cannot be broadcast yet")),
-        };
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => self.error = Some(err),
-            Err(message) => {
-                self.error = Some(CommError::InvalidArgument {
-                    rank,
-                    message: format!("cannot broadcast a module tensor: {message}"),
-                })
+        let (shape, device) = (tensor.shape(), tensor.device());
+        match crate::broadcast(self.group, tensor, 0) {
+            Ok(value) => value,
+            Err(err) => {
+                self.error = Some(err);
+                // The module is dropped with the error; any value will do.
+                Tensor::empty(shape, &device)
             }
         }
-        data
     }
 }
 
 impl<B: Backend> ModuleMapper<B> for Broadcaster<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (id, tensor, mapper) = param.consume();
-        let device = tensor.device();
         let require_grad = tensor.is_require_grad();
-        let data = self.broadcast(tensor.into_data());
-        let mut value = Tensor::from_data(data, &device);
+        let mut value = self.broadcast(tensor);
         if require_grad {
             value = value.require_grad();
         }
@@ -133,9 +114,7 @@ impl<B: Backend> ModuleMapper<B> for Broadcaster<'_> {
         param: Param<Tensor<B, D, Int>>,
     ) -> Param<Tensor<B, D, Int>> {
         let (id, tensor, mapper) = param.consume();
-        let device = tensor.device();
-        let data = self.broadcast(tensor.into_data());
-        Param::from_mapped_value(id, Tensor::from_data(data, &device), mapper)
+        Param::from_mapped_value(id, self.broadcast(tensor), mapper)
     }
 }
 
