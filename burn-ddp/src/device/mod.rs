@@ -17,7 +17,9 @@ use burn::tensor::{BasicOps, Tensor};
 use burn_backend::tensor::FloatTensor;
 use burn_ddp_comm::{CollectiveBackend, ReduceOp};
 
-/// The configured backend (`BURN_DDP_BACKEND`), read once per call site use.
+/// The configured backend (`BURN_DDP_BACKEND`). Read at every use (it costs
+/// microseconds); what it decides is kept by the group after the first CUDA
+/// collective.
 pub(crate) fn configured_backend(group: &ProcessGroup) -> Result<CollectiveBackend> {
     CollectiveBackend::from_env(group.rank())
 }
