@@ -1,0 +1,157 @@
+//! scripts/gpu-check.sh cannot run its checks here (no GPU), but its logic
+//! can: these tests run it on stand-in binaries and a stand-in `nvidia-smi`
+//! that print what the real ones print, and read the verdict table, so the
+//! script stays ready for the first GPU machine.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A directory with stand-ins for `nvidia-smi` (`gpus` GPUs) and the two
+/// binaries the script runs, where `gpu_check` behaves as `script` says.
+fn stand_ins(name: &str, gpus: usize, gpu_check: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpu-check-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("bin/examples")).unwrap();
+    std::fs::create_dir_all(dir.join("path")).unwrap();
+    let write = |path: &Path, text: &str| {
+        std::fs::write(path, text).unwrap();
+        Command::new("chmod").arg("+x").arg(path).status().unwrap();
+    };
+    let listing: String = (0..gpus)
+        .map(|i| format!("echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'\n"))
+        .collect();
+    write(
+        &dir.join("path/nvidia-smi"),
+        &format!("#!/bin/bash\n{listing}"),
+    );
+    // The launcher stand-in runs the program once per rank with RANK set.
+    write(
+        &dir.join("bin/burn-ddp-run"),
+        "#!/bin/bash\nwhile [ \"${1#--}\" != \"$1\" ]; do\n  case $1 in --nproc-per-node) n=$2; shift;; esac\n  shift\ndone\nfor r in $(seq 0 $((${n:-1} - 1))); do RANK=$r \"$@\" || exit $?; done\n",
+    );
+    write(&dir.join("bin/examples/gpu_check"), gpu_check);
+    dir
+}
+
+/// A `gpu_check` that passes everything; the toy reports its buckets the way
+/// the real trainer does (all over NCCL unless BURN_DDP_BACKEND=tcp).
+const HEALTHY: &str = r#"#!/bin/bash
+case "$1" in
+nccl) echo "RESULT nccl_all_reduce_sum PASS rank 0: ok"; echo "RESULT tensor_all_gather PASS rank 0: ok";;
+overhead) echo "OVERHEAD 1.010 Autodiff<Cuda> 3.00 ms, Ddp<Autodiff<Cuda>> 3.03 ms";;
+bench)
+  [ "$RANK" = 0 ] || exit 0
+  echo "TABLE | size | NCCL ms | bucket path ms | path / NCCL | NCCL busbw GB/s | path busbw GB/s |"
+  echo "TABLE | 1 MiB | 0.05 | 0.20 | 4.00 | 30.0 | 7.5 |"
+  echo "TABLE | 25 MiB | 0.50 | 0.52 | 1.04 | 80.0 | 76.9 |"
+  echo "TABLE | 256 MiB | 4.00 | 4.10 | 1.03 | 100.0 | 97.6 |";;
+toy)
+  [ "$RANK" = 0 ] || exit 0
+  echo "Epoch 2/2, Avg Loss: 1.2117"
+  if [ "$BURN_DDP_BACKEND" = tcp ]; then echo "Gradient sync: 64 buckets, 0 of them on the GPU over NCCL"
+  else echo "Gradient sync: 32 buckets, 32 of them on the GPU over NCCL"; fi
+  echo "Training complete.";;
+esac
+"#;
+
+/// Runs the script on the stand-ins; returns (exit code, verdict rows).
+fn run_script(dir: &Path) -> (i32, Vec<(String, String)>, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-check.sh");
+    let path = format!(
+        "{}:{}",
+        dir.join("path").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(dir.join("bin"))
+        .env("PATH", path)
+        .env_remove("BURN_DDP_BACKEND")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let rows = text
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| check") && !l.starts_with("| ---"))
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells.len() == 5).then(|| (cells[1].to_string(), cells[2].to_string()))
+        })
+        .collect();
+    (out.status.code().unwrap_or(-1), rows, text)
+}
+
+fn verdict<'a>(rows: &'a [(String, String)], check: &str) -> &'a str {
+    rows.iter()
+        .find(|(name, _)| name.starts_with(check))
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("missing")
+}
+
+#[test]
+fn two_gpus_run_every_row_and_judge_the_goals() {
+    let dir = stand_ins("two", 2, HEALTHY);
+    let (_, rows, text) = run_script(&dir);
+    for check in [
+        "gpus visible",
+        "nccl world=1 collectives",
+        "toy cuda world=1 over nccl",
+        "toy cuda world=2 one gpu over tcp",
+        "nccl world=2 collectives",
+        "toy cuda world=2 over nccl",
+        "ddp overhead world=1",
+        "bucket all-reduce timings",
+        "bucket busbw >= 90% of NCCL from 25 MiB",
+    ] {
+        assert_eq!(verdict(&rows, check), "PASS", "{check}:\n{text}");
+    }
+    assert!(text.contains("| 256 MiB | 4.00 | 4.10 | 1.03 |"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn failures_and_misses_are_told_apart() {
+    // nccl checks fail on one row; the overhead misses its goal; the toy's
+    // buckets do not all go over NCCL.
+    let broken = HEALTHY
+        .replace(
+            "echo \"RESULT tensor_all_gather PASS rank 0: ok\"",
+            "echo \"RESULT tensor_all_gather FAIL rank 0: got [0, 0]\"; exit 1",
+        )
+        .replace("OVERHEAD 1.010", "OVERHEAD 1.200")
+        .replace("32 buckets, 32 of them", "32 buckets, 12 of them");
+    let dir = stand_ins("broken", 1, &broken);
+    let (code, rows, text) = run_script(&dir);
+    assert_ne!(code, 0, "{text}");
+    assert_eq!(verdict(&rows, "nccl world=1 collectives"), "FAIL", "{text}");
+    assert!(
+        text.contains("tensor_all_gather FAIL rank 0: got [0, 0]"),
+        "{text}"
+    );
+    assert_eq!(
+        verdict(&rows, "toy cuda world=1 over nccl"),
+        "FAIL",
+        "{text}"
+    );
+    assert!(
+        text.contains("only 12 of 32 buckets went over NCCL"),
+        "{text}"
+    );
+    assert_eq!(verdict(&rows, "ddp overhead world=1"), "MISS", "{text}");
+    assert_eq!(verdict(&rows, "multi-rank nccl"), "SKIP", "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn no_gpu_stops_after_the_machine_rows() {
+    let dir = stand_ins("none", 0, HEALTHY);
+    let (code, rows, text) = run_script(&dir);
+    assert_ne!(code, 0, "{text}");
+    assert_eq!(verdict(&rows, "gpus visible"), "FAIL", "{text}");
+    assert_eq!(
+        verdict(&rows, "nccl world=1 collectives"),
+        "missing",
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
