@@ -38,6 +38,9 @@ pub struct SharedMemory {
     /// Barriers passed so far; every rank passes the same sequence.
     phase: u64,
     pids: Vec<u32>,
+    /// Whether a peer's process is still there ([`process_alive`]; tests
+    /// replace it to stage a peer exiting at an awkward moment).
+    alive: fn(u32) -> bool,
     broken: Option<String>,
 }
 
@@ -99,6 +102,7 @@ impl SharedMemory {
             map,
             phase: 0,
             pids: vec![0; world_size],
+            alive: process_alive,
             broken: None,
         };
         transport
@@ -175,7 +179,12 @@ impl SharedMemory {
             let now = Instant::now();
             if now >= next_liveness_check {
                 next_liveness_check = now + Duration::from_millis(10);
-                if !process_alive(self.pids[peer]) {
+                // The peer may have arrived, finished and exited since we saw it
+                // lagging (the last collective of a program): only a dead peer
+                // whose counter is still behind will never come.
+                if !(self.alive)(self.pids[peer])
+                    && self.counter(peer).load(Ordering::Acquire) < phase
+                {
                     return Err(CommError::Peer {
                         rank: self.rank,
                         peer,
@@ -329,3 +338,54 @@ fn process_alive(pid: u32) -> bool {
 }
 
 typed_transport!(SharedMemory, "shm");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+    use std::sync::atomic::AtomicPtr;
+
+    /// Rank 0 of a two-rank group (rank 1 maps the file on another thread, then
+    /// takes no further part).
+    fn rank_zero() -> SharedMemory {
+        let store = std::sync::Arc::new(MemoryStore::new());
+        let peer_store = std::sync::Arc::clone(&store);
+        let peer = std::thread::spawn(move || {
+            SharedMemory::connect(1, 2, &*peer_store, "t/", Duration::from_secs(5)).unwrap()
+        });
+        let zero = SharedMemory::connect(0, 2, &*store, "t/", Duration::from_secs(5)).unwrap();
+        drop(peer.join().unwrap());
+        zero
+    }
+
+    /// Rank 1's arrival counter, as rank 0 maps it.
+    static PEER_COUNTER: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+
+    /// The peer reaches the barrier and exits just before rank 0 looks at it.
+    fn arrived_then_exited(_pid: u32) -> bool {
+        // SAFETY: set to rank 0's live mapping before the barrier starts.
+        unsafe { (*PEER_COUNTER.load(Ordering::SeqCst)).store(1, Ordering::Release) };
+        false
+    }
+
+    #[test]
+    fn a_peer_that_arrived_before_exiting_completes_the_barrier() {
+        let mut zero = rank_zero();
+        PEER_COUNTER.store(zero.counter(1) as *const _ as *mut _, Ordering::SeqCst);
+        zero.alive = arrived_then_exited;
+        zero.barrier("the last collective").unwrap();
+    }
+
+    #[test]
+    fn a_peer_that_exited_without_arriving_is_named() {
+        let mut zero = rank_zero();
+        zero.alive = |_| false;
+        let started = Instant::now();
+        let err = zero.barrier("all_reduce").unwrap_err().to_string();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(
+            err.contains("rank 0: all_reduce with rank 1 failed") && err.contains("exited"),
+            "{err}"
+        );
+    }
+}
