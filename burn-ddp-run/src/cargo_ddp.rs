@@ -55,8 +55,16 @@ pub enum CargoDdpCommand {
 }
 
 /// Cargo flags that take a value, and those that do not.
-const CARGO_VALUE_FLAGS: &[&str] = &["--example", "--bin", "-p", "--package", "-F", "--features"];
-const CARGO_VALUE_FLAGS_EXTRA: &[&str] = &["--manifest-path", "--target-dir"];
+const CARGO_VALUE_FLAGS: &[&str] = &[
+    "--example",
+    "--bin",
+    "-p",
+    "--package",
+    "-F",
+    "--features",
+    "--manifest-path",
+    "--target-dir",
+];
 const CARGO_SWITCHES: &[&str] = &[
     "--no-default-features",
     "--all-features",
@@ -97,9 +105,7 @@ pub fn parse_cargo_ddp<I: IntoIterator<Item = String>>(args: I) -> Result<CargoD
                 .or_else(|| args.next())
                 .ok_or(needs_value.clone())
         };
-        if CARGO_VALUE_FLAGS.contains(&flag.as_str())
-            || CARGO_VALUE_FLAGS_EXTRA.contains(&flag.as_str())
-        {
+        if CARGO_VALUE_FLAGS.contains(&flag.as_str()) {
             let v = value()?;
             if flag == "--example" || flag == "--bin" {
                 if let Some((kind, name)) = &parsed.target {
