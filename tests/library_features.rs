@@ -1,0 +1,86 @@
+//! The library crates impose no Burn backend: a program that depends on
+//! burn-ddp compiles only the backends it picks itself.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+/// Every package in `package`'s normal-dependency tree with its enabled
+/// features, as cargo resolves them when building that package alone.
+fn resolved_features(package: &str) -> BTreeMap<String, Vec<String>> {
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "-p", package, "-e", "normal", "--prefix", "none"])
+        .args(["--format", "{p}|{f}", "--no-dedupe"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut packages = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let (id, features) = line.split_once('|').unwrap_or((line, ""));
+        let name = id.split_whitespace().next().unwrap_or_default().to_string();
+        let features = features
+            .split(',')
+            .filter(|f| !f.is_empty())
+            .map(str::to_string);
+        packages
+            .entry(name)
+            .or_insert_with(Vec::new)
+            .extend(features);
+    }
+    packages
+}
+
+const BACKENDS: [&str; 9] = [
+    "burn-ndarray",
+    "burn-flex",
+    "burn-cuda",
+    "burn-wgpu",
+    "burn-cpu",
+    "burn-rocm",
+    "burn-candle",
+    "burn-tch",
+    "burn-cubecl",
+];
+
+#[test]
+fn burn_ddp_alone_compiles_no_backend() {
+    for library in ["burn-ddp", "burn-ddp-sampler"] {
+        let packages = resolved_features(library);
+        let burn = packages
+            .get("burn")
+            .unwrap_or_else(|| panic!("{library} depends on burn: {packages:?}"));
+        let extra: Vec<&String> = burn
+            .iter()
+            .filter(|f| !["std", "dataset", "default"].contains(&f.as_str()))
+            .collect();
+        assert!(
+            extra.is_empty() && !burn.contains(&"default".to_string()),
+            "{library} turns on Burn features {extra:?} (all: {burn:?}); libraries take Burn's \
+             core only and leave backends to the program"
+        );
+        let backends: Vec<&str> = BACKENDS
+            .into_iter()
+            .filter(|b| packages.contains_key(*b))
+            .collect();
+        assert!(
+            backends.is_empty(),
+            "{library} pulls in Burn backends {backends:?}"
+        );
+    }
+}
+
+/// The same inspection sees the backends the examples choose, so the check
+/// above would catch a library that pulled one in.
+#[test]
+fn the_examples_pick_their_backends() {
+    let packages = resolved_features("burn-ddp-examples");
+    for backend in ["burn-ndarray", "burn-flex"] {
+        assert!(packages.contains_key(backend), "{backend}: {packages:?}");
+    }
+    let burn = &packages["burn"];
+    assert!(burn.contains(&"ndarray".to_string()), "{burn:?}");
+}
