@@ -4,155 +4,143 @@
 //! `cargo build --release --example mnist` followed by
 //! `burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/mnist --epochs 1`.
 
-use crate::cli::{self, Command, LaunchConfig};
+use crate::cli::{LaunchConfig, LaunchOptions};
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Stdio;
 
-/// Help text.
-pub const CARGO_DDP_USAGE: &str = "\
-cargo ddp: build a binary or example in release and launch one process per rank
-
-USAGE:
-    cargo ddp [LAUNCHER OPTIONS] [TARGET] [-- PROGRAM ARGS...]
-
-TARGET (passed to cargo build --release; one binary or example):
-    --example NAME            an example of the package
-    --bin NAME                a binary of the package
-    -p, --package SPEC        the package that owns it
-    -F, --features LIST       features to enable
-    --no-default-features, --all-features
-    --manifest-path PATH      Cargo.toml to build from
-
-LAUNCHER OPTIONS: those of burn-ddp-run (see burn-ddp-run --help), e.g.
-    --nproc-per-node N, --nnodes N, --node-rank N, --master-addr HOST,
-    --master-port PORT, --shutdown-timeout SECS, --prefix-output, --log-dir DIR
-    Without --nnodes/--master-addr/--master-port the job is --standalone.
-
-EXAMPLE:
-    cargo ddp --nproc-per-node 2 --example mnist -- --epochs 1 --data-dir ../shared/data/mnist
-";
-
-/// A parsed `cargo ddp` command line.
-#[derive(Debug, Clone, PartialEq)]
+/// `cargo ddp [LAUNCHER OPTIONS] [TARGET] [-- PROGRAM ARGS...]`.
+#[derive(Parser, Debug, Clone, PartialEq)]
+#[command(
+    name = "cargo-ddp",
+    bin_name = "cargo ddp",
+    version,
+    about = "Build a binary or example in release and launch one process per rank.",
+    after_help = "Without --nnodes/--master-addr/--master-port/--rdzv-endpoint the job is \
+                  --standalone.\n\nExample:\n  cargo ddp --nproc-per-node 2 --example mnist -- \
+                  --epochs 1 --data-dir ../shared/data/mnist"
+)]
 pub struct CargoDdp {
-    /// Arguments for `cargo build --release`.
-    pub build_args: Vec<String>,
-    /// The target asked for: `("example" | "bin", name)`, if named.
-    pub target: Option<(String, String)>,
-    /// Arguments for the launcher, the program excluded.
-    pub launcher_args: Vec<String>,
-    /// Arguments for the program.
+    /// The launcher's flags (see burn-ddp-run --help).
+    #[command(flatten)]
+    pub launch: LaunchOptions,
+    /// What to build (passed to `cargo build --release`).
+    #[command(flatten, next_help_heading = "Target")]
+    pub target: BuildTarget,
+    /// Arguments for the program, after `--`.
+    #[arg(last = true, value_name = "PROGRAM ARGS")]
     pub program_args: Vec<String>,
 }
 
-/// What `cargo ddp` was asked to do.
-#[derive(Debug, PartialEq)]
-pub enum CargoDdpCommand {
-    /// Build and launch.
-    Run(CargoDdp),
-    /// Print help.
-    Help,
+/// The `cargo build` flags `cargo ddp` passes on.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct BuildTarget {
+    /// An example of the package.
+    #[arg(long, value_name = "NAME", conflicts_with = "bin")]
+    pub example: Option<String>,
+    /// A binary of the package.
+    #[arg(long, value_name = "NAME")]
+    pub bin: Option<String>,
+    /// The package that owns it.
+    #[arg(short, long, value_name = "SPEC")]
+    pub package: Option<String>,
+    /// Features to enable.
+    #[arg(short = 'F', long, value_name = "LIST")]
+    pub features: Vec<String>,
+    /// Do not enable the default features.
+    #[arg(long = "no-default-features")]
+    pub no_default_features: bool,
+    /// Enable every feature.
+    #[arg(long = "all-features")]
+    pub all_features: bool,
+    /// Cargo.toml to build from.
+    #[arg(long = "manifest-path", value_name = "PATH")]
+    pub manifest_path: Option<PathBuf>,
+    /// Where cargo puts what it builds.
+    #[arg(long = "target-dir", value_name = "DIR")]
+    pub target_dir: Option<PathBuf>,
+    /// Require Cargo.lock to be up to date.
+    #[arg(long)]
+    pub locked: bool,
+    /// Build without touching the network.
+    #[arg(long)]
+    pub offline: bool,
 }
 
-/// Cargo flags that take a value, and those that do not.
-const CARGO_VALUE_FLAGS: &[&str] = &[
-    "--example",
-    "--bin",
-    "-p",
-    "--package",
-    "-F",
-    "--features",
-    "--manifest-path",
-    "--target-dir",
-];
-const CARGO_SWITCHES: &[&str] = &[
-    "--no-default-features",
-    "--all-features",
-    "--locked",
-    "--offline",
-];
+/// Parses `cargo ddp`'s command line as cargo passes it (`cargo-ddp ddp
+/// ARGS...`; the `ddp` may be missing when run directly). Help, version and
+/// usage errors come back as clap errors (`.exit()` prints them).
+pub fn parse_cargo_ddp<I, T>(args: I) -> Result<CargoDdp, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    if args.get(1).is_some_and(|a| a == "ddp") {
+        args.remove(1);
+    }
+    let mut parsed = CargoDdp::try_parse_from(args)?;
+    if !parsed.launch.names_a_rendezvous() {
+        parsed.launch.standalone = true;
+    }
+    // Check the launcher flags now, before a long release build.
+    parsed.launch_config("PROGRAM")?;
+    Ok(parsed)
+}
 
-/// Launcher flags that take no value.
-const LAUNCHER_SWITCHES: &[&str] = &["--standalone", "--prefix-output"];
+impl BuildTarget {
+    /// The arguments for `cargo build --release`.
+    pub fn cargo_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        let mut value = |flag: &str, value: &Option<String>| {
+            if let Some(value) = value {
+                args.extend([flag.to_string(), value.clone()]);
+            }
+        };
+        value("--example", &self.example);
+        value("--bin", &self.bin);
+        value("--package", &self.package);
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+        value("--manifest-path", &path(&self.manifest_path));
+        value("--target-dir", &path(&self.target_dir));
+        for list in &self.features {
+            args.extend(["--features".to_string(), list.clone()]);
+        }
+        for (on, flag) in [
+            (self.no_default_features, "--no-default-features"),
+            (self.all_features, "--all-features"),
+            (self.locked, "--locked"),
+            (self.offline, "--offline"),
+        ] {
+            if on {
+                args.push(flag.to_string());
+            }
+        }
+        args
+    }
 
-/// Splits the arguments cargo passes (`cargo-ddp ddp ...`, the `ddp` already
-/// removed) into build, launcher and program arguments.
-pub fn parse_cargo_ddp<I: IntoIterator<Item = String>>(args: I) -> Result<CargoDdpCommand, String> {
-    let mut parsed = CargoDdp {
-        build_args: Vec::new(),
-        target: None,
-        launcher_args: Vec::new(),
-        program_args: Vec::new(),
-    };
-    let mut multi_node = false;
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if arg == "--" {
-            parsed.program_args.extend(args.by_ref());
-            break;
-        }
-        if arg == "-h" || arg == "--help" {
-            return Ok(CargoDdpCommand::Help);
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
-            None => (arg.clone(), None),
-        };
-        let needs_value = format!("{flag} needs a value");
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or(needs_value.clone())
-        };
-        if CARGO_VALUE_FLAGS.contains(&flag.as_str()) {
-            let v = value()?;
-            if flag == "--example" || flag == "--bin" {
-                if let Some((kind, name)) = &parsed.target {
-                    return Err(format!(
-                        "one target per launch: --{kind} {name} and {flag} {v} were both given"
-                    ));
-                }
-                parsed.target = Some((flag[2..].to_string(), v.clone()));
-            }
-            parsed.build_args.extend([flag, v]);
-        } else if CARGO_SWITCHES.contains(&flag.as_str()) {
-            parsed.build_args.push(flag);
-        } else if flag.starts_with("--") {
-            let canonical = flag.replace('_', "-");
-            multi_node |= matches!(
-                canonical.as_str(),
-                "--nnodes" | "--master-addr" | "--master-port" | "--node-rank"
-            );
-            parsed.launcher_args.push(flag);
-            if !LAUNCHER_SWITCHES.contains(&canonical.as_str()) {
-                parsed.launcher_args.push(value()?);
-            }
-        } else {
-            return Err(format!(
-                "unexpected argument {arg:?}; program arguments go after `--`"
-            ));
+    /// The target asked for: `("example" | "bin", name)`, if named.
+    pub fn named(&self) -> Option<(String, String)> {
+        match (&self.example, &self.bin) {
+            (Some(name), _) => Some(("example".into(), name.clone())),
+            (None, Some(name)) => Some(("bin".into(), name.clone())),
+            (None, None) => None,
         }
     }
-    if !multi_node && !parsed.launcher_args.iter().any(|a| a == "--standalone") {
-        parsed.launcher_args.insert(0, "--standalone".into());
-    }
-    Ok(CargoDdpCommand::Run(parsed))
 }
 
 impl CargoDdp {
-    /// The launcher configuration for `program` (checks the launcher flags).
-    pub fn launch_config(&self, program: &str) -> Result<LaunchConfig, String> {
-        let args = self
-            .launcher_args
-            .iter()
-            .cloned()
-            .chain(["--".to_string(), program.to_string()])
-            .chain(self.program_args.iter().cloned());
-        match cli::parse(args)? {
-            Command::Launch(config) => Ok(config),
-            Command::Help | Command::Version => Err("unexpected --help/--version".into()),
-        }
+    /// The launcher configuration for `program`, its arguments appended.
+    pub fn launch_config(&self, program: &str) -> Result<LaunchConfig, clap::Error> {
+        let program = std::iter::once(program.to_string())
+            .chain(self.program_args.iter().cloned())
+            .collect();
+        self.launch
+            .clone()
+            .into_config(program)
+            .map_err(|message| CargoDdp::command().error(ErrorKind::ArgumentConflict, message))
     }
 
     /// Runs `cargo build --release` and returns the executable it built.
@@ -164,7 +152,7 @@ impl CargoDdp {
                 "--release",
                 "--message-format=json-render-diagnostics",
             ])
-            .args(&self.build_args)
+            .args(self.target.cargo_args())
             .stdin(Stdio::null())
             .stderr(Stdio::inherit())
             .output()
@@ -172,7 +160,10 @@ impl CargoDdp {
         if !output.status.success() {
             return Err("cargo build --release failed (see above)".into());
         }
-        executable_from_messages(&String::from_utf8_lossy(&output.stdout), &self.target)
+        executable_from_messages(
+            &String::from_utf8_lossy(&output.stdout),
+            &self.target.named(),
+        )
     }
 }
 
@@ -226,15 +217,12 @@ pub fn executable_from_messages(
 mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Vec<String> {
+    fn strings(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
     }
 
-    fn run(list: &[&str]) -> CargoDdp {
-        match parse_cargo_ddp(args(list)).unwrap() {
-            CargoDdpCommand::Run(parsed) => parsed,
-            other => panic!("{other:?}"),
-        }
+    fn run(list: &[&str]) -> Result<CargoDdp, clap::Error> {
+        parse_cargo_ddp(["cargo-ddp", "ddp"].iter().chain(list))
     }
 
     #[test]
@@ -249,21 +237,18 @@ mod tests {
             "--",
             "--epochs",
             "1",
-        ]);
+        ])
+        .unwrap();
         assert_eq!(
-            c.build_args,
-            args(&["--example", "mnist", "--features", "cuda"])
+            c.target.cargo_args(),
+            strings(&["--example", "mnist", "--features", "cuda"])
         );
-        assert_eq!(c.target, Some(("example".into(), "mnist".into())));
-        assert_eq!(
-            c.launcher_args,
-            args(&["--standalone", "--nproc-per-node", "2", "--prefix-output"])
-        );
-        assert_eq!(c.program_args, args(&["--epochs", "1"]));
+        assert_eq!(c.target.named(), Some(("example".into(), "mnist".into())));
+        assert_eq!(c.program_args, strings(&["--epochs", "1"]));
         let config = c.launch_config("/t/mnist").unwrap();
-        assert!(config.standalone);
+        assert!(config.standalone && config.prefix_output);
         assert_eq!(config.nproc_per_node, 2);
-        assert_eq!(config.program, args(&["/t/mnist", "--epochs", "1"]));
+        assert_eq!(config.program, strings(&["/t/mnist", "--epochs", "1"]));
     }
 
     #[test]
@@ -275,8 +260,9 @@ mod tests {
             "10.0.0.1",
             "--bin",
             "train",
-        ]);
-        assert!(!c.launcher_args.contains(&"--standalone".to_string()));
+        ])
+        .unwrap();
+        assert!(!c.launch.standalone);
         let config = c.launch_config("train").unwrap();
         assert_eq!(
             (config.nnodes, config.master_addr.as_str()),
@@ -286,17 +272,32 @@ mod tests {
 
     #[test]
     fn bad_input_is_a_usage_error() {
-        let err = parse_cargo_ddp(args(&["--example", "a", "--bin", "b"])).unwrap_err();
-        assert!(err.contains("one target per launch"), "{err}");
-        let err = parse_cargo_ddp(args(&["stray"])).unwrap_err();
-        assert!(err.contains("after `--`"), "{err}");
-        let err = run(&["--nproc-per-node", "zero", "--bin", "x"])
-            .launch_config("x")
-            .unwrap_err();
+        let message = |list: &[&str]| {
+            let err = run(list).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{list:?}");
+            err.to_string()
+        };
+        let err = message(&["--example", "a", "--bin", "b"]);
+        assert!(err.contains("cannot be used with"), "{err}");
+        let err = message(&["stray"]);
+        assert!(err.contains("'stray'"), "{err}");
+        let err = message(&["--nproc-per-node", "zero", "--bin", "x"]);
         assert!(err.contains("--nproc-per-node"), "{err}");
-        assert_eq!(
-            parse_cargo_ddp(args(&["--help"])).unwrap(),
-            CargoDdpCommand::Help
+        let err = message(&[
+            "--standalone",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "h",
+            "--bin",
+            "x",
+        ]);
+        assert!(err.contains("drop --nnodes"), "{err}");
+        assert_eq!(run(&["--help"]).unwrap_err().kind(), ErrorKind::DisplayHelp);
+        let help = CargoDdp::command().render_long_help().to_string();
+        assert!(
+            help.contains("--example") && help.contains("--nproc-per-node"),
+            "{help}"
         );
     }
 

@@ -1,12 +1,18 @@
-//! Command-line flags, spelled as torchrun spells them.
+//! Command-line flags, spelled as torchrun spells them (clap, derive).
+//!
+//! [`LaunchOptions`] is shared by `burn-ddp-run` and `cargo ddp`, so both take
+//! the same flags with the same checks and messages.
 
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// Default rendezvous port, as torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
-/// What the user asked the launcher to do.
+/// What the user asked the launcher to do, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchConfig {
     /// Single machine, store on loopback at a free port.
@@ -31,190 +37,237 @@ pub struct LaunchConfig {
     pub program: Vec<String>,
 }
 
-/// The parse result: run, or print something and exit.
-#[derive(Debug, PartialEq)]
-pub enum Command {
-    /// Launch workers.
-    Launch(LaunchConfig),
-    /// Print help.
-    Help,
-    /// Print the version.
-    Version,
-}
-
-/// Help text.
-pub const USAGE: &str = "\
-burn-ddp-run: start one process per rank and supervise them (torchrun's job)
-
-USAGE:
-    burn-ddp-run [OPTIONS] PROGRAM [ARGS...]
-    burn-ddp-run [OPTIONS] -- PROGRAM [ARGS...]
-
-OPTIONS:
-    --standalone              one machine; rendezvous on 127.0.0.1 at a free port
-    --nproc-per-node N        processes on this machine (default 1)
-    --nnodes N                machines in the job (default 1)
-    --node-rank N             this machine's index, 0..nnodes (default 0)
-    --master-addr HOST        host of node 0, where the store runs (default 127.0.0.1)
-    --master-port PORT        port of the store (default 29500)
-    --shutdown-timeout SECS   after a failure, SIGTERM the others, then SIGKILL
-                              them after this many seconds (default 30)
-    --prefix-output           prefix every output line with [rank N]
-    --log-dir DIR             also write each rank's output to DIR/rank_N.log
-    -h, --help                print this help
-    -V, --version             print the version
-
+const ENVIRONMENT_HELP: &str = "\
 Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted too.
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and
 OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set.
 If one worker fails, the others are stopped and the launcher exits with the first
-failure's code.
+failure's code. RUST_LOG=burn_ddp_run=debug shows what the launcher does.
 
-EXAMPLE:
-    burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/mnist --epochs 1
-";
+Example:
+  burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/mnist --epochs 1";
 
-/// Parses the arguments after the program name; errors are usage messages.
-pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String> {
-    let mut config = LaunchConfig {
-        standalone: false,
-        nproc_per_node: 1,
-        nnodes: 1,
-        node_rank: 0,
-        master_addr: "127.0.0.1".into(),
-        master_port: DEFAULT_MASTER_PORT,
-        shutdown_timeout: Duration::from_secs(30),
-        prefix_output: false,
-        log_dir: None,
-        program: Vec::new(),
-    };
-    let mut master_addr_set = false;
-    let mut master_port_set = false;
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if arg == "--" {
-            config.program.extend(args.by_ref());
-            break;
-        }
-        if !arg.starts_with('-') {
-            config.program.push(arg);
-            config.program.extend(args.by_ref());
-            break;
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) => (flag.replace('_', "-"), Some(value.to_string())),
-            None => (arg.replace('_', "-"), None),
-        };
-        let mut value = |name: &str| -> Result<String, String> {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "-V" | "--version" => return Ok(Command::Version),
-            "--standalone" => config.standalone = true,
-            "--prefix-output" => config.prefix_output = true,
-            "--nproc-per-node" => {
-                let v = value(&flag)?;
-                config.nproc_per_node = positive(&flag, &v)?;
-            }
-            "--nnodes" => {
-                let v = value(&flag)?;
-                if v.contains(':') {
-                    return Err(format!(
-                        "--nnodes {v}: elastic ranges are not supported; give a fixed count"
-                    ));
-                }
-                config.nnodes = positive(&flag, &v)?;
-            }
-            "--node-rank" => {
-                let v = value(&flag)?;
-                config.node_rank = v
-                    .parse()
-                    .map_err(|_| format!("--node-rank {v:?} is not a non-negative integer"))?;
-            }
-            "--master-addr" => {
-                config.master_addr = value(&flag)?;
-                master_addr_set = true;
-            }
-            "--master-port" => {
-                let v = value(&flag)?;
-                config.master_port = v
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|p| *p != 0)
-                    .ok_or_else(|| format!("--master-port {v:?} is not a port (1-65535)"))?;
-                master_port_set = true;
-            }
-            "--shutdown-timeout" => {
-                let v = value(&flag)?;
-                let secs = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|s| s.is_finite() && *s >= 0.0)
-                    .ok_or_else(|| {
-                        format!("--shutdown-timeout {v:?} is not a number of seconds")
-                    })?;
-                config.shutdown_timeout = Duration::from_secs_f64(secs);
-            }
-            "--log-dir" => config.log_dir = Some(PathBuf::from(value(&flag)?)),
-            _ => return Err(format!("unknown option {arg}")),
-        }
-    }
-    if config.program.is_empty() {
-        return Err("no program to launch".into());
-    }
-    if config.node_rank >= config.nnodes {
-        return Err(format!(
-            "--node-rank {} but --nnodes {}: node ranks run from 0 to {}",
-            config.node_rank,
-            config.nnodes,
-            config.nnodes - 1
-        ));
-    }
-    if config.standalone {
-        if config.nnodes != 1 {
-            return Err("--standalone runs on one machine; drop --nnodes".into());
-        }
-        if master_addr_set || master_port_set {
-            return Err(
-                "--standalone picks its own address and port; drop --master-addr/--master-port"
-                    .into(),
-            );
-        }
-        config.master_port = 0;
-    } else if config.nnodes > 1 && !master_addr_set {
-        return Err(
-            "--nnodes > 1 needs --master-addr (the host of node 0), the same on every node".into(),
-        );
-    }
-    Ok(Command::Launch(config))
+/// The launcher's own flags (torchrun's names), shared with `cargo ddp`.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct LaunchOptions {
+    /// One machine; rendezvous on 127.0.0.1 at a free port.
+    #[arg(long)]
+    pub standalone: bool,
+    /// Processes on this machine (one per GPU).
+    #[arg(long = "nproc-per-node", visible_alias = "nproc_per_node", value_name = "N",
+          default_value_t = 1, value_parser = positive)]
+    pub nproc_per_node: usize,
+    /// Machines in the job.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = node_count)]
+    pub nnodes: usize,
+    /// This machine's index, 0..nnodes.
+    #[arg(
+        long = "node-rank",
+        visible_alias = "node_rank",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub node_rank: usize,
+    /// Host of node 0, where the store runs [default: 127.0.0.1].
+    #[arg(
+        long = "master-addr",
+        visible_alias = "master_addr",
+        value_name = "HOST"
+    )]
+    pub master_addr: Option<String>,
+    /// Port of the store [default: 29500].
+    #[arg(long = "master-port", visible_alias = "master_port", value_name = "PORT",
+          value_parser = port)]
+    pub master_port: Option<u16>,
+    /// HOST:PORT of the store, as torchrun's c10d rendezvous (instead of
+    /// --master-addr/--master-port).
+    #[arg(long = "rdzv-endpoint", visible_alias = "rdzv_endpoint", value_name = "HOST:PORT",
+          conflicts_with_all = ["master_addr", "master_port"])]
+    pub rdzv_endpoint: Option<String>,
+    /// Restarts of a failed job; burn-ddp-run does not restart, so only 0.
+    #[arg(
+        long = "max-restarts",
+        visible_alias = "max_restarts",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub max_restarts: u32,
+    /// After a failure, SIGTERM the other workers, then SIGKILL them after this
+    /// many seconds.
+    #[arg(long = "shutdown-timeout", visible_alias = "shutdown_timeout", value_name = "SECS",
+          default_value = "30", value_parser = seconds)]
+    pub shutdown_timeout: Duration,
+    /// Prefix every output line with [rank N].
+    #[arg(long = "prefix-output", visible_alias = "prefix_output")]
+    pub prefix_output: bool,
+    /// Also write each rank's output to DIR/rank_N.log.
+    #[arg(long = "log-dir", visible_alias = "log_dir", value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
 }
 
-fn positive(flag: &str, value: &str) -> Result<usize, String> {
+/// `burn-ddp-run [OPTIONS] PROGRAM [ARGS...]`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "burn-ddp-run",
+    version,
+    about = "Start one process per rank and supervise them (torchrun's job).",
+    after_help = ENVIRONMENT_HELP
+)]
+pub struct LauncherArgs {
+    #[command(flatten)]
+    options: LaunchOptions,
+    /// The program to start on every rank, and its arguments (passed through
+    /// untouched; `--` before the program is optional).
+    #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, num_args = 1..)]
+    program: Vec<String>,
+}
+
+/// Parses a whole command line (program name first). `--help`, `--version`
+/// and usage errors come back as clap errors: `.exit()` prints them and exits
+/// with 0 or 2.
+pub fn parse<I, T>(args: I) -> Result<LaunchConfig, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let parsed = LauncherArgs::try_parse_from(args)?;
+    parsed
+        .options
+        .into_config(parsed.program)
+        .map_err(|message| LauncherArgs::command().error(ErrorKind::ArgumentConflict, message))
+}
+
+impl LaunchOptions {
+    /// Whether any flag that only a multi-machine job needs was given.
+    pub fn names_a_rendezvous(&self) -> bool {
+        self.nnodes > 1
+            || self.master_addr.is_some()
+            || self.master_port.is_some()
+            || self.rdzv_endpoint.is_some()
+    }
+
+    /// Checks the flags together and builds the launch of `program`; the
+    /// error is a usage message.
+    pub fn into_config(self, program: Vec<String>) -> Result<LaunchConfig, String> {
+        if program.is_empty() {
+            return Err("no program to launch".into());
+        }
+        if self.max_restarts != 0 {
+            return Err(format!(
+                "--max-restarts {}: burn-ddp-run does not restart failed jobs; drop the flag \
+                 (resume from a checkpoint instead)",
+                self.max_restarts
+            ));
+        }
+        if self.node_rank >= self.nnodes {
+            return Err(format!(
+                "--node-rank {} but --nnodes {}: node ranks run from 0 to {}",
+                self.node_rank,
+                self.nnodes,
+                self.nnodes - 1
+            ));
+        }
+        let (master_addr, master_port) = match &self.rdzv_endpoint {
+            Some(endpoint) => split_endpoint(endpoint)?,
+            None => (self.master_addr.clone(), self.master_port),
+        };
+        let master_port = if self.standalone {
+            if self.nnodes != 1 {
+                return Err("--standalone runs on one machine; drop --nnodes".into());
+            }
+            if master_addr.is_some() || master_port.is_some() {
+                return Err("--standalone picks its own address and port; drop \
+                            --master-addr/--master-port/--rdzv-endpoint"
+                    .into());
+            }
+            0
+        } else {
+            if self.nnodes > 1 && master_addr.is_none() {
+                return Err(
+                    "--nnodes > 1 needs --master-addr (the host of node 0), the same \
+                            on every node"
+                        .into(),
+                );
+            }
+            master_port.unwrap_or(DEFAULT_MASTER_PORT)
+        };
+        Ok(LaunchConfig {
+            standalone: self.standalone,
+            nproc_per_node: self.nproc_per_node,
+            nnodes: self.nnodes,
+            node_rank: self.node_rank,
+            master_addr: master_addr.unwrap_or_else(|| "127.0.0.1".into()),
+            master_port,
+            shutdown_timeout: self.shutdown_timeout,
+            prefix_output: self.prefix_output,
+            log_dir: self.log_dir,
+            program,
+        })
+    }
+}
+
+/// `HOST:PORT` (`[v6]:PORT` for IPv6), as torchrun's `--rdzv-endpoint`.
+fn split_endpoint(endpoint: &str) -> Result<(Option<String>, Option<u16>), String> {
+    let bad = || format!("--rdzv-endpoint {endpoint:?}: expected HOST:PORT, e.g. node0:29500");
+    let (host, port) = endpoint.rsplit_once(':').ok_or_else(bad)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(bad());
+    }
+    let port = self::port(port).map_err(|_| bad())?;
+    Ok((Some(host.to_string()), Some(port)))
+}
+
+fn positive(value: &str) -> Result<usize, String> {
     value
         .parse::<usize>()
         .ok()
         .filter(|n| *n > 0)
-        .ok_or_else(|| format!("{flag} {value:?} is not a positive integer"))
+        .ok_or_else(|| format!("{value:?} is not a positive integer"))
+}
+
+fn node_count(value: &str) -> Result<usize, String> {
+    if value.contains(':') {
+        return Err(format!(
+            "{value}: elastic ranges are not supported; give a fixed count"
+        ));
+    }
+    positive(value)
+}
+
+fn port(value: &str) -> Result<u16, String> {
+    value
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("{value:?} is not a port (1-65535)"))
+}
+
+fn seconds(value: &str) -> Result<Duration, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && (0.0..=1e9).contains(s))
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{value:?} is not a number of seconds"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
+    fn launch(list: &[&str]) -> LaunchConfig {
+        parse(std::iter::once("burn-ddp-run").chain(list.iter().copied()))
+            .unwrap_or_else(|e| panic!("{list:?}: {e}"))
     }
 
-    fn launch(list: &[&str]) -> LaunchConfig {
-        match parse(args(list)).unwrap() {
-            Command::Launch(config) => config,
-            other => panic!("{other:?}"),
-        }
+    fn error(list: &[&str]) -> clap::Error {
+        parse(std::iter::once("burn-ddp-run").chain(list.iter().copied())).unwrap_err()
+    }
+
+    fn strings(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
     }
 
     #[test]
@@ -233,7 +286,7 @@ mod tests {
         assert_eq!(c.master_port, 0);
         assert_eq!(
             c.program,
-            args(&["train", "--epochs", "2", "--nnodes", "9"])
+            strings(&["train", "--epochs", "2", "--nnodes", "9"])
         );
         let c = launch(&[
             "--nnodes",
@@ -254,22 +307,68 @@ mod tests {
         assert_eq!((c.nnodes, c.node_rank, c.nproc_per_node), (2, 1, 8));
         assert_eq!((c.master_addr.as_str(), c.master_port), ("10.0.0.1", 29501));
         assert_eq!(c.shutdown_timeout, Duration::from_millis(500));
-        assert_eq!(c.program, args(&["-x"]));
+        assert_eq!(c.program, strings(&["-x"]));
+        // Defaults, and a program flag that is also a launcher flag.
+        let c = launch(&["prog", "--standalone"]);
+        assert!(!c.standalone);
+        assert_eq!(
+            (c.master_addr.as_str(), c.master_port),
+            ("127.0.0.1", 29500)
+        );
+        assert_eq!(c.program, strings(&["prog", "--standalone"]));
+    }
+
+    #[test]
+    fn rdzv_endpoint_is_master_addr_and_port() {
+        let c = launch(&["--nnodes=2", "--rdzv-endpoint", "node0:29400", "p"]);
+        assert_eq!((c.master_addr.as_str(), c.master_port), ("node0", 29400));
+        let c = launch(&["--rdzv_endpoint=[::1]:1234", "p"]);
+        assert_eq!((c.master_addr.as_str(), c.master_port), ("::1", 1234));
+        let e = error(&["--rdzv-endpoint", "node0", "p"]).to_string();
+        assert!(e.contains("expected HOST:PORT"), "{e}");
+        let e = error(&["--rdzv-endpoint", "a:1", "--master-port", "2", "p"]);
+        assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
     }
 
     #[test]
     fn usage_errors_say_what_is_wrong() {
-        let err = |list: &[&str]| parse(args(list)).unwrap_err();
-        assert!(err(&["--nproc-per-node", "0", "p"]).contains("positive"));
-        assert!(err(&["--nproc-per-node"]).contains("needs a value"));
-        assert!(err(&["--bogus", "p"]).contains("unknown option --bogus"));
-        assert!(err(&["--standalone"]).contains("no program"));
-        assert!(err(&["--nnodes", "2", "--node-rank", "2", "p"]).contains("0 to 1"));
-        assert!(err(&["--nnodes", "2", "p"]).contains("--master-addr"));
-        assert!(err(&["--nnodes", "1:4", "p"]).contains("elastic"));
-        assert!(err(&["--master-port", "70000", "p"]).contains("port"));
-        assert!(err(&["--standalone", "--master-port", "1234", "p"]).contains("drop"));
-        assert_eq!(parse(args(&["-h"])), Ok(Command::Help));
-        assert_eq!(parse(args(&["--version"])), Ok(Command::Version));
+        let message = |list: &[&str]| {
+            let e = error(list);
+            assert_eq!(e.exit_code(), 2, "{list:?}");
+            e.to_string()
+        };
+        assert!(message(&["--nproc-per-node", "0", "p"]).contains("positive"));
+        assert!(message(&["--nproc-per-node"]).contains("a value is required"));
+        let typo = message(&["--nproc-per-nod", "2", "p"]);
+        assert!(typo.contains("'--nproc-per-nod'"), "{typo}");
+        assert!(
+            typo.contains("--nproc-per-node"),
+            "suggests the flag: {typo}"
+        );
+        assert!(message(&["--standalone"]).contains("<PROGRAM>"));
+        assert!(message(&["--nnodes", "2", "--node-rank", "2", "p"]).contains("0 to 1"));
+        assert!(message(&["--nnodes", "2", "p"]).contains("--master-addr"));
+        assert!(message(&["--nnodes", "1:4", "p"]).contains("elastic"));
+        assert!(message(&["--master-port", "70000", "p"]).contains("port"));
+        assert!(message(&["--standalone", "--master-port", "1234", "p"]).contains("drop"));
+        assert!(message(&["--max-restarts", "3", "p"]).contains("does not restart"));
+        assert!(message(&["--shutdown-timeout", "1e20", "p"]).contains("seconds"));
+        assert!(message(&["--standalone=false", "p"]).contains("--standalone"));
+        assert_eq!(error(&["-h"]).kind(), ErrorKind::DisplayHelp);
+        assert_eq!(error(&["--version"]).kind(), ErrorKind::DisplayVersion);
+        assert_eq!(error(&["--version"]).exit_code(), 0);
+    }
+
+    #[test]
+    fn help_lists_both_spellings() {
+        let help = LauncherArgs::command().render_long_help().to_string();
+        for flag in [
+            "--nproc-per-node",
+            "nproc_per_node",
+            "--rdzv-endpoint",
+            "RANK",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from:\n{help}");
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! the rendezvous store, passes output through, and when one worker fails stops
 //! the others and exits with the failure's code.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod cargo_ddp;
 pub mod cli;
@@ -12,14 +12,32 @@ mod output;
 mod signals;
 mod supervisor;
 
-pub use cli::{parse, Command, LaunchConfig, USAGE};
+pub use cli::{parse, LaunchConfig, LaunchOptions, LauncherArgs};
+
+/// Installs the launcher's logger: its notices read `NAME: message` on stderr,
+/// as before; `RUST_LOG` (e.g. `burn_ddp_run=debug`) shows more.
+pub fn init_logger(name: &'static str) {
+    use std::io::Write;
+    let env = env_logger::Env::default().default_filter_or("info");
+    let _ = env_logger::Builder::from_env(env)
+        .format(move |out, record| match record.level() {
+            log::Level::Info => writeln!(out, "{name}: {}", record.args()),
+            level => writeln!(
+                out,
+                "{name}: {}: {}",
+                level.as_str().to_lowercase(),
+                record.args()
+            ),
+        })
+        .try_init();
+}
 
 /// Runs a parsed launch; returns the process exit code.
 pub fn launch(config: &LaunchConfig) -> i32 {
     match supervisor::run(config) {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("burn-ddp-run: error: {message}");
+            log::error!("{message}");
             1
         }
     }

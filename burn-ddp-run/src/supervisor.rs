@@ -66,8 +66,8 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
         Vec::new()
     };
     if !thread_defaults.is_empty() {
-        eprintln!(
-            "burn-ddp-run: setting {} for each of the {} processes to avoid oversubscribing \
+        log::info!(
+            "setting {} for each of the {} processes to avoid oversubscribing \
              the CPU; set them yourself to tune",
             thread_defaults
                 .iter()
@@ -115,9 +115,11 @@ fn host_store(config: &LaunchConfig) -> Result<StoreServer, String> {
             SocketAddr::from(([0, 0, 0, 0], config.master_port))
         }
     };
-    StoreServer::bind(addr).map_err(|err| {
+    let server = StoreServer::bind(addr).map_err(|err| {
         format!("{err} (use --master-port to pick another port, or --standalone for a free one)")
-    })
+    })?;
+    log::debug!("rendezvous store listening on {}", server.addr());
+    Ok(server)
 }
 
 fn spawn(
@@ -159,6 +161,11 @@ fn spawn(
             config.program[0]
         )
     })?;
+    log::debug!(
+        "started rank {rank} (local rank {local_rank}) as pid {}: {:?}",
+        child.id(),
+        config.program
+    );
     let mut pumps = Vec::new();
     if capture {
         let sink = LineSink::new(rank, config.prefix_output, config.log_dir.as_deref())
@@ -183,8 +190,8 @@ fn supervise(mut workers: Vec<Worker>, config: &LaunchConfig, started: Instant) 
     loop {
         if let Some(signal) = signals::take() {
             if interrupted.is_none() {
-                eprintln!(
-                    "burn-ddp-run: received {}, passing it to the workers",
+                log::info!(
+                    "received {}, passing it to the workers",
                     signals::name(signal)
                 );
             }
