@@ -41,6 +41,10 @@ fn scratch(name: &str) -> PathBuf {
 /// Runs `cmd` in `dir`, killing it after `limit`. Output is read while the
 /// program runs, so a chatty one cannot fill the pipe and stall.
 fn run(mut cmd: Command, dir: &Path, limit: Duration) -> Output {
+    // The test's own RUST_LOG must not change what a program prints.
+    if cmd.get_envs().all(|(name, _)| name != "RUST_LOG") {
+        cmd.env_remove("RUST_LOG");
+    }
     cmd.current_dir(dir)
         .env_remove("RANK")
         .env_remove("WORLD_SIZE")
@@ -134,6 +138,14 @@ fn toy_two_ranks_equal_one_big_batch_and_resume_from_a_checkpoint() {
     for epoch in [2, 4] {
         assert!(dir.join(format!("model_epoch_{epoch}.mpk")).is_file());
     }
+    // The run's hyper-parameters, a Burn Config, beside the checkpoints.
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    for field in ["\"batch_size\": 64", "\"world_size\": 2", "\"lr\": 0.01"] {
+        assert!(config.contains(field), "{field} missing from {config}");
+    }
+    // By default the libraries' debug records stay hidden.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("DEBUG"), "{stderr}");
 
     // One process with batch 2 x 64 computes the same thing.
     let single_dir = scratch("toy-single");
@@ -156,9 +168,11 @@ fn toy_two_ranks_equal_one_big_batch_and_resume_from_a_checkpoint() {
         );
     }
 
-    // Resuming from epoch 2 continues where that run was.
+    // Resuming from epoch 2 continues where that run was; RUST_LOG shows what
+    // the libraries do, each record naming its rank.
     let mut resume = Command::new(launcher());
     resume
+        .env("RUST_LOG", "burn_ddp=debug")
         .args(["--standalone", "--nproc-per-node", "2"])
         .arg(&toy)
         .args([
@@ -183,8 +197,88 @@ fn toy_two_ranks_equal_one_big_batch_and_resume_from_a_checkpoint() {
             "epoch {e}: resumed {a}, uninterrupted {b}"
         );
     }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for record in [
+        "rank 0: all 2 ranks joined",
+        "rank 1: process group of 2 ready over shm",
+        "rank 0: 2 parameters in 1 bucket(s)",
+        "rank 1: gradient sync of 44 bytes in 1 bucket(s)",
+    ] {
+        assert!(
+            stderr.contains(record),
+            "{record:?} missing from:\n{stderr}"
+        );
+    }
+    assert!(!stderr.contains("other hyper-parameters"), "{stderr}");
+
+    // A resume with another learning rate says what changed.
+    let mut changed = Command::new(&toy);
+    changed.args(["--epochs", "3", "--resume", "model_epoch_2", "--lr", "0.02"]);
+    changed.args(["--batch-size", "128"]);
+    let out = run(changed, &dir, Duration::from_secs(300));
+    assert_success(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("other hyper-parameters")
+            && stderr.contains("lr: 0.01 -> 0.02")
+            && stderr.contains("world_size: 2 -> 1")
+            && !stderr.contains("epochs:"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&single_dir);
+}
+
+/// The trainers' command lines: clap's help, version, typo suggestions and
+/// usage errors (exit 2), the reference scripts' underscore spellings.
+#[test]
+fn trainer_command_lines() {
+    let dir = scratch("cli");
+    for name in ["toy", "mnist"] {
+        let mut cmd = Command::new(example(name));
+        cmd.arg("--version");
+        let out = run(cmd, &dir, Duration::from_secs(60));
+        assert_success(&out);
+        assert_eq!(
+            stdout(&out).trim(),
+            format!("{name} {}", env!("CARGO_PKG_VERSION"))
+        );
+
+        let mut cmd = Command::new(example(name));
+        cmd.arg("--help");
+        let out = run(cmd, &dir, Duration::from_secs(60));
+        assert_success(&out);
+        let help = stdout(&out);
+        assert!(
+            help.contains("--batch-size") && help.contains("batch_size"),
+            "{help}"
+        );
+
+        let mut cmd = Command::new(example(name));
+        cmd.args(["--batch-sise", "3"]);
+        let out = run(cmd, &dir, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("--batch-size"),
+            "suggests the flag: {stderr}"
+        );
+
+        let mut cmd = Command::new(example(name));
+        cmd.args(["--batch_size", "0"]);
+        let out = run(cmd, &dir, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("not a positive integer"), "{stderr}");
+
+        let mut cmd = Command::new(example(name));
+        cmd.args(["--backend", "tpu"]);
+        let out = run(cmd, &dir, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("flex, ndarray, cuda"), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -28,28 +28,31 @@ fn parse_size(text: &str) -> Result<usize, String> {
     Ok((number * scale) as usize)
 }
 
+/// The benchmark's command line.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "allreduce_bench",
+    version,
+    about = "All-reduce bandwidth per message size."
+)]
+struct Args {
+    /// Message sizes, comma-separated (B, K, M, G suffixes).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "4K,64K,1M,16M,100M")]
+    sizes: Vec<usize>,
+    /// Measured iterations per size.
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Unmeasured iterations first.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+}
+
 fn main() {
-    let mut sizes = "4K,64K,1M,16M,100M".to_string();
-    let mut iters = 20usize;
-    let mut warmup = 3usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
-        match arg.as_str() {
-            "--sizes" => sizes = value(),
-            "--iters" => iters = value().parse().expect("--iters N"),
-            "--warmup" => warmup = value().parse().expect("--warmup N"),
-            "-h" | "--help" => {
-                println!("allreduce_bench [--sizes 4K,1M,16M,100M] [--iters 20] [--warmup 3]");
-                return;
-            }
-            other => panic!("unknown flag {other}"),
-        }
-    }
-    let sizes: Vec<usize> = sizes
-        .split(',')
-        .map(|s| parse_size(s).unwrap_or_else(|e| panic!("{e}")))
-        .collect();
+    let Args {
+        sizes,
+        iters,
+        warmup,
+    } = clap::Parser::parse();
     let group = ProcessGroup::from_env().unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(1)

@@ -13,7 +13,17 @@ use burn_ddp::ReduceOp;
 
 type B = NdArray;
 
+/// No flags: `--help` and `--version` only.
+#[derive(clap::Parser)]
+#[command(
+    name = "collectives",
+    version,
+    about = "All-reduce, broadcast, all-gather and reduce-scatter on every rank, as collectives_lab.py."
+)]
+struct Args {}
+
 fn main() {
+    let _: Args = clap::Parser::parse();
     if let Err(err) = run() {
         eprintln!("error: {err}");
         std::process::exit(1);

@@ -1,36 +1,34 @@
-//! Code the example trainers share: flags, a seeded normal generator and the
-//! choice of backend.
+//! Code the example trainers share: command-line helpers, the logger, saved
+//! hyper-parameters, a seeded normal generator and the choice of backend.
 
 #![allow(dead_code)]
 
-pub mod flags;
+pub mod cli;
+pub mod run_config;
 
-/// Calls `$train::<B>(&flags, device)` with the `Ddp` backend that `--backend`
+/// Calls `$train::<B>(&args, device)` with the `Ddp` backend that `--backend`
 /// names: flex, ndarray, or cuda (one GPU per local rank) with the cuda feature.
 #[allow(unused_macros)]
 macro_rules! run_on_backend {
-    ($flags:expr, $train:ident) => {{
+    ($args:expr, $train:ident) => {{
         use burn::backend::{Autodiff, Flex, NdArray};
         use burn_ddp::Ddp;
-        match $flags.get::<String>("backend").as_str() {
-            "flex" => $train::<Ddp<Autodiff<Flex>>>(&$flags, Default::default()),
-            "ndarray" => $train::<Ddp<Autodiff<NdArray>>>(&$flags, Default::default()),
+        use common::cli::BackendChoice;
+        match $args.backend {
+            BackendChoice::Flex => $train::<Ddp<Autodiff<Flex>>>(&$args, Default::default()),
+            BackendChoice::Ndarray => $train::<Ddp<Autodiff<NdArray>>>(&$args, Default::default()),
             #[cfg(feature = "cuda")]
-            "cuda" => {
+            BackendChoice::Cuda => {
                 // cuda:LOCAL_RANK, as `torch.cuda.set_device(local_rank)`.
                 let env = burn_ddp::LaunchEnv::from_env().unwrap_or_else(|e| common::fail(None, e));
                 let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
                     .unwrap_or_else(|e| common::fail(Some(env.rank), e));
-                $train::<Ddp<Autodiff<burn::backend::Cuda>>>(&$flags, device)
+                $train::<Ddp<Autodiff<burn::backend::Cuda>>>(&$args, device)
             }
             #[cfg(not(feature = "cuda"))]
-            "cuda" => common::fail(
+            BackendChoice::Cuda => common::fail(
                 None,
-                "this binary was built without CUDA; rebuild with --features cuda",
-            ),
-            other => common::fail(
-                None,
-                format!("--backend {other:?}: expected flex, ndarray or cuda"),
+                "--backend cuda: this binary was built without CUDA; rebuild with --features cuda",
             ),
         }
     }};

@@ -23,31 +23,44 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_ddp::{Ddp, DdpConfig};
+use clap::Parser;
+use common::cli::positive;
 use common::fail;
-use common::flags::{Flag, Flags};
 use net::Net;
 use std::time::Instant;
 
 type Plain = Autodiff<Flex>;
 type Wrapped = Ddp<Autodiff<Flex>>;
 
-const FLAGS: &[Flag] = &[
-    Flag {
-        name: "mode",
-        default: Some("overhead"),
-        help: "overhead | buckets | share",
-    },
-    Flag {
-        name: "iters",
-        default: Some("20"),
-        help: "measured iterations per variant",
-    },
-    Flag {
-        name: "batch-size",
-        default: Some("128"),
-        help: "MNIST batch size per process",
-    },
-];
+/// Which benchmark to run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Mode {
+    /// Ddp at world size 1 against the plain backend (no launcher).
+    Overhead,
+    /// Bucketed gradient sync against one collective per parameter.
+    Buckets,
+    /// Share of a training step spent synchronising gradients.
+    Share,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ddp_bench",
+    version,
+    about = "Benchmarks of the Ddp training step."
+)]
+struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum, default_value = "overhead")]
+    mode: Mode,
+    /// Measured iterations per variant.
+    #[arg(long, default_value_t = 20, value_parser = positive)]
+    iters: usize,
+    /// MNIST batch size per process.
+    #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 128,
+          value_parser = positive)]
+    batch_size: usize,
+}
 
 fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -240,22 +253,18 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
 }
 
 fn main() {
-    let flags = Flags::parse("ddp_bench", "Benchmarks of the Ddp training step.", FLAGS);
-    let iters: usize = flags.get("iters");
-    let batch: usize = flags.get("batch-size");
+    common::cli::init_logger();
+    let args = BenchArgs::parse();
+    let (iters, batch) = (args.iters, args.batch_size);
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e));
-    match flags.get::<String>("mode").as_str() {
-        "overhead" if group.world_size() == 1 => overhead(iters, batch),
-        "overhead" => fail(
+    match args.mode {
+        Mode::Overhead if group.world_size() == 1 => overhead(iters, batch),
+        Mode::Overhead => fail(
             Some(group.rank()),
             "--mode overhead runs at world size 1 (no launcher)",
         ),
-        "buckets" => buckets(&group, iters),
-        "share" => share(&group, iters, batch),
-        other => fail(
-            None,
-            format!("--mode {other:?}: expected overhead, buckets or share"),
-        ),
+        Mode::Buckets => buckets(&group, iters),
+        Mode::Share => share(&group, iters, batch),
     }
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(group.rank()), e));
 }

@@ -29,16 +29,32 @@ use burn_ddp::{CollectiveBackend, ProcessGroup, ReduceOp};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The checks scripts/gpu-check.sh runs.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "gpu_check",
+    version,
+    about = "NCCL and CUDA checks for scripts/gpu-check.sh."
+)]
+enum Check {
+    /// NCCL collectives on device buffers, at any world size (one GPU per rank).
+    Nccl,
+    /// Bucket all-reduce times: straight NCCL against burn_ddp::all_reduce.
+    Bench,
+    /// An MNIST CNN step on Autodiff<Cuda> against Ddp<Autodiff<Cuda>>, world 1.
+    Overhead,
+    /// The toy trainer on Ddp<Autodiff<Cuda>>, with the toy's flags.
+    Toy(toy::ToyArgs),
+}
+
 fn main() {
-    let mode = std::env::args().nth(1).unwrap_or_default();
-    if mode == "overhead" {
-        overhead();
-        return;
-    }
-    if mode == "toy" {
-        toy_on_cuda();
-        return;
-    }
+    toy::common::cli::init_logger();
+    let mode = match <Check as clap::Parser>::parse() {
+        Check::Overhead => return overhead(),
+        Check::Toy(args) => return toy_on_cuda(&args),
+        Check::Nccl => "nccl",
+        Check::Bench => "bench",
+    };
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| die(e));
     let device = burn_ddp::cuda_device_for_rank(group.local_rank(), group.local_world_size())
         .unwrap_or_else(|e| die(e));
@@ -46,10 +62,9 @@ fn main() {
         .nccl_communicator(device.index, CollectiveBackend::Nccl)
         .unwrap_or_else(|e| die(e))
         .expect("BURN_DDP_BACKEND=nccl gives a communicator or an error");
-    let ok = match mode.as_str() {
+    let ok = match mode {
         "nccl" => check_collectives(&group, &comm, &device),
-        "bench" => bench(&group, &comm, &device),
-        _ => die("usage: gpu_check nccl|bench|overhead|toy [toy flags]"),
+        _ => bench(&group, &comm, &device),
     };
     burn_ddp::destroy_process_group().unwrap_or_else(|e| die(e));
     std::process::exit(if ok { 0 } else { 1 });
@@ -324,15 +339,9 @@ fn overhead() {
 }
 
 /// The toy trainer on `Ddp<Autodiff<Cuda>>`, with the toy's flags.
-fn toy_on_cuda() {
-    use toy::common::flags::Flags;
-    let flags = match Flags::parse_from("gpu_check toy", toy::FLAGS, std::env::args().skip(2)) {
-        Ok(Some(flags)) => flags,
-        Ok(None) => die("gpu_check toy takes the toy's flags (see `toy --help`)"),
-        Err(message) => die(message),
-    };
+fn toy_on_cuda(args: &toy::ToyArgs) {
     let env = burn_ddp::LaunchEnv::from_env().unwrap_or_else(|e| die(e));
     let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
         .unwrap_or_else(|e| die(e));
-    toy::train::<burn_ddp::Ddp<Autodiff<Cuda>>>(&flags, device);
+    toy::train::<burn_ddp::Ddp<Autodiff<Cuda>>>(args, device);
 }

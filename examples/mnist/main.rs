@@ -15,6 +15,7 @@ mod common;
 mod idx;
 mod net;
 
+use burn::config::Config;
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};
@@ -24,71 +25,91 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use burn_ddp::data::DistributedDataset;
 use burn_ddp::ReduceOp;
-use common::fail;
-use common::flags::{Flag, Flags};
+use clap::Parser;
+use common::cli::{positive, BackendChoice};
+use common::{fail, run_config};
 use net::Net;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-const FLAGS: &[Flag] = &[
-    Flag {
-        name: "epochs",
-        default: Some("2"),
-        help: "training epochs",
-    },
-    Flag {
-        name: "batch-size",
-        default: Some("128"),
-        help: "batch size per process",
-    },
-    Flag {
-        name: "lr",
-        default: Some("0.001"),
-        help: "AdamW learning rate",
-    },
-    Flag {
-        name: "data-dir",
-        default: Some("data/mnist"),
-        help: "folder with the four MNIST IDX files (.gz or not)",
-    },
-    Flag {
-        name: "train-samples",
-        default: None,
-        help: "use only the first N training images",
-    },
-    Flag {
-        name: "test-samples",
-        default: None,
-        help: "use only the first N test images",
-    },
-    Flag {
-        name: "test-batch-size",
-        default: Some("1000"),
-        help: "batch size for evaluation",
-    },
-    Flag {
-        name: "max-steps",
-        default: None,
-        help: "stop each epoch after N steps (quick runs)",
-    },
-    Flag {
-        name: "seed",
-        default: Some("0"),
-        help: "seed of the initial model and the shuffle",
-    },
-    Flag {
-        name: "output",
-        default: Some("mnist_ddp"),
-        help: "where rank 0 saves the final model (.mpk)",
-    },
-    Flag {
-        name: "backend",
-        default: Some("flex"),
-        help: "flex (fast CPU), ndarray (slow convolutions), or cuda with the cuda feature",
-    },
-];
+/// The trainer's command line: the document's argparse flags (dashes or
+/// underscores).
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "mnist",
+    version,
+    about = "DDP training of the document's MNIST CNN."
+)]
+struct MnistArgs {
+    /// Training epochs.
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    /// Batch size per process.
+    #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 128,
+          value_parser = positive)]
+    batch_size: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 0.001)]
+    lr: f64,
+    /// Folder with the four MNIST IDX files (.gz or not).
+    #[arg(
+        long = "data-dir",
+        visible_alias = "data_dir",
+        default_value = "data/mnist"
+    )]
+    data_dir: PathBuf,
+    /// Use only the first N training images.
+    #[arg(
+        long = "train-samples",
+        visible_alias = "train_samples",
+        value_name = "N"
+    )]
+    train_samples: Option<usize>,
+    /// Use only the first N test images.
+    #[arg(
+        long = "test-samples",
+        visible_alias = "test_samples",
+        value_name = "N"
+    )]
+    test_samples: Option<usize>,
+    /// Batch size for evaluation.
+    #[arg(long = "test-batch-size", visible_alias = "test_batch_size", default_value_t = 1000,
+          value_parser = positive)]
+    test_batch_size: usize,
+    /// Stop each epoch after N steps (quick runs).
+    #[arg(long = "max-steps", visible_alias = "max_steps", value_name = "N")]
+    max_steps: Option<usize>,
+    /// Seed of the initial model and the shuffle.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where rank 0 saves the final model (.mpk) and its configuration (.config.json).
+    #[arg(long, default_value = "mnist_ddp")]
+    output: PathBuf,
+    /// Backend: flex (fast CPU), ndarray (slow convolutions), or cuda with the cuda feature.
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: BackendChoice,
+}
+
+/// The hyper-parameters of a run, saved next to the model it produced.
+#[derive(Config, Debug)]
+struct MnistTrainingConfig {
+    /// Training epochs.
+    epochs: usize,
+    /// Batch size per process.
+    batch_size: usize,
+    /// Processes; the global batch is `batch_size * world_size`.
+    world_size: usize,
+    /// AdamW learning rate.
+    lr: f64,
+    /// Seed of the initial model and the shuffle.
+    seed: u64,
+    /// Training images used (all when not limited).
+    train_samples: usize,
+    /// Steps per epoch, when limited.
+    max_steps: Option<usize>,
+}
 
 /// One split of MNIST as a Burn dataset of indices into shared pixel buffers.
 #[derive(Clone)]
@@ -148,18 +169,19 @@ impl<B: Backend> Batcher<B, MnistItem, (Tensor<B, 4>, Tensor<B, 1, Int>)> for Mn
 }
 
 fn main() {
-    let flags = Flags::parse("mnist", "DDP training of the document's MNIST CNN.", FLAGS);
-    run_on_backend!(flags, train);
+    common::cli::init_logger();
+    let args = MnistArgs::parse();
+    run_on_backend!(args, train);
 }
 
-fn load(flags: &Flags, rank: usize) -> (Mnist, Mnist) {
-    let dir: PathBuf = flags.get("data-dir");
-    let mut train = idx::load_split(&dir, "train").unwrap_or_else(|e| fail(Some(rank), e));
-    let mut test = idx::load_split(&dir, "t10k").unwrap_or_else(|e| fail(Some(rank), e));
-    if let Some(n) = flags.optional::<usize>("train-samples") {
+fn load(args: &MnistArgs, rank: usize) -> (Mnist, Mnist) {
+    let dir = &args.data_dir;
+    let mut train = idx::load_split(dir, "train").unwrap_or_else(|e| fail(Some(rank), e));
+    let mut test = idx::load_split(dir, "t10k").unwrap_or_else(|e| fail(Some(rank), e));
+    if let Some(n) = args.train_samples {
         train.truncate(n);
     }
-    if let Some(n) = flags.optional::<usize>("test-samples") {
+    if let Some(n) = args.test_samples {
         test.truncate(n);
     }
     if (train.rows, train.cols) != (28, 28) {
@@ -181,17 +203,22 @@ fn load(flags: &Flags, rank: usize) -> (Mnist, Mnist) {
     )
 }
 
-fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
-    let epochs: usize = flags.get("epochs");
-    let batch_size: usize = flags.get("batch-size");
-    let lr: f64 = flags.get("lr");
-    let seed: u64 = flags.get("seed");
-    let max_steps: Option<usize> = flags.optional("max-steps");
-    let output: PathBuf = flags.get("output");
+fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
+    let MnistArgs {
+        epochs,
+        batch_size,
+        lr,
+        seed,
+        max_steps,
+        ..
+    } = *args;
 
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e));
     let (rank, world_size) = (group.rank(), group.world_size());
-    let (train_set, test_set) = load(flags, rank);
+    let (train_set, test_set) = load(args, rank);
+    let config =
+        MnistTrainingConfig::new(epochs, batch_size, world_size, lr, seed, train_set.len())
+            .with_max_steps(max_steps);
 
     let sampler = burn_ddp::distributed_sampler(&group, train_set.len())
         .unwrap_or_else(|e| fail(Some(rank), e))
@@ -207,7 +234,7 @@ fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
     let test_sampler = burn_ddp::evaluation_sampler(&group, test_set.len())
         .unwrap_or_else(|e| fail(Some(rank), e));
     let test_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(MnistBatcher)
-        .batch_size(flags.get("test-batch-size"))
+        .batch_size(args.test_batch_size)
         .set_device(device.clone())
         .build(DistributedDataset::new(test_set, test_sampler));
 
@@ -218,7 +245,7 @@ fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
     for epoch in 0..epochs {
-        epoch_handle.set_epoch(epoch as u64);
+        epoch_handle.set_epoch(epoch);
         let started = Instant::now();
         let steps_per_epoch = shard_len
             .div_ceil(batch_size)
@@ -246,8 +273,8 @@ fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
             .all_reduce(&mut average, ReduceOp::Sum)
             .unwrap_or_else(|e| fail(Some(rank), e));
         let average = average[0] / world_size as f64;
-        let [all_samples] = burn_ddp::sum_over_ranks(&group, [samples as i64])
-            .unwrap_or_else(|e| fail(Some(rank), e));
+        let [all_samples] =
+            burn_ddp::sum_over_ranks(&group, [samples]).unwrap_or_else(|e| fail(Some(rank), e));
         let elapsed = started.elapsed().as_secs_f64();
         let (correct, total) = evaluate(&model.valid(), test_loader.as_ref());
         let [correct, total] = burn_ddp::sum_over_ranks(&group, [correct, total])
@@ -262,7 +289,9 @@ fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
     }
 
     if group.is_main() {
-        let path = burn_ddp::checkpoint::save_atomic::<B, _>(model.into_record(), &output)
+        let path = burn_ddp::checkpoint::save_atomic::<B, _>(model.into_record(), &args.output)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        run_config::save(&config, &args.output.with_extension("config.json"))
             .unwrap_or_else(|e| fail(Some(rank), e));
         println!("saved {}", path.display());
     }

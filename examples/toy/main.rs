@@ -14,6 +14,7 @@
 #[path = "../common/mod.rs"]
 pub(crate) mod common;
 
+use burn::config::Config;
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::Module;
@@ -24,62 +25,83 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use burn_ddp::data::DistributedDataset;
 use burn_ddp::ReduceOp;
-use common::flags::{Flag, Flags};
-use common::{fail, Normal};
+use clap::Parser;
+use common::cli::{positive, BackendChoice};
+use common::{fail, run_config, Normal};
 use std::path::PathBuf;
 
-pub(crate) const FLAGS: &[Flag] = &[
-    Flag {
-        name: "epochs",
-        default: Some("5"),
-        help: "training epochs",
-    },
-    Flag {
-        name: "batch-size",
-        default: Some("64"),
-        help: "batch size per process",
-    },
-    Flag {
-        name: "lr",
-        default: Some("0.01"),
-        help: "learning rate",
-    },
-    Flag {
-        name: "dataset-size",
-        default: Some("2048"),
-        help: "number of synthetic samples",
-    },
-    Flag {
-        name: "save-interval",
-        default: Some("2"),
-        help: "save a checkpoint every N epochs",
-    },
-    Flag {
-        name: "checkpoint-dir",
-        default: Some("."),
-        help: "where model_epoch_N.mpk files go",
-    },
-    Flag {
-        name: "resume",
-        default: None,
-        help: "checkpoint to resume from (every rank loads it)",
-    },
-    Flag {
-        name: "seed",
-        default: Some("0"),
-        help: "seed of the data and the initial model",
-    },
-    Flag {
-        name: "loss-precision",
-        default: Some("4"),
-        help: "decimals of the logged loss",
-    },
-    Flag {
-        name: "backend",
-        default: Some("ndarray"),
-        help: "ndarray, flex, or cuda when built with the cuda feature",
-    },
-];
+/// The trainer's command line: the document's argparse flags (dashes or
+/// underscores).
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "toy",
+    version,
+    about = "DDP training of the document's ToyModel (Linear 10 -> 1)."
+)]
+pub(crate) struct ToyArgs {
+    /// Training epochs.
+    #[arg(long, default_value_t = 5)]
+    pub epochs: usize,
+    /// Batch size per process.
+    #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 64,
+          value_parser = positive)]
+    pub batch_size: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f64,
+    /// Number of synthetic samples.
+    #[arg(
+        long = "dataset-size",
+        visible_alias = "dataset_size",
+        default_value_t = 2048
+    )]
+    pub dataset_size: usize,
+    /// Save a checkpoint every N epochs.
+    #[arg(long = "save-interval", visible_alias = "save_interval", default_value_t = 2,
+          value_parser = positive)]
+    pub save_interval: usize,
+    /// Where model_epoch_N.mpk and config.json go.
+    #[arg(
+        long = "checkpoint-dir",
+        visible_alias = "checkpoint_dir",
+        default_value = "."
+    )]
+    pub checkpoint_dir: PathBuf,
+    /// Checkpoint to resume from (every rank loads it).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Seed of the data and the initial model.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Decimals of the logged loss.
+    #[arg(
+        long = "loss-precision",
+        visible_alias = "loss_precision",
+        default_value_t = 4
+    )]
+    pub loss_precision: usize,
+    /// Backend: ndarray, flex, or cuda when built with the cuda feature.
+    #[arg(long, value_enum, default_value = "ndarray")]
+    pub backend: BackendChoice,
+}
+
+/// The hyper-parameters that define a run, saved as `config.json` next to the
+/// checkpoints; a resume compares them with its own.
+#[derive(Config, Debug)]
+pub(crate) struct ToyTrainingConfig {
+    /// Training epochs (a resume may raise it).
+    pub epochs: usize,
+    /// Batch size per process.
+    pub batch_size: usize,
+    /// Processes; the global batch is `batch_size * world_size`.
+    pub world_size: usize,
+    /// SGD learning rate.
+    pub lr: f64,
+    /// Synthetic samples.
+    pub dataset_size: usize,
+    /// Seed of the data and the initial model.
+    pub seed: u64,
+}
 
 /// The document's ToyModel.
 #[derive(Module, Debug)]
@@ -152,29 +174,27 @@ impl<B: Backend> Batcher<B, ToyItem, (Tensor<B, 2>, Tensor<B, 2>)> for ToyBatche
 }
 
 fn main() {
-    let flags = Flags::parse(
-        "toy",
-        "DDP training of the document's ToyModel (Linear 10 -> 1).",
-        FLAGS,
-    );
-    run_on_backend!(flags, train);
+    common::cli::init_logger();
+    let args = ToyArgs::parse();
+    run_on_backend!(args, train);
 }
 
-pub(crate) fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
-    let epochs: usize = flags.get("epochs");
-    let batch_size: usize = flags.get("batch-size");
-    let lr: f64 = flags.get("lr");
-    let dataset_size: usize = flags.get("dataset-size");
-    let save_interval: usize = flags.get("save-interval");
-    let checkpoint_dir: PathBuf = flags.get("checkpoint-dir");
-    let seed: u64 = flags.get("seed");
-    let precision: usize = flags.get("loss-precision");
-    if batch_size == 0 || save_interval == 0 {
-        fail(None, "--batch-size and --save-interval must be positive");
-    }
+pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
+    let ToyArgs {
+        epochs,
+        batch_size,
+        lr,
+        dataset_size,
+        save_interval,
+        seed,
+        loss_precision: precision,
+        ..
+    } = *args;
+    let checkpoint_dir = &args.checkpoint_dir;
 
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e));
     let (rank, world_size) = (group.rank(), group.world_size());
+    let config = ToyTrainingConfig::new(epochs, batch_size, world_size, lr, dataset_size, seed);
 
     // 1. Dataset and sampler: this rank's shard, reshuffled every epoch.
     let dataset = ToyDataset::new(dataset_size, seed);
@@ -192,7 +212,7 @@ pub(crate) fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
     let mut model = ToyModel::<B>::new(&device);
     let mut optimizer = SgdConfig::new().init();
     let mut first_epoch = 0;
-    if let Some(path) = flags.optional::<PathBuf>("resume") {
+    if let Some(path) = &args.resume {
         let (model_record, optimizer_record, epoch) =
             burn_ddp::checkpoint::load::<B, _>(&path, &device)
                 .unwrap_or_else(|e| fail(Some(rank), e));
@@ -202,14 +222,22 @@ pub(crate) fn train<B: AutodiffBackend>(flags: &Flags, device: B::Device) {
         group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
         if group.is_main() {
             println!("Resumed from {} at epoch {first_epoch}", path.display());
+            let saved = path.with_file_name("config.json");
+            if let Some(warning) = run_config::resume_warning(&config, &saved, &["epochs"]) {
+                log::warn!("rank {rank}: {warning}");
+            }
         }
+    }
+    if group.is_main() {
+        run_config::save(&config, &checkpoint_dir.join("config.json"))
+            .unwrap_or_else(|e| fail(Some(rank), e));
     }
     let mut model = burn_ddp::wrap(model, &group).unwrap_or_else(|e| fail(Some(rank), e));
     let criterion = MseLoss::new();
 
     println!("Rank {rank} starting training...");
     for epoch in first_epoch..epochs {
-        epoch_handle.set_epoch(epoch as u64); // important for shuffling
+        epoch_handle.set_epoch(epoch); // important for shuffling
         let mut epoch_loss = 0.0f64;
         let mut num_batches = 0usize;
         for (features, labels) in loader.iter() {
