@@ -191,8 +191,15 @@ impl ProcessGroup {
             _ => None,
         };
         let (store, local_ip) = connect_store(&host, &env)?;
+        log::debug!(
+            "rank {}: connected to the {:?} store at {host}:{} from {local_ip}",
+            env.rank,
+            env.store_host,
+            env.master_port
+        );
         let client = &*store;
         join(client, &env)?;
+        log::debug!("rank {}: all {} ranks joined", env.rank, env.world_size);
         let one_machine = all_on_one_machine(client, &env)?;
         let transport: Box<dyn Transport> = match (choice, one_machine) {
             (TransportChoice::SharedMemory, false) => {
@@ -217,6 +224,14 @@ impl ProcessGroup {
         let group = Self::assemble(&env, debug_checks, store, transport, server);
         // Nobody leaves set-up (and possibly takes the store down) before all are connected.
         group.barrier()?;
+        log::debug!(
+            "rank {}: process group of {} ready over {} (launcher {:?}, timeout {:?})",
+            env.rank,
+            env.world_size,
+            group.transport_name(),
+            env.launcher,
+            env.timeout
+        );
         Ok(group)
     }
 

@@ -131,11 +131,12 @@ pub struct Reducer {
 }
 
 impl Reducer {
-    /// A reducer over `group`.
-    pub fn new(group: Arc<ProcessGroup>, config: BucketConfig) -> Self {
+    /// A reducer over `group` (`burn_ddp::BucketConfig`, a Burn `Config`,
+    /// converts into this crate's).
+    pub fn new(group: Arc<ProcessGroup>, config: impl Into<BucketConfig>) -> Self {
         Self {
             group,
-            config,
+            config: config.into(),
             layout: Vec::new(),
             plan: BucketPlan {
                 order: Vec::new(),
@@ -150,7 +151,8 @@ impl Reducer {
     }
 
     /// Changes the bucket sizes (the plan is rebuilt on the next call).
-    pub fn set_config(&mut self, config: BucketConfig) {
+    pub fn set_config(&mut self, config: impl Into<BucketConfig>) {
+        let config = config.into();
         if config != self.config {
             self.config = config;
             self.layout.clear();
@@ -182,6 +184,19 @@ impl Reducer {
         if layout != self.layout.as_slice() || self.plan.order.len() != layout.len() {
             self.plan = BucketPlan::new(layout, self.config);
             self.layout = layout.to_vec();
+            log::debug!(
+                "rank {}: {} parameters in {} bucket(s) of {:?} elements (caps {} and {} bytes)",
+                self.group.rank(),
+                layout.len(),
+                self.plan.buckets.len(),
+                self.plan
+                    .buckets
+                    .iter()
+                    .map(|b| b.numel)
+                    .collect::<Vec<_>>(),
+                self.config.first_cap_bytes,
+                self.config.cap_bytes
+            );
         }
         Ok(&self.plan)
     }

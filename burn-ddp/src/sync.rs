@@ -73,6 +73,31 @@ static NO_SYNC_DEPTH: AtomicUsize = AtomicUsize::new(0);
 /// once: run the first k-1 backward passes under the guard, accumulate the
 /// `GradientsParams` yourself, then average the sum with [`sync_gradients`] (or
 /// run the last backward without the guard, which averages only that pass).
+///
+/// ```no_run
+/// use burn::backend::{Autodiff, NdArray};
+/// use burn::nn::LinearConfig;
+/// use burn::optim::{GradientsAccumulator, Optimizer, SgdConfig};
+/// use burn::tensor::Tensor;
+/// type B = burn_ddp::Ddp<Autodiff<NdArray>>;
+///
+/// # fn main() -> burn_ddp::Result<()> {
+/// let device = Default::default();
+/// let group = burn_ddp::init_process_group()?;
+/// let mut model = burn_ddp::wrap(LinearConfig::new(4, 1).init::<B>(&device), &group)?;
+/// let mut optimizer = SgdConfig::new().init();
+/// let mut accumulator = GradientsAccumulator::new();
+/// for _micro_batch in 0..4 {
+///     let loss = model.forward(Tensor::<B, 2>::ones([8, 4], &device)).mean();
+///     let _local = burn_ddp::no_sync(); // no communication in this backward
+///     accumulator.accumulate(&model, burn::optim::GradientsParams::from_grads(loss.backward(), &model));
+/// }
+/// // One all-reduce for the four micro-batches.
+/// let grads = burn_ddp::sync_gradients(&model, accumulator.grads())?;
+/// model = optimizer.step(0.01, model, grads);
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "gradients stay local only while the guard is alive"]
 pub struct NoSyncGuard {
     _private: (),
@@ -225,6 +250,17 @@ pub(crate) fn average_gradients<I: Backend>(
         stats.reduce += reduced - packed;
         stats.unpack += reduced.elapsed();
     }
+    log::debug!(
+        "rank {rank}: gradient sync of {} bytes in {} bucket(s) ({} over NCCL): wait {:?}, \
+         pack {:?}, all-reduce {:?}, unpack {:?}",
+        stats.bytes,
+        stats.buckets,
+        stats.device_buckets,
+        stats.wait,
+        stats.pack,
+        stats.reduce,
+        stats.unpack
+    );
     let mut total = STATS.lock().unwrap();
     total.syncs += stats.syncs;
     total.buckets += stats.buckets;

@@ -89,7 +89,7 @@ mod decide {
                     )));
                 }
                 if rank == 0 || reason.starts_with(&format!("rank {rank}: cannot")) {
-                    eprintln!("burn-ddp: {reason}; CUDA tensors are reduced through host memory");
+                    log::warn!("{reason}; CUDA tensors are reduced through host memory");
                 }
                 return Ok(None);
             }
@@ -107,9 +107,7 @@ mod decide {
             match placed {
                 Err(CommError::Config { message }) if !required => {
                     if rank == 0 {
-                        eprintln!(
-                            "burn-ddp: {message}; CUDA tensors are reduced through host memory"
-                        );
+                        log::warn!("{message}; CUDA tensors are reduced through host memory");
                     }
                     return Ok(None);
                 }

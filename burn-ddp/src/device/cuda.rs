@@ -41,8 +41,8 @@ pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Resul
         )));
     }
     if local_world_size > count && local_rank == 0 {
-        eprintln!(
-            "burn-ddp: {local_world_size} ranks share {count} GPU(s) on this machine; NCCL \
+        log::warn!(
+            "local rank {local_rank}: {local_world_size} ranks share {count} GPU(s) on this machine; NCCL \
              needs one GPU per rank, so gradients go through host memory (or set \
              BURN_DDP_BACKEND=tcp)"
         );
