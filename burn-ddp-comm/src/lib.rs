@@ -5,11 +5,11 @@
 //! and any way of feeding gradients (a backend decorator today, a gradient
 //! synchroniser for newer Burn later) can sit on top.
 //!
-//! Layers, each knowing only the one below: [`env`] (who am I) → [`store`]
+//! Layers, each knowing only the one below: [`env`](mod@env) (who am I) → [`store`]
 //! (rendezvous) → [`transport`] (moving bytes) → [`ProcessGroup`] (validated
 //! collectives for callers).
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod backend;
 mod element;

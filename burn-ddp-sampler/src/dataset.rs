@@ -21,14 +21,14 @@ pub struct EpochHandle {
 impl EpochHandle {
     /// Moves the shard to `epoch`: the next pass over the dataset visits that
     /// epoch's indices (PyTorch's `sampler.set_epoch(epoch)`).
-    pub fn set_epoch(&self, epoch: u64) {
+    pub fn set_epoch(&self, epoch: usize) {
         let mut shard = self.shard.write().unwrap();
         shard.sampler.set_epoch(epoch);
         shard.indices = shard.sampler.indices();
     }
 
     /// The epoch the shard currently follows.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> usize {
         self.shard.read().unwrap().sampler.epoch()
     }
 

@@ -8,7 +8,7 @@
 //! The crate takes rank and world size as plain numbers; `burn-ddp` offers a
 //! constructor from its process group.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod dataset;
 mod mt19937;

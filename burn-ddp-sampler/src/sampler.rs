@@ -60,7 +60,7 @@ pub struct DistributedSampler {
     shuffle: bool,
     seed: u64,
     drop_last: bool,
-    epoch: u64,
+    epoch: usize,
     mode: Mode,
 }
 
@@ -116,13 +116,15 @@ impl DistributedSampler {
     }
 
     /// Selects the epoch, which reseeds the shuffle with `seed + epoch`. Call it at
-    /// the start of every epoch, or every epoch sees the same order.
-    pub fn set_epoch(&mut self, epoch: u64) {
+    /// the start of every epoch, or every epoch sees the same order. It takes a
+    /// `usize`, as Burn's loops and configs count epochs; Burn's `Learner`
+    /// counts from 1, a hand-written loop usually from 0 (PyTorch's does).
+    pub fn set_epoch(&mut self, epoch: usize) {
         self.epoch = epoch;
     }
 
     /// The current epoch.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> usize {
         self.epoch
     }
 
@@ -164,7 +166,7 @@ impl DistributedSampler {
     /// This rank's indices for the current epoch, in visiting order.
     pub fn indices(&self) -> Vec<usize> {
         let mut all: Vec<usize> = if self.shuffle {
-            randperm(self.dataset_len, self.seed.wrapping_add(self.epoch))
+            randperm(self.dataset_len, self.seed.wrapping_add(self.epoch as u64))
         } else {
             (0..self.dataset_len).collect()
         };

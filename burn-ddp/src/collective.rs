@@ -47,6 +47,22 @@ macro_rules! with_elements {
 }
 
 /// Reduces `tensor` over all ranks; every rank gets the result (`dist.all_reduce`).
+///
+/// ```no_run
+/// use burn::backend::NdArray;
+/// use burn::tensor::Tensor;
+/// use burn_ddp::ReduceOp;
+///
+/// # fn main() -> burn_ddp::Result<()> {
+/// let group = burn_ddp::init_process_group()?;
+/// let loss = Tensor::<NdArray, 1>::from_floats([0.5], &Default::default());
+/// let mean = burn_ddp::all_reduce(&group, loss, ReduceOp::Mean)?; // the same on every rank
+/// if group.rank() == 0 {
+///     println!("loss {}", mean.into_scalar());
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub fn all_reduce<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     group: &ProcessGroup,
     tensor: Tensor<B, D, K>,

@@ -28,7 +28,7 @@ pub fn init_process_group() -> Result<Arc<ProcessGroup>> {
     }
     let group = Arc::new(ProcessGroup::from_env()?);
     *slot = Some(Arc::new(DdpState {
-        reducer: Mutex::new(Reducer::new(Arc::clone(&group), BucketConfig::default())),
+        reducer: Mutex::new(Reducer::new(Arc::clone(&group), BucketConfig::new())),
         group: Arc::clone(&group),
     }));
     Ok(group)

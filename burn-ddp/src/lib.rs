@@ -3,20 +3,39 @@
 //! One process per device; after `backward()` the gradients are all-reduced and
 //! averaged across processes, so every replica takes the same optimizer step.
 //!
-//! ```ignore
-//! type B = burn_ddp::Ddp<burn::backend::Autodiff<burn::backend::NdArray>>;
+//! ```no_run
+//! use burn::backend::{Autodiff, NdArray};
+//! use burn::nn::LinearConfig;
+//! use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+//! use burn::tensor::Tensor;
 //!
-//! let group = burn_ddp::init_process_group()?;           // RANK, WORLD_SIZE, MASTER_ADDR, ...
-//! let model = burn_ddp::wrap(ModelConfig::new().init::<B>(&device), &group)?;
-//! // ... the usual loop: loss.backward() now returns averaged gradients.
-//! burn_ddp::destroy_process_group()?;
+//! type B = burn_ddp::Ddp<Autodiff<NdArray>>; // was Autodiff<NdArray>
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let device = Default::default();
+//!     let group = burn_ddp::init_process_group()?; // RANK, WORLD_SIZE, MASTER_ADDR, ...
+//!     let mut model = burn_ddp::wrap(LinearConfig::new(10, 1).init::<B>(&device), &group)?;
+//!     let mut optimizer = SgdConfig::new().init();
+//!     for _step in 0..10 {
+//!         let x = Tensor::<B, 2>::ones([32, 10], &device); // this rank's batch
+//!         let loss = model.forward(x).powi_scalar(2).mean();
+//!         // The usual loop: backward() returns gradients averaged over all ranks.
+//!         let grads = GradientsParams::from_grads(loss.backward(), &model);
+//!         model = optimizer.step(0.01, model, grads);
+//!     }
+//!     burn_ddp::destroy_process_group()?;
+//!     Ok(())
+//! }
 //! ```
+//!
+//! Launch it with `burn-ddp-run --standalone --nproc-per-node 2 PROGRAM`
+//! (or torchrun, `mpirun`, `srun`); run alone, it is a world of one.
 //!
 //! Layers: `burn-ddp-comm` (environment, store, transports, process group,
 //! reducer) knows nothing of Burn; this crate adds collectives on tensors, the
 //! `Ddp<B>` backend, model wrapping and data sharding.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod backend;
 pub mod checkpoint;
@@ -32,12 +51,12 @@ pub use backend::Ddp;
 #[cfg(feature = "cuda")]
 pub use burn_ddp_comm::nccl;
 pub use burn_ddp_comm::{
-    env::LaunchEnv, BucketConfig, CommError, Launcher, ParamLayout, ProcessGroup,
-    ProcessGroupBuilder, ReduceOp, Reducer, Result,
+    env::LaunchEnv, CommError, Element, Launcher, ParamLayout, ProcessGroup, ProcessGroupBuilder,
+    ReduceOp, Reducer, Result,
 };
 pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
-pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks};
+pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum};
 #[cfg(feature = "cuda")]
 pub use device::cuda_device_for_rank;
 pub use global::{default_group, destroy_process_group, init_process_group};
@@ -45,4 +64,9 @@ pub use sync::{
     no_sync, reset_sync_stats, sync_enabled, sync_gradients, sync_stats, NoSyncGuard, SyncStats,
 };
 pub use tracking::TrackedAutodiff;
-pub use wrap::{wrap, DdpConfig};
+pub use wrap::{wrap, BucketConfig, DdpConfig};
+
+/// docs/training.md's code blocks, compiled (and the first one run) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/training.md")]
+struct TrainingGuide;

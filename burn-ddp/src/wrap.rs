@@ -1,6 +1,6 @@
 //! Preparing a model for data-parallel training, as `DistributedDataParallel(model)`.
 
-use crate::{global, BucketConfig, CommError, ProcessGroup};
+use crate::{global, CommError, ProcessGroup};
 use burn::config::Config;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
@@ -8,7 +8,50 @@ use burn::tensor::{BasicOps, Int, Tensor};
 use burn_ddp_comm::reducer::check_same_layout;
 use burn_ddp_comm::ParamLayout;
 
-/// How gradients are synchronised; defaults follow PyTorch's DDP.
+/// How gradients are grouped into buckets, in bytes: a Burn `Config` (save it
+/// with `.save(path)`, read it back with `BucketConfig::load(path)`).
+/// [`DdpConfig`] sets it in MiB, as PyTorch's `bucket_cap_mb`.
+///
+/// ```
+/// use burn::config::Config;
+/// let buckets = burn_ddp::BucketConfig::new().with_cap_bytes(4 << 20);
+/// assert_eq!(buckets.first_cap_bytes, 1 << 20);
+/// ```
+#[derive(Config, Debug, PartialEq, Eq)]
+pub struct BucketConfig {
+    /// Largest bucket, in bytes (PyTorch: 25 MiB).
+    #[config(default = 26214400)]
+    pub cap_bytes: usize,
+    /// Largest first bucket, in bytes (PyTorch: 1 MiB), so the first collective
+    /// can start early.
+    #[config(default = 1048576)]
+    pub first_cap_bytes: usize,
+}
+
+impl From<BucketConfig> for burn_ddp_comm::BucketConfig {
+    fn from(config: BucketConfig) -> Self {
+        Self {
+            cap_bytes: config.cap_bytes,
+            first_cap_bytes: config.first_cap_bytes,
+        }
+    }
+}
+
+/// How gradients are synchronised; defaults follow PyTorch's DDP. A Burn
+/// `Config`: save it next to a run's other settings with `.save(path)`.
+///
+/// ```no_run
+/// use burn::config::Config;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # type B = burn_ddp::Ddp<burn::backend::Autodiff<burn::backend::NdArray>>;
+/// # let model = burn::nn::LinearConfig::new(4, 2).init::<B>(&Default::default());
+/// let group = burn_ddp::init_process_group()?;
+/// let config = burn_ddp::DdpConfig::new().with_bucket_cap_mb(50.0);
+/// config.save("ddp.json")?;
+/// let model = config.wrap(model, &group)?; // as DistributedDataParallel(model, bucket_cap_mb=50)
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Config, Debug)]
 pub struct DdpConfig {
     /// Largest gradient bucket, in MiB (PyTorch's `bucket_cap_mb`).
@@ -32,20 +75,7 @@ impl DdpConfig {
         model: M,
         group: &ProcessGroup,
     ) -> crate::Result<M> {
-        let to_bytes = |mb: f64, name: &str| {
-            if mb.is_finite() && mb > 0.0 {
-                Ok((mb * 1024.0 * 1024.0) as usize)
-            } else {
-                Err(CommError::config(format!(
-                    "rank {}: DdpConfig {name} = {mb} must be a positive number of MiB",
-                    group.rank()
-                )))
-            }
-        };
-        let config = BucketConfig {
-            cap_bytes: to_bytes(self.bucket_cap_mb, "bucket_cap_mb")?,
-            first_cap_bytes: to_bytes(self.first_bucket_cap_mb, "first_bucket_cap_mb")?,
-        };
+        let config = self.bucket_config(group.rank())?;
         if let Some(state) = global::state() {
             state.reducer.lock().unwrap().set_config(config);
         }
@@ -60,6 +90,26 @@ impl DdpConfig {
             Some(err) => Err(err),
             None => Ok(model),
         }
+    }
+}
+
+impl DdpConfig {
+    /// The bucket sizes in bytes; an error names `rank` and the bad setting.
+    pub fn bucket_config(&self, rank: usize) -> crate::Result<BucketConfig> {
+        let to_bytes = |mb: f64, name: &str| {
+            if mb.is_finite() && mb > 0.0 && mb * 1024.0 * 1024.0 < usize::MAX as f64 {
+                Ok(((mb * 1024.0 * 1024.0) as usize).max(1))
+            } else {
+                Err(CommError::config(format!(
+                    "rank {rank}: DdpConfig {name} = {mb} must be a positive number of MiB \
+                     (PyTorch's default is 25 for bucket_cap_mb, 1 for the first bucket)"
+                )))
+            }
+        };
+        Ok(BucketConfig {
+            cap_bytes: to_bytes(self.bucket_cap_mb, "bucket_cap_mb")?,
+            first_cap_bytes: to_bytes(self.first_bucket_cap_mb, "first_bucket_cap_mb")?,
+        })
     }
 }
 
@@ -143,5 +193,53 @@ impl<B: Backend> ModuleVisitor<B> for LayoutOf {
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
         let value = param.val();
         self.push(value.dims().to_vec(), value.dtype());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_save_and_load_as_json() {
+        let dir = std::env::temp_dir().join(format!("burn-ddp-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ddp = DdpConfig::new()
+            .with_bucket_cap_mb(50.0)
+            .with_first_bucket_cap_mb(0.5);
+        ddp.save(dir.join("ddp.json")).unwrap();
+        let text = std::fs::read_to_string(dir.join("ddp.json")).unwrap();
+        assert!(text.contains("\"bucket_cap_mb\": 50.0"), "{text}");
+        let loaded = DdpConfig::load(dir.join("ddp.json")).unwrap();
+        assert_eq!(
+            loaded.bucket_config(0).unwrap(),
+            BucketConfig::new()
+                .with_cap_bytes(50 << 20)
+                .with_first_cap_bytes(512 << 10)
+        );
+        let buckets = BucketConfig::new().with_cap_bytes(123);
+        buckets.save(dir.join("buckets.json")).unwrap();
+        assert_eq!(
+            BucketConfig::load(dir.join("buckets.json")).unwrap(),
+            buckets
+        );
+        let comm: burn_ddp_comm::BucketConfig = BucketConfig::new().into();
+        assert_eq!(comm, burn_ddp_comm::BucketConfig::default());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bad_bucket_sizes_name_the_rank_and_setting() {
+        for mb in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
+            let err = DdpConfig::new()
+                .with_bucket_cap_mb(mb)
+                .bucket_config(3)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("rank 3") && err.contains("bucket_cap_mb"),
+                "{err}"
+            );
+        }
     }
 }

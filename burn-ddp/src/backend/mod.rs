@@ -15,10 +15,21 @@ use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor, QuantizedTensor};
 use burn_backend::{DType, DTypeUsageSet, TensorData};
 use core::marker::PhantomData;
 
-/// Distributed Data Parallel on top of the autodiff backend `B`.
+/// Distributed Data Parallel on top of the autodiff backend `B`: any
+/// autodiff backend, CPU or GPU (`Ddp<Autodiff<NdArray>>`,
+/// `Ddp<Autodiff<Flex>>`, `Ddp<Autodiff<Cuda>>`, `Ddp<Autodiff<Wgpu>>`).
 ///
-/// ```ignore
-/// type B = burn_ddp::Ddp<burn::backend::Autodiff<burn::backend::NdArray>>;
+/// Without a process group (or in a world of one) it is the backend it wraps:
+///
+/// ```
+/// use burn::backend::{Autodiff, NdArray};
+/// use burn::tensor::Tensor;
+///
+/// type B = burn_ddp::Ddp<Autodiff<NdArray>>;
+/// let device = Default::default();
+/// let x = Tensor::<B, 1>::from_floats([1.0, 2.0], &device).require_grad();
+/// let grads = (x.clone() * 3.0).sum().backward(); // averaged over ranks when there are several
+/// assert_eq!(x.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap(), [3.0, 3.0]);
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ddp<B> {
