@@ -8,6 +8,21 @@
 //! Layers, each knowing only the one below: [`env`](mod@env) (who am I) → [`store`]
 //! (rendezvous) → [`transport`] (moving bytes) → [`ProcessGroup`] (validated
 //! collectives for callers).
+//!
+//! ```
+//! use burn_ddp_comm::{ProcessGroup, ReduceOp};
+//!
+//! # fn main() -> burn_ddp_comm::Result<()> {
+//! // RANK, WORLD_SIZE, MASTER_ADDR, ... from the launcher; a world of one without.
+//! let group = ProcessGroup::from_env()?;
+//! let mut loss = [0.25f64];
+//! group.all_reduce(&mut loss, ReduceOp::Sum)?;
+//! let everyone = group.all_gather(&[group.rank() as i64])?; // [0, 1, ..., world - 1]
+//! assert_eq!(everyone.len(), group.world_size());
+//! group.barrier()?;
+//! # Ok(())
+//! # }
+//! ```
 
 #![deny(missing_docs)]
 

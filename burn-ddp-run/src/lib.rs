@@ -3,6 +3,18 @@
 //! It starts one worker per rank with torchrun's environment variables, hosts
 //! the rendezvous store, passes output through, and when one worker fails stops
 //! the others and exits with the failure's code.
+//!
+//! The binaries are the interface (`burn-ddp-run --help`, `cargo ddp --help`);
+//! the library parses and runs the same command lines:
+//!
+//! ```no_run
+//! let config = burn_ddp_run::parse([
+//!     "burn-ddp-run", "--standalone", "--nproc-per-node", "2", "./train", "--epochs", "1",
+//! ])
+//! .unwrap_or_else(|usage| usage.exit());
+//! assert_eq!(config.program, ["./train", "--epochs", "1"]);
+//! std::process::exit(burn_ddp_run::launch(&config));
+//! ```
 
 #![deny(missing_docs)]
 
