@@ -235,48 +235,35 @@ fn toy_two_ranks_equal_one_big_batch_and_resume_from_a_checkpoint() {
 fn trainer_command_lines() {
     let dir = scratch("cli");
     for name in ["toy", "mnist"] {
-        let mut cmd = Command::new(example(name));
-        cmd.arg("--version");
-        let out = run(cmd, &dir, Duration::from_secs(60));
+        let invoke = |args: &[&str]| {
+            let mut cmd = Command::new(example(name));
+            cmd.args(args);
+            let out = run(cmd, &dir, Duration::from_secs(60));
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            (out, stderr)
+        };
+        let (out, _) = invoke(&["--version"]);
         assert_success(&out);
         assert_eq!(
             stdout(&out).trim(),
             format!("{name} {}", env!("CARGO_PKG_VERSION"))
         );
-
-        let mut cmd = Command::new(example(name));
-        cmd.arg("--help");
-        let out = run(cmd, &dir, Duration::from_secs(60));
+        let (out, _) = invoke(&["--help"]);
         assert_success(&out);
         let help = stdout(&out);
         assert!(
             help.contains("--batch-size") && help.contains("batch_size"),
             "{help}"
         );
-
-        let mut cmd = Command::new(example(name));
-        cmd.args(["--batch-sise", "3"]);
-        let out = run(cmd, &dir, Duration::from_secs(60));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert!(
-            stderr.contains("--batch-size"),
-            "suggests the flag: {stderr}"
-        );
-
-        let mut cmd = Command::new(example(name));
-        cmd.args(["--batch_size", "0"]);
-        let out = run(cmd, &dir, Duration::from_secs(60));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert!(stderr.contains("not a positive integer"), "{stderr}");
-
-        let mut cmd = Command::new(example(name));
-        cmd.args(["--backend", "tpu"]);
-        let out = run(cmd, &dir, Duration::from_secs(60));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert!(stderr.contains("flex, ndarray, cuda"), "{stderr}");
+        for (args, expect) in [
+            (&["--batch-sise", "3"][..], "--batch-size"),
+            (&["--batch_size", "0"][..], "not a positive integer"),
+            (&["--backend", "tpu"][..], "flex, ndarray, cuda"),
+        ] {
+            let (out, stderr) = invoke(args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(stderr.contains(expect), "{args:?}: {stderr}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
