@@ -139,7 +139,7 @@ fn toy_two_ranks_equal_one_big_batch_and_resume_from_a_checkpoint() {
         assert!(dir.join(format!("model_epoch_{epoch}.mpk")).is_file());
     }
     // The run's hyper-parameters, a Burn Config, beside the checkpoints.
-    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = std::fs::read_to_string(dir.join("toy_config.json")).unwrap();
     for field in ["\"batch_size\": 64", "\"world_size\": 2", "\"lr\": 0.01"] {
         assert!(config.contains(field), "{field} missing from {config}");
     }

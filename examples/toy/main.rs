@@ -60,7 +60,7 @@ pub(crate) struct ToyArgs {
     #[arg(long = "save-interval", visible_alias = "save_interval", default_value_t = 2,
           value_parser = positive)]
     pub save_interval: usize,
-    /// Where model_epoch_N.mpk and config.json go.
+    /// Where model_epoch_N.mpk and toy_config.json go.
     #[arg(
         long = "checkpoint-dir",
         visible_alias = "checkpoint_dir",
@@ -85,7 +85,11 @@ pub(crate) struct ToyArgs {
     pub backend: BackendChoice,
 }
 
-/// The hyper-parameters that define a run, saved as `config.json` next to the
+/// Beside the checkpoints; not `config.json`, which the default folder (the
+/// current one) may already hold.
+const CONFIG_FILE: &str = "toy_config.json";
+
+/// The hyper-parameters that define a run, saved as `toy_config.json` next to the
 /// checkpoints; a resume compares them with its own.
 #[derive(Config, Debug)]
 pub(crate) struct ToyTrainingConfig {
@@ -222,14 +226,14 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
         group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
         if group.is_main() {
             println!("Resumed from {} at epoch {first_epoch}", path.display());
-            let saved = path.with_file_name("config.json");
+            let saved = path.with_file_name(CONFIG_FILE);
             if let Some(warning) = run_config::resume_warning(&config, &saved, &["epochs"]) {
                 log::warn!("rank {rank}: {warning}");
             }
         }
     }
     if group.is_main() {
-        run_config::save(&config, &checkpoint_dir.join("config.json"))
+        run_config::save(&config, &checkpoint_dir.join(CONFIG_FILE))
             .unwrap_or_else(|e| fail(Some(rank), e));
     }
     let mut model = burn_ddp::wrap(model, &group).unwrap_or_else(|e| fail(Some(rank), e));
