@@ -123,21 +123,28 @@ pub fn reduce_into<T: Element>(op: ReduceOp, acc: &mut [T], incoming: &[T]) {
                 *a = a.add(*b);
             }
         }
+        // NaN wins, as in PyTorch: a diverged rank must show in a max or min
+        // of the loss, not vanish because every comparison with NaN is false.
         ReduceOp::Max => {
             for (a, b) in acc.iter_mut().zip(incoming) {
-                if *b > *a {
+                if !is_nan(a) && (is_nan(b) || *b > *a) {
                     *a = *b;
                 }
             }
         }
         ReduceOp::Min => {
             for (a, b) in acc.iter_mut().zip(incoming) {
-                if *b < *a {
+                if !is_nan(a) && (is_nan(b) || *b < *a) {
                     *a = *b;
                 }
             }
         }
     }
+}
+
+/// NaN is the one value not ordered against itself (never true for integers).
+fn is_nan<T: PartialOrd>(value: &T) -> bool {
+    value.partial_cmp(value).is_none()
 }
 
 /// Applies the final step of `op` (the division of a mean) to a reduced buffer.
@@ -165,6 +172,25 @@ mod tests {
         let mut min = [1.0f32, 1.0, 1.0];
         reduce_into(ReduceOp::Min, &mut min, &incoming);
         assert_eq!(min, [1.0, -1.0, 1.0]);
+    }
+
+    #[test]
+    fn nan_wins_max_and_min_from_either_side() {
+        for op in [ReduceOp::Max, ReduceOp::Min] {
+            let mut acc = [1.0f32, f32::NAN, f32::NAN, 2.0];
+            reduce_into(op, &mut acc, &[f32::NAN, 5.0, f32::NAN, 3.0]);
+            assert!(acc[..3].iter().all(|v| v.is_nan()), "{op:?}: {acc:?}");
+            let expected = if op == ReduceOp::Max { 3.0 } else { 2.0 };
+            assert_eq!(acc[3], expected, "{op:?}");
+            let mut acc = [4.0f64];
+            reduce_into(op, &mut acc, &[f64::NAN]);
+            assert!(acc[0].is_nan(), "{op:?}");
+        }
+        let mut ints = [3i64, -2];
+        reduce_into(ReduceOp::Max, &mut ints, &[1, 5]);
+        assert_eq!(ints, [3, 5]);
+        reduce_into(ReduceOp::Min, &mut ints, &[-7, 9]);
+        assert_eq!(ints, [-7, 5]);
     }
 
     #[test]
