@@ -21,6 +21,9 @@ pub const LAUNCHER_STORE_VAR: &str = "BURN_DDP_LAUNCHER_STORE";
 /// Overrides the timeout, in seconds.
 pub const TIMEOUT_VAR: &str = "BURN_DDP_TIMEOUT_SECS";
 
+/// The longest timeout [`TIMEOUT_VAR`] may set: a year.
+const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
 /// Which launcher started this process, as far as the environment tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launcher {
@@ -290,11 +293,14 @@ impl Vars<'_> {
                 .trim()
                 .parse::<f64>()
                 .ok()
-                .filter(|secs| secs.is_finite() && *secs > 0.0)
+                // Bounded so every deadline (now + timeout) stays representable.
+                .filter(|secs| secs.is_finite() && *secs > 0.0 && *secs <= MAX_TIMEOUT_SECS)
                 .map(Duration::from_secs_f64)
                 .ok_or_else(|| {
                     CommError::config(format!(
-                        "{TIMEOUT_VAR}={text:?} is not a positive number of seconds"
+                        "{TIMEOUT_VAR}={text:?} is not a positive number of seconds (at most \
+                         {MAX_TIMEOUT_SECS}, a year); the default is {}",
+                        DEFAULT_TIMEOUT.as_secs()
                     ))
                 }),
         }
@@ -423,8 +429,14 @@ mod tests {
         assert!(text.contains("MASTER_PORT"), "{text}");
         let text = err(&[("RANK", "0"), ("WORLD_SIZE", "0")]);
         assert!(text.contains("at least one"), "{text}");
-        let text = err(&[(TIMEOUT_VAR, "-1")]);
-        assert!(text.contains(TIMEOUT_VAR), "{text}");
+        for bad in ["-1", "1e20", "inf", "NaN", "soon"] {
+            // 1e20 s used to panic inside Duration::from_secs_f64.
+            let text = err(&[(TIMEOUT_VAR, bad)]);
+            assert!(
+                text.contains(TIMEOUT_VAR) && text.contains("at most"),
+                "{bad}: {text}"
+            );
+        }
     }
 
     #[test]
