@@ -430,5 +430,23 @@ fn mnist_missing_or_corrupt_files_are_named() {
         stderr.contains("train-images-idx3-ubyte") && stderr.contains("truncated"),
         "{stderr}"
     );
+
+    // The test split's image size is checked too, not only the training split's.
+    small_mnist(&dir, 8, 8);
+    write_idx(
+        &dir.join("t10k-images-idx3-ubyte"),
+        0x803,
+        &[8, 14, 14],
+        &[0; 8 * 14 * 14],
+    );
+    let mut cmd = Command::new(example("mnist"));
+    cmd.args(["--data-dir", "."]);
+    let out = run(cmd, &dir, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("t10k-images-idx3-ubyte") && stderr.contains("14x14"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

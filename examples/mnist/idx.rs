@@ -53,6 +53,16 @@ pub fn load_split(dir: &Path, prefix: &str) -> Result<Split, IdxError> {
     let images_path = find(dir, &format!("{prefix}-images-idx3-ubyte"))?;
     let labels_path = find(dir, &format!("{prefix}-labels-idx1-ubyte"))?;
     let (dims, images) = read_idx(&images_path, IMAGES_MAGIC, 3)?;
+    // Both splits: the CNN's shapes are fixed to 28x28.
+    if (dims[1], dims[2]) != (28, 28) {
+        return Err(IdxError {
+            path: images_path,
+            problem: format!(
+                "holds {}x{} images, but MNIST's (and this CNN's) are 28x28",
+                dims[1], dims[2]
+            ),
+        });
+    }
     let (label_dims, labels) = read_idx(&labels_path, LABELS_MAGIC, 1)?;
     if dims[0] != label_dims[0] {
         return Err(IdxError {

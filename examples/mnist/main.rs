@@ -184,15 +184,6 @@ fn load(args: &MnistArgs, rank: usize) -> (Mnist, Mnist) {
     if let Some(n) = args.test_samples {
         test.truncate(n);
     }
-    if (train.rows, train.cols) != (28, 28) {
-        fail(
-            Some(rank),
-            format!(
-                "MNIST images are 28x28, these are {}x{}",
-                train.rows, train.cols
-            ),
-        );
-    }
     (
         Mnist {
             split: Arc::new(train),
