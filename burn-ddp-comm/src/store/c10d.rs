@@ -236,9 +236,22 @@ fn read_reply(conn: &mut impl Read, len: Option<usize>) -> std::io::Result<Vec<u
         None => {
             let mut header = [0u8; 8];
             conn.read_exact(&mut header)?;
-            usize::try_from(u64::from_le_bytes(header)).map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::InvalidData, "value length overflows")
-            })?
+            // A confused or hostile server must not make us allocate at will:
+            // the values this crate stores are bytes to kilobytes.
+            let len = u64::from_le_bytes(header);
+            usize::try_from(len)
+                .ok()
+                .filter(|len| *len <= crate::frame::MAX_FRAME_BYTES)
+                .ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "the store announced a value of {len} bytes, above the {}-byte \
+                             limit (is this a c10d TCPStore?)",
+                            crate::frame::MAX_FRAME_BYTES
+                        ),
+                    )
+                })?
         }
     };
     let mut reply = vec![0u8; len];
@@ -295,6 +308,16 @@ mod tests {
 
     fn le64(n: u64) -> Vec<u8> {
         n.to_le_bytes().to_vec()
+    }
+
+    #[test]
+    fn an_oversized_value_length_is_refused_before_allocating() {
+        let mut wire = std::io::Cursor::new(le64(u64::MAX / 2));
+        let err = read_reply(&mut wire, None).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("byte limit"), "{err}");
+        let mut wire = std::io::Cursor::new([le64(3), b"abc".to_vec()].concat());
+        assert_eq!(read_reply(&mut wire, None).unwrap(), b"abc");
     }
 
     fn string(s: &str) -> Vec<u8> {
