@@ -237,6 +237,24 @@ mod tests {
     }
 
     #[test]
+    fn a_counter_overflow_is_an_error_and_the_store_keeps_serving() {
+        let server = local_server();
+        let c = client(&server, 0);
+        assert_eq!(c.add("n", i64::MAX - 1).unwrap(), i64::MAX - 1);
+        let err = c.add("n", 2).unwrap_err().to_string();
+        assert!(err.contains("overflows"), "{err}");
+        // The lock is not poisoned: other requests, new connections go on.
+        let other = client(&server, 1);
+        assert_eq!(other.add("n", -1).unwrap(), i64::MAX - 2);
+        other.set("k", b"v").unwrap();
+        assert_eq!(other.get("k", Duration::from_secs(1)).unwrap(), b"v");
+        let memory = crate::store::MemoryStore::new();
+        memory.add("n", i64::MIN).unwrap();
+        let err = memory.add("n", -1).unwrap_err().to_string();
+        assert!(err.contains("overflows"), "{err}");
+    }
+
+    #[test]
     fn barrier_releases_all_participants() {
         let server = Arc::new(local_server());
         let handles: Vec<_> = (0..4)

@@ -65,7 +65,12 @@ impl Store for MemoryStore {
                 })?,
             None => 0,
         };
-        let sum = current + delta;
+        let sum = current.checked_add(delta).ok_or_else(|| CommError::Store {
+            rank: None,
+            message: format!(
+                "add of {delta} to key {key:?} ({current}) overflows a 64-bit counter"
+            ),
+        })?;
         values.insert(key.to_owned(), sum.to_string().into_bytes());
         self.changed.notify_all();
         Ok(sum)

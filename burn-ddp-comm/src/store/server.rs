@@ -145,7 +145,14 @@ fn handle(request: &[u8], state: &State) -> io::Result<Vec<u8>> {
                 Some(bytes) => parse_counter(bytes)?,
                 None => 0,
             };
-            let sum = current + delta;
+            // Checked: an overflow is the client's error, not a panic that
+            // would poison the lock and take the whole store down.
+            let sum = current.checked_add(delta).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("add of {delta} to {current} overflows a 64-bit counter"),
+                )
+            })?;
             values.insert(key, sum.to_string().into_bytes());
             drop(values);
             state.changed.notify_all();
