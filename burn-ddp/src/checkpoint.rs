@@ -86,6 +86,7 @@ pub fn save_atomic<B: Backend, R: Record<B>>(
     };
     fs::create_dir_all(&dir).map_err(io_err(&dir))?;
     let file_name = target.file_name().unwrap_or_default().to_string_lossy();
+    remove_abandoned_partials(&dir, &file_name);
     let temporary = dir.join(format!(".{file_name}.{}.partial", std::process::id()));
     let written = (|| {
         let mut file = File::create(&temporary)?;
@@ -111,6 +112,33 @@ pub fn save_atomic<B: Backend, R: Record<B>>(
         let _ = dir.sync_all();
     }
     Ok(target)
+}
+
+/// Deletes what earlier saves of `file_name` left when they were killed
+/// between writing and renaming: `.{file_name}.{pid}.partial` files whose
+/// process no longer exists (Linux's `/proc` tells; elsewhere none is touched).
+fn remove_abandoned_partials(dir: &Path, file_name: &str) {
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return;
+    }
+    let prefix = format!(".{file_name}.");
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let pid = name
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.strip_suffix(".partial"))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if pid != std::process::id() && !proc.join(pid.to_string()).exists() {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
 }
 
 /// Reads a record written by [`save_atomic`] (or Burn's `NamedMpkFileRecorder`).
@@ -203,6 +231,24 @@ mod tests {
         let err = save_atomic::<B, _>(other.into_record(), dir.join("ckpt")).unwrap_err();
         assert!(err.to_string().contains(".partial"), "{err}");
         assert_eq!(fs::read(&path).unwrap(), before);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_killed_save_leaves_nothing_after_the_next_one() {
+        let dir = temp_dir("killed");
+        fs::create_dir_all(&dir).unwrap();
+        // What a save killed before its rename leaves: a dead process's partial
+        // file (no pid reaches 2^31 - 1 on Linux), next to a live process's.
+        let abandoned = dir.join(".ckpt.mpk.2147483646.partial");
+        let in_progress = dir.join(".ckpt.mpk.1.partial");
+        fs::write(&abandoned, b"half").unwrap();
+        fs::write(&in_progress, b"someone else's").unwrap();
+        let device = Default::default();
+        let model: Linear<B> = LinearConfig::new(3, 2).init(&device);
+        save_atomic::<B, _>(model.into_record(), dir.join("ckpt")).unwrap();
+        assert!(!abandoned.exists(), "the abandoned partial file is removed");
+        assert!(in_progress.exists(), "pid 1 is alive: its file stays");
         fs::remove_dir_all(&dir).unwrap();
     }
 
