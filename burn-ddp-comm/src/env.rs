@@ -9,6 +9,7 @@
 //! them set the program is a world of one process and needs no network.
 
 use crate::error::{CommError, Result};
+use crate::job::{valid_job_id, JobToken, JOB_ID_VAR, JOB_TOKEN_VAR};
 use std::time::Duration;
 
 /// Default rendezvous port, as torchrun's.
@@ -20,6 +21,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub const LAUNCHER_STORE_VAR: &str = "BURN_DDP_LAUNCHER_STORE";
 /// Overrides the timeout, in seconds.
 pub const TIMEOUT_VAR: &str = "BURN_DDP_TIMEOUT_SECS";
+
+/// The job id when neither burn-ddp-run nor another launcher names one.
+pub const DEFAULT_JOB_ID: &str = "default";
 
 /// The longest timeout [`TIMEOUT_VAR`] may set: a year.
 const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
@@ -81,6 +85,11 @@ pub struct LaunchEnv {
     /// How many times torchrun restarted the workers
     /// (`TORCHELASTIC_RESTART_COUNT`); each attempt uses its own store keys.
     pub restart_count: usize,
+    /// The secret this rank presents to the store and its peers
+    /// ([`JOB_TOKEN_VAR`]); `None` when the job runs without one.
+    pub job_token: Option<JobToken>,
+    /// The job's id in store keys ([`JOB_ID_VAR`], else the launcher's run id).
+    pub job_id: String,
 }
 
 impl LaunchEnv {
@@ -203,6 +212,8 @@ impl LaunchEnv {
             node_rank,
             run_id: vars.get("TORCHELASTIC_RUN_ID"),
             restart_count,
+            job_token: vars.job_token(rank)?,
+            job_id: vars.job_id(rank)?,
         })
     }
 
@@ -221,6 +232,8 @@ impl LaunchEnv {
             node_rank: None,
             run_id: None,
             restart_count: 0,
+            job_token: None,
+            job_id: DEFAULT_JOB_ID.into(),
         }
     }
 }
@@ -284,6 +297,59 @@ impl Vars<'_> {
                 ))
             }),
         }
+    }
+
+    fn job_token(&self, rank: usize) -> Result<Option<JobToken>> {
+        match self.get(JOB_TOKEN_VAR) {
+            None => Ok(None),
+            Some(text) => JobToken::new(text)
+                .map(Some)
+                .map_err(|why| CommError::config(format!("rank {rank}: {why}"))),
+        }
+    }
+
+    /// Ours if set (checked), else the launcher's own run id made key-safe.
+    fn job_id(&self, rank: usize) -> Result<String> {
+        if let Some(id) = self.get(JOB_ID_VAR) {
+            if !valid_job_id(&id) {
+                return Err(CommError::config(format!(
+                    "rank {rank}: {JOB_ID_VAR}={id:?} must be 1 to 64 characters of \
+                     letters, digits, '.', '_' and '-'"
+                )));
+            }
+            return Ok(id);
+        }
+        let launcher_id = self
+            .get("TORCHELASTIC_RUN_ID")
+            .or_else(|| {
+                let job = self.get("SLURM_JOB_ID")?;
+                Some(match self.get("SLURM_STEP_ID") {
+                    Some(step) => format!("{job}.{step}"),
+                    None => job,
+                })
+            })
+            .or_else(|| self.get("OMPI_MCA_ess_base_jobid"));
+        Ok(match launcher_id {
+            Some(id) => {
+                let safe: String = id
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .take(64)
+                    .collect();
+                if safe.is_empty() {
+                    DEFAULT_JOB_ID.into()
+                } else {
+                    safe
+                }
+            }
+            None => DEFAULT_JOB_ID.into(),
+        })
     }
 
     fn timeout(&self) -> Result<Duration> {
@@ -437,6 +503,35 @@ mod tests {
                 "{bad}: {text}"
             );
         }
+    }
+
+    #[test]
+    fn job_token_and_id() {
+        let base = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut pairs = base.to_vec();
+            pairs.extend_from_slice(extra);
+            pairs
+        };
+        let e = env(&base).unwrap();
+        assert_eq!((e.job_token, e.job_id.as_str()), (None, DEFAULT_JOB_ID));
+        let e = env(&with(&[(JOB_TOKEN_VAR, "s3cret"), (JOB_ID_VAR, "run-7")])).unwrap();
+        assert!(e.job_token.unwrap().matches(b"s3cret"));
+        assert_eq!(e.job_id, "run-7");
+        let e = env(&with(&[("TORCHELASTIC_RUN_ID", "my run/1")])).unwrap();
+        assert_eq!(e.job_id, "my_run_1");
+        let e = env(&with(&[("SLURM_JOB_ID", "991"), ("SLURM_STEP_ID", "0")])).unwrap();
+        assert_eq!(e.job_id, "991.0");
+        let text = err(&with(&[(JOB_TOKEN_VAR, "two words")]));
+        assert!(
+            text.contains("rank 1") && text.contains(JOB_TOKEN_VAR),
+            "{text}"
+        );
+        let text = err(&with(&[(JOB_ID_VAR, "a/b")]));
+        assert!(
+            text.contains("rank 1") && text.contains(JOB_ID_VAR),
+            "{text}"
+        );
     }
 
     #[test]

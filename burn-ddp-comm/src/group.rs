@@ -4,14 +4,24 @@ use crate::element::{BufferMut, DType, Element, ReduceOp};
 use crate::env::{LaunchEnv, Launcher, StoreHost, DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT};
 use crate::error::{CommError, Result};
 use crate::store::{C10dStoreClient, MemoryStore, Store, StoreServer, TcpStoreClient};
-use crate::transport::{SharedMemory, SingleProcess, TcpRing, Transport};
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use crate::transport::{Rendezvous, SharedMemory, SingleProcess, TcpRing, Transport};
+use crate::watch::KeyWatch;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Prefix of every key the group writes, so other users of a shared store
-/// (torchrun's agent, a launcher) are not disturbed.
-const KEY_PREFIX: &str = "burn-ddp/";
+/// Groups this process has started so far: the generation in store keys, so a
+/// group started after `destroy()` never reads the keys of the one before (every
+/// rank starts and destroys its groups in the same order).
+static GROUPS_STARTED: AtomicU64 = AtomicU64::new(0);
+
+/// Prefix of every key one group writes: other users of a shared store
+/// (torchrun's agent, a launcher), other jobs and this job's earlier groups
+/// are not disturbed.
+fn key_prefix(env: &LaunchEnv, generation: u64) -> String {
+    format!("burn-ddp/{}/{generation}/", env.job_id)
+}
 
 /// Set to `detail` to check, before every collective, that all ranks call the
 /// same operation on buffers of the same type and length (one extra round trip).
@@ -132,6 +142,10 @@ pub struct ProcessGroup {
     debug_checks: bool,
     store: Box<dyn Store>,
     transport: Mutex<Box<dyn Transport>>,
+    /// Watches for a rank claimed twice after the group formed.
+    duplicate_watch: Option<KeyWatch>,
+    /// The key a second claimant of a rank sets (`None` for a world of one).
+    duplicate_key: Option<String>,
     #[cfg(feature = "nccl")]
     nccl: crate::nccl::NcclSlot,
     // Dropped last: peers may still be reading from it while we tear down.
@@ -187,9 +201,10 @@ impl ProcessGroup {
             ))
         })?;
         let server = match env.store_host {
-            StoreHost::RankZero if env.rank == 0 => Some(host_store(&host, env.master_port)?),
+            StoreHost::RankZero if env.rank == 0 => Some(host_store(&host, &env)?),
             _ => None,
         };
+        let prefix = key_prefix(&env, GROUPS_STARTED.fetch_add(1, Ordering::SeqCst));
         let (store, local_ip) = connect_store(&host, &env)?;
         log::debug!(
             "rank {}: connected to the {:?} store at {host}:{} from {local_ip}",
@@ -198,9 +213,17 @@ impl ProcessGroup {
             env.master_port
         );
         let client = &*store;
-        join(client, &env)?;
+        join(client, &env, &prefix)?;
         log::debug!("rank {}: all {} ranks joined", env.rank, env.world_size);
-        let one_machine = all_on_one_machine(client, &env)?;
+        let one_machine = all_on_one_machine(client, &env, &prefix)?;
+        let rdzv = Rendezvous {
+            rank: env.rank,
+            world_size: env.world_size,
+            store: client,
+            key_prefix: &prefix,
+            timeout: env.timeout,
+            token: env.job_token.as_ref(),
+        };
         let transport: Box<dyn Transport> = match (choice, one_machine) {
             (TransportChoice::SharedMemory, false) => {
                 return Err(CommError::config(format!(
@@ -209,21 +232,24 @@ impl ProcessGroup {
                     env.rank
                 )))
             }
-            (TransportChoice::SharedMemory, true) | (TransportChoice::Auto, true) => Box::new(
-                SharedMemory::connect(env.rank, env.world_size, client, KEY_PREFIX, env.timeout)?,
-            ),
-            _ => Box::new(TcpRing::connect(
-                env.rank,
-                env.world_size,
-                client,
-                KEY_PREFIX,
-                local_ip,
-                env.timeout,
-            )?),
+            (TransportChoice::SharedMemory, true) | (TransportChoice::Auto, true) => {
+                Box::new(SharedMemory::connect(rdzv)?)
+            }
+            _ => Box::new(TcpRing::connect(rdzv, local_ip)?),
         };
-        let group = Self::assemble(&env, debug_checks, store, transport, server);
-        // Nobody leaves set-up (and possibly takes the store down) before all are connected.
-        group.barrier()?;
+        // Whether a second claimant of a rank came while we connected.
+        let saw_duplicate = client.check(&[&format!("{prefix}duplicate")])?;
+        let mut group = Self::assemble(&env, debug_checks, store, transport, server);
+        // Nobody leaves set-up (and possibly takes the store down) before all
+        // are connected, and all decide together whether the group stands.
+        if group.vote(saw_duplicate)? {
+            let err = duplicate_error(group.store(), &env, &prefix);
+            // Rank 0 may host the store: all read the reason before anyone leaves.
+            let _ = group.barrier();
+            return Err(err);
+        }
+        group.duplicate_watch = watch_for_duplicates(&host, &env, &prefix);
+        group.duplicate_key = Some(format!("{prefix}duplicate"));
         log::debug!(
             "rank {}: process group of {} ready over {} (launcher {:?}, timeout {:?})",
             env.rank,
@@ -252,6 +278,8 @@ impl ProcessGroup {
             debug_checks,
             store,
             transport: Mutex::new(transport),
+            duplicate_watch: None,
+            duplicate_key: None,
             #[cfg(feature = "nccl")]
             nccl: Default::default(),
             _store_server: server,
@@ -308,19 +336,59 @@ impl ProcessGroup {
         self.store.as_ref()
     }
 
+    /// The transport, unless the group was found unable to stand.
+    fn transport(&self) -> Result<std::sync::MutexGuard<'_, Box<dyn Transport>>> {
+        if let Some(reason) = self.duplicate_watch.as_ref().and_then(KeyWatch::reason) {
+            return Err(CommError::Mismatch {
+                rank: self.rank,
+                message: format!("the group cannot go on: {reason}"),
+            });
+        }
+        Ok(self.transport.lock().unwrap())
+    }
+
+    /// A transport failure, unless the group was found unable to stand: then
+    /// that is the cause (a peer that saw it first has left).
+    fn explain(&self, err: CommError) -> CommError {
+        let watched = self
+            .duplicate_watch
+            .as_ref()
+            .and_then(KeyWatch::reason)
+            .map(str::to_owned);
+        // The watch may not have heard yet: ask the store once (this is the
+        // error path; a store that is gone answers at once).
+        let reason = watched.or_else(|| {
+            let key = self.duplicate_key.as_deref()?;
+            if !self.store.check(&[key]).ok()? {
+                return None;
+            }
+            let value = self.store.get(key, Duration::from_secs(1)).ok()?;
+            Some(String::from_utf8_lossy(&value).into_owned())
+        });
+        match reason {
+            Some(reason) => CommError::Mismatch {
+                rank: self.rank,
+                message: format!("the group cannot go on: {reason} (then: {err})"),
+            },
+            None => err,
+        }
+    }
+
     /// Reduces `data` over all ranks, in place, on every rank.
     pub fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
-        let mut transport = self.transport.lock().unwrap();
+        let mut transport = self.transport()?;
         self.check_signature(
             &mut **transport,
             Signature::new("all_reduce", T::DTYPE, data.len(), op as i64),
         )?;
-        transport.all_reduce(T::buffer(data), op)
+        transport
+            .all_reduce(T::buffer(data), op)
+            .map_err(|err| self.explain(err))
     }
 
     /// Concatenates every rank's `input`, in rank order, on every rank.
     pub fn all_gather<T: Element>(&self, input: &[T]) -> Result<Vec<T>> {
-        let mut transport = self.transport.lock().unwrap();
+        let mut transport = self.transport()?;
         self.check_signature(
             &mut **transport,
             Signature::new("all_gather", T::DTYPE, input.len(), 0),
@@ -328,7 +396,9 @@ impl ProcessGroup {
         let k = input.len();
         let mut output = vec![T::zeroed(); k * self.world_size];
         output[self.rank * k..(self.rank + 1) * k].copy_from_slice(input);
-        transport.all_gather(T::buffer(&mut output))?;
+        transport
+            .all_gather(T::buffer(&mut output))
+            .map_err(|err| self.explain(err))?;
         Ok(output)
     }
 
@@ -347,13 +417,15 @@ impl ProcessGroup {
                 ),
             });
         }
-        let mut transport = self.transport.lock().unwrap();
+        let mut transport = self.transport()?;
         self.check_signature(
             &mut **transport,
             Signature::new("reduce_scatter", T::DTYPE, input.len(), op as i64),
         )?;
         let mut work = input.to_vec();
-        transport.reduce_scatter(T::buffer(&mut work), op)?;
+        transport
+            .reduce_scatter(T::buffer(&mut work), op)
+            .map_err(|err| self.explain(err))?;
         let k = input.len() / self.world_size;
         work.truncate((self.rank + 1) * k);
         Ok(work.split_off(self.rank * k))
@@ -370,21 +442,27 @@ impl ProcessGroup {
                 ),
             });
         }
-        let mut transport = self.transport.lock().unwrap();
+        let mut transport = self.transport()?;
         self.check_signature(
             &mut **transport,
             Signature::new("broadcast", T::DTYPE, data.len(), root as i64),
         )?;
-        transport.broadcast(T::buffer(data), root)
+        transport
+            .broadcast(T::buffer(data), root)
+            .map_err(|err| self.explain(err))
     }
 
     /// Waits until every rank has reached this call (bounded by the timeout).
     pub fn barrier(&self) -> Result<()> {
-        let mut count = [1i32];
-        self.transport
-            .lock()
-            .unwrap()
-            .all_reduce(BufferMut::I32(&mut count), ReduceOp::Sum)?;
+        self.vote(false).map(|_| ())
+    }
+
+    /// A barrier that also tells whether any rank said yes.
+    fn vote(&self, yes: bool) -> Result<bool> {
+        let mut count = [1i32, yes as i32];
+        self.transport()?
+            .all_reduce(BufferMut::I32(&mut count), ReduceOp::Sum)
+            .map_err(|err| self.explain(err))?;
         if count[0] as usize != self.world_size {
             return Err(CommError::Mismatch {
                 rank: self.rank,
@@ -395,7 +473,7 @@ impl ProcessGroup {
                 ),
             });
         }
-        Ok(())
+        Ok(count[1] > 0)
     }
 
     /// Leaves the group after a final barrier, so no rank tears down the store
@@ -483,7 +561,13 @@ fn connect_store(host: &str, env: &LaunchEnv) -> Result<(Box<dyn Store>, IpAddr)
         let ip = client.local_ip()?;
         return Ok((Box::new(client), ip));
     }
-    let client = TcpStoreClient::connect(host, env.master_port, rank, env.timeout)?;
+    let client = TcpStoreClient::connect_with_token(
+        host,
+        env.master_port,
+        rank,
+        env.timeout,
+        env.job_token.as_ref(),
+    )?;
     let ip = client.local_ip()?;
     Ok((Box::new(client), ip))
 }
@@ -504,28 +588,16 @@ fn torchrun_context(err: CommError, env: &LaunchEnv) -> CommError {
     }
 }
 
-fn host_store(host: &str, port: u16) -> Result<StoreServer> {
-    let ip: IpAddr = (host, port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .map(|addr| addr.ip())
-        .ok_or_else(|| CommError::config(format!("rank 0: cannot resolve MASTER_ADDR {host:?}")))?;
-    // A loopback master serves this machine only; any other address means other
-    // machines connect, and the name may resolve to an address we cannot bind
-    // (behind NAT, in containers), so listen on every interface.
-    let bind = if ip.is_loopback() {
-        SocketAddr::new(ip, port)
-    } else {
-        SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), port)
-    };
-    StoreServer::bind(bind).map_err(|err| match err {
-        CommError::Store { message, .. } => CommError::Store {
-            rank: Some(0),
-            message,
+fn host_store(host: &str, env: &LaunchEnv) -> Result<StoreServer> {
+    StoreServer::bind_master(host, env.master_port, env.job_token.clone()).map_err(
+        |err| match err {
+            CommError::Store { message, .. } => CommError::Store {
+                rank: Some(0),
+                message,
+            },
+            other => other,
         },
-        other => other,
-    })
+    )
 }
 
 /// Whether every rank runs on this machine (same host name and boot).
@@ -540,20 +612,94 @@ pub(crate) fn machine_id() -> String {
     )
 }
 
-fn all_on_one_machine(store: &dyn Store, env: &LaunchEnv) -> Result<bool> {
+fn all_on_one_machine(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<bool> {
     let me = machine_id();
-    store.set(&format!("{KEY_PREFIX}host/{}", env.rank), me.as_bytes())?;
+    store.set(&format!("{prefix}host/{}", env.rank), me.as_bytes())?;
     for rank in 0..env.world_size {
-        if store.get(&format!("{KEY_PREFIX}host/{rank}"), env.timeout)? != me.as_bytes() {
+        if store.get(&format!("{prefix}host/{rank}"), env.timeout)? != me.as_bytes() {
             return Ok(false);
         }
     }
     Ok(me != "/")
 }
 
+/// How this process describes itself when two claim one rank.
+fn claimant() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("pid {} on {}", std::process::id(), host.trim())
+}
+
+/// Claims this rank; a second claimant fails at once and tells every rank
+/// through the store, so a RANK given to two processes never trains.
+fn claim_rank(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<()> {
+    let me = claimant();
+    let claims = store.add(&format!("{prefix}claims/{}", env.rank), 1)?;
+    store.set(
+        &format!("{prefix}claimant/{}/{claims}", env.rank),
+        me.as_bytes(),
+    )?;
+    if claims == 1 {
+        return Ok(());
+    }
+    // The first claimant wrote its name right after its add.
+    let first = store
+        .get(&format!("{prefix}claimant/{}/1", env.rank), env.timeout)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_else(|_| "another process".into());
+    let message = format!(
+        "rank {} was claimed by two processes: {first} (first) and {me}; give every process \
+         its own RANK, 0 to {} (check the launcher's --node-rank on each machine)",
+        env.rank,
+        env.world_size - 1
+    );
+    store.set(&format!("{prefix}duplicate"), message.as_bytes())?;
+    Err(CommError::Mismatch {
+        rank: env.rank,
+        message,
+    })
+}
+
+/// A second connection to our own store that watches for a late duplicate
+/// rank. torchrun's agent assigns ranks itself, so its store is not watched.
+fn watch_for_duplicates(host: &str, env: &LaunchEnv, prefix: &str) -> Option<KeyWatch> {
+    if env.store_host == StoreHost::TorchrunAgent {
+        return None;
+    }
+    let client = TcpStoreClient::connect_with_token(
+        host,
+        env.master_port,
+        Some(env.rank),
+        env.timeout,
+        env.job_token.as_ref(),
+    );
+    match client {
+        Ok(client) => Some(KeyWatch::start(
+            Box::new(client),
+            format!("{prefix}duplicate"),
+        )),
+        Err(err) => {
+            log::warn!("rank {}: cannot watch for duplicate ranks: {err}", env.rank);
+            None
+        }
+    }
+}
+
+/// The error every rank reports when a rank was claimed twice.
+fn duplicate_error(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> CommError {
+    let message = store
+        .get(&format!("{prefix}duplicate"), env.timeout)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_else(|err| format!("a rank was claimed twice ({err})"));
+    CommError::Mismatch {
+        rank: env.rank,
+        message: format!("cannot form the group: {message}"),
+    }
+}
+
 /// Announces this rank and waits for all the others, naming any that never come.
-fn join(store: &dyn Store, env: &LaunchEnv) -> Result<()> {
-    let key = |rank: usize| format!("{KEY_PREFIX}join/{rank}");
+fn join(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<()> {
+    claim_rank(store, env, prefix)?;
+    let key = |rank: usize| format!("{prefix}join/{rank}");
     store.set(&key(env.rank), env.world_size.to_string().as_bytes())?;
     let keys: Vec<String> = (0..env.world_size).map(key).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();

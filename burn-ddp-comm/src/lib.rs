@@ -32,14 +32,17 @@ pub mod env;
 mod error;
 pub mod frame;
 mod group;
+pub mod job;
 pub mod nccl;
 pub mod reducer;
 pub mod store;
 pub mod transport;
+mod watch;
 
 pub use backend::{CollectiveBackend, BACKEND_VAR};
 pub use element::{finish_reduce, reduce_into, BufferMut, DType, Element, ReduceOp};
 pub use env::{LaunchEnv, Launcher, StoreHost};
 pub use error::{CommError, Result};
 pub use group::{ProcessGroup, ProcessGroupBuilder, TransportChoice, DEBUG_VAR, TRANSPORT_VAR};
+pub use job::JobToken;
 pub use reducer::{BucketConfig, BucketPlan, ParamLayout, Reducer};

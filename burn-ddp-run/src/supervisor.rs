@@ -4,8 +4,9 @@ use crate::cli::LaunchConfig;
 use crate::output::LineSink;
 use crate::signals;
 use burn_ddp_comm::env::LAUNCHER_STORE_VAR;
+use burn_ddp_comm::job::{generate_job_id, valid_job_id, JobToken, JOB_ID_VAR, JOB_TOKEN_VAR};
 use burn_ddp_comm::store::StoreServer;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
@@ -42,13 +43,63 @@ fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or(1)
 }
 
+/// What admits a process to this job, handed to every worker.
+struct JobIdentity {
+    token: Option<JobToken>,
+    id: String,
+}
+
+impl JobIdentity {
+    /// The user's (the same on every machine of a multi-node job), else a fresh
+    /// one for a single-node job. Several launchers cannot agree on a fresh
+    /// one, so a multi-node job without a token runs open, and says so.
+    fn for_job(config: &LaunchConfig) -> Result<Self, String> {
+        let single_node = config.nnodes == 1;
+        let token = match std::env::var(JOB_TOKEN_VAR) {
+            Ok(text) => Some(JobToken::new(text)?),
+            Err(_) if single_node => Some(
+                JobToken::generate().map_err(|err| format!("cannot make a job token: {err}"))?,
+            ),
+            Err(_) => {
+                if config.node_rank == 0 {
+                    log::warn!(
+                        "no {JOB_TOKEN_VAR} set: the rendezvous store of this {}-machine job \
+                         serves anything that reaches {}:{}; export the same \
+                         {JOB_TOKEN_VAR} (e.g. `openssl rand -hex 16`) on every machine to \
+                         admit only this job's ranks",
+                        config.nnodes,
+                        config.master_addr,
+                        config.master_port
+                    );
+                }
+                None
+            }
+        };
+        let id = match std::env::var(JOB_ID_VAR) {
+            Ok(id) if valid_job_id(&id) => id,
+            Ok(id) => {
+                return Err(format!(
+                    "{JOB_ID_VAR}={id:?} must be 1 to 64 characters of letters, digits, \
+                     '.', '_' and '-'"
+                ))
+            }
+            Err(_) if single_node => {
+                generate_job_id().map_err(|err| format!("cannot make a job id: {err}"))?
+            }
+            Err(_) => "default".into(),
+        };
+        Ok(Self { token, id })
+    }
+}
+
 /// Runs the job; returns the launcher's exit code.
 pub fn run(config: &LaunchConfig) -> Result<i32, String> {
     let world_size = config.nnodes * config.nproc_per_node;
+    let job = JobIdentity::for_job(config)?;
     // Node 0's launcher hosts the store, like torchrun's agent, so a worker that
     // dies early does not take it down with it.
     let store = if config.node_rank == 0 {
-        Some(host_store(config)?)
+        Some(host_store(config, job.token.clone())?)
     } else {
         None
     };
@@ -84,6 +135,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
         let rank = config.node_rank * config.nproc_per_node + local_rank;
         match spawn(
             config,
+            &job,
             rank,
             local_rank,
             world_size,
@@ -100,22 +152,13 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
     Ok(supervise(workers, config, started))
 }
 
-fn host_store(config: &LaunchConfig) -> Result<StoreServer, String> {
-    let addr: SocketAddr = if config.standalone {
-        SocketAddr::from(([127, 0, 0, 1], 0))
+fn host_store(config: &LaunchConfig, token: Option<JobToken>) -> Result<StoreServer, String> {
+    let server = if config.standalone {
+        StoreServer::bind_with_token(SocketAddr::from(([127, 0, 0, 1], 0)), token)
     } else {
-        let resolved = (config.master_addr.as_str(), config.master_port)
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut addrs| addrs.next())
-            .ok_or_else(|| format!("cannot resolve --master-addr {:?}", config.master_addr))?;
-        if resolved.ip().is_loopback() {
-            resolved
-        } else {
-            SocketAddr::from(([0, 0, 0, 0], config.master_port))
-        }
+        StoreServer::bind_master(&config.master_addr, config.master_port, token)
     };
-    let server = StoreServer::bind(addr).map_err(|err| {
+    let server = server.map_err(|err| {
         format!("{err} (use --master-port to pick another port, or --standalone for a free one)")
     })?;
     log::debug!("rendezvous store listening on {}", server.addr());
@@ -124,6 +167,7 @@ fn host_store(config: &LaunchConfig) -> Result<StoreServer, String> {
 
 fn spawn(
     config: &LaunchConfig,
+    job: &JobIdentity,
     rank: usize,
     local_rank: usize,
     world_size: usize,
@@ -144,9 +188,13 @@ fn spawn(
         .env("MASTER_ADDR", &config.master_addr)
         .env("MASTER_PORT", master_port.to_string())
         .env(LAUNCHER_STORE_VAR, "1")
+        .env(JOB_ID_VAR, &job.id)
         // We are not torchrun: a worker must not look for torchrun's agent store.
         .env_remove("TORCHELASTIC_RUN_ID")
         .env_remove("TORCHELASTIC_USE_AGENT_STORE");
+    if let Some(token) = &job.token {
+        command.env(JOB_TOKEN_VAR, token.as_str());
+    }
     for var in thread_defaults {
         command.env(var, "1");
     }
@@ -229,10 +277,12 @@ fn supervise(mut workers: Vec<Worker>, config: &LaunchConfig, started: Instant) 
         }
         std::thread::sleep(POLL);
     }
-    for w in &mut workers {
-        for pump in w.pumps.drain(..) {
-            let _ = pump.join();
-        }
+    drain_output(&mut workers);
+    // A worker killed while setting up shared memory leaves its segment file.
+    let pids: Vec<u32> = workers.iter().map(|w| w.pid).collect();
+    let removed = burn_ddp_comm::transport::remove_segments_of(&pids);
+    if removed > 0 {
+        log::debug!("removed {removed} shared-memory segment(s) that killed workers left");
     }
     if let Some(signal) = interrupted {
         return 128 + signal;
@@ -242,6 +292,36 @@ fn supervise(mut workers: Vec<Worker>, config: &LaunchConfig, started: Instant) 
         Some(root) => {
             print_summary(&workers, root);
             exit_code(workers[root].exit.unwrap().0)
+        }
+    }
+}
+
+/// How long the output of exited workers may still take to arrive: a worker's
+/// background child can hold its pipe open for ever.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+
+/// Waits (boundedly) for every worker's remaining output to be copied.
+fn drain_output(workers: &mut [Worker]) {
+    let deadline = Instant::now() + OUTPUT_DRAIN;
+    while Instant::now() < deadline
+        && workers
+            .iter()
+            .any(|w| w.pumps.iter().any(|pump| !pump.is_finished()))
+    {
+        std::thread::sleep(POLL);
+    }
+    for w in workers {
+        let (done, held): (Vec<_>, Vec<_>) = w.pumps.drain(..).partition(|p| p.is_finished());
+        for pump in done {
+            let _ = pump.join();
+        }
+        if !held.is_empty() {
+            log::warn!(
+                "rank {}'s output is still held open {}s after it exited, by a process \
+                 it started; not waiting for the rest",
+                w.rank,
+                OUTPUT_DRAIN.as_secs()
+            );
         }
     }
 }

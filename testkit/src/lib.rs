@@ -10,6 +10,7 @@ mod mpirun;
 pub use c10d_server::C10dTestServer;
 pub use mpirun::{mpirun_world, REQUIRE_MPIRUN_VAR};
 
+use burn_ddp_comm::job::{JobToken, JOB_TOKEN_VAR};
 use burn_ddp_comm::store::StoreServer;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -71,6 +72,9 @@ pub struct World {
     /// Per-rank extra variables.
     pub rank_env: Vec<(usize, String, String)>,
     pub deadline: Duration,
+    /// Pause before starting the process at this index of `started` (and so
+    /// every later one).
+    pub start_delay: Option<(usize, Duration)>,
 }
 
 impl World {
@@ -83,6 +87,7 @@ impl World {
             env: Vec::new(),
             rank_env: Vec::new(),
             deadline: Duration::from_secs(120),
+            start_delay: None,
         }
     }
 
@@ -98,8 +103,13 @@ impl World {
 
     /// Starts every rank on `scenario` and waits for all of them (bounded).
     pub fn run(&self, scenario: &str) -> Vec<RankOutcome> {
+        // The driver's store admits only ranks with its token, as the launcher's does.
+        let token = JobToken::generate().unwrap();
         let ours = match self.hosting {
-            Hosting::Driver => Some(StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap()),
+            Hosting::Driver => Some(
+                StoreServer::bind_with_token("127.0.0.1:0".parse().unwrap(), Some(token.clone()))
+                    .unwrap(),
+            ),
             _ => None,
         };
         let agent = match self.hosting {
@@ -116,7 +126,11 @@ impl World {
         let mut children: Vec<(usize, Child)> = self
             .started
             .iter()
-            .map(|&rank| {
+            .enumerate()
+            .map(|(index, &rank)| {
+                if let Some((_, pause)) = self.start_delay.filter(|(at, _)| *at == index) {
+                    std::thread::sleep(pause);
+                }
                 let mut cmd = Command::new(&exe);
                 cmd.env(SCENARIO_VAR, scenario)
                     .env("RANK", rank.to_string())
@@ -127,11 +141,13 @@ impl World {
                     .env("MASTER_PORT", port.to_string())
                     .env("BURN_DDP_TIMEOUT_SECS", self.timeout_secs.to_string())
                     .env_remove("BURN_DDP_LAUNCHER_STORE")
+                    .env_remove(JOB_TOKEN_VAR)
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped());
                 if ours.is_some() {
-                    cmd.env("BURN_DDP_LAUNCHER_STORE", "1");
+                    cmd.env("BURN_DDP_LAUNCHER_STORE", "1")
+                        .env(JOB_TOKEN_VAR, token.as_str());
                 }
                 if agent.is_some() {
                     cmd.env("TORCHELASTIC_USE_AGENT_STORE", "True")

@@ -1,10 +1,11 @@
 //! Client side of the store: one connection per rank, one request at a time.
 
 use super::connect::connect_with_retry;
-use super::protocol::{self, ADD, CHECK, GET, SET, WAIT};
+use super::protocol::{self, ADD, CHECK, GET, HELLO, SET, WAIT};
 use super::Store;
 use crate::error::{io_is_timeout, CommError, Result};
 use crate::frame::{read_frame, write_frame, FieldReader, FieldWriter};
+use crate::job::JobToken;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -22,16 +23,35 @@ pub struct TcpStoreClient {
 }
 
 impl TcpStoreClient {
-    /// Connects to `host:port`, retrying until `timeout` (the server may start later).
+    /// Connects to `host:port`, retrying until `timeout` (the server may start
+    /// later), without a job token.
     pub fn connect(host: &str, port: u16, rank: Option<usize>, timeout: Duration) -> Result<Self> {
+        Self::connect_with_token(host, port, rank, timeout, None)
+    }
+
+    /// Connects and presents `token`; a store of another job refuses us at once.
+    pub fn connect_with_token(
+        host: &str,
+        port: u16,
+        rank: Option<usize>,
+        timeout: Duration,
+        token: Option<&JobToken>,
+    ) -> Result<Self> {
         let (server, conn) = connect_with_retry(host, port, timeout)
             .map_err(|message| CommError::Store { rank, message })?;
-        Ok(Self {
+        let client = Self {
             conn: Mutex::new(conn),
             rank,
             server,
             request_timeout: timeout.max(Duration::from_secs(1)),
-        })
+        };
+        let hello = FieldWriter::new(HELLO)
+            .bytes(token.map_or(&b""[..], |t| t.as_str().as_bytes()))
+            .i64(rank.map_or(-1, |r| r as i64))
+            .finish();
+        let reply = client.request(hello, client.request_timeout, "hello")?;
+        client.parse(&reply)?;
+        Ok(client)
     }
 
     /// The server's address.
@@ -172,7 +192,9 @@ impl Store for TcpStoreClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::server::{FRAME_DEADLINE, HELLO_DEADLINE, MAX_STORED_BYTES};
     use crate::store::{store_barrier, StoreServer};
+    use std::io::Write;
     use std::sync::Arc;
     use std::time::Instant;
 
@@ -300,5 +322,161 @@ mod tests {
         let server = local_server();
         let err = StoreServer::bind(server.addr()).err().unwrap().to_string();
         assert!(err.contains("MASTER_PORT"), "{err}");
+    }
+
+    #[test]
+    fn a_store_with_a_token_serves_only_clients_that_present_it() {
+        let token = JobToken::new("job-a").unwrap();
+        let server =
+            StoreServer::bind_with_token("127.0.0.1:0".parse().unwrap(), Some(token.clone()))
+                .unwrap();
+        let port = server.addr().port();
+        let connect = |token: Option<&JobToken>| {
+            TcpStoreClient::connect_with_token(
+                "127.0.0.1",
+                port,
+                Some(1),
+                Duration::from_secs(2),
+                token,
+            )
+        };
+        let member = connect(Some(&token)).unwrap();
+        member.set("secret", b"gradient address").unwrap();
+        for stranger in [None, Some(JobToken::new("job-b").unwrap())] {
+            let started = Instant::now();
+            let err = connect(stranger.as_ref()).err().unwrap().to_string();
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "refused at once"
+            );
+            assert!(
+                err.contains("rank 1") && err.contains("BURN_DDP_JOB_TOKEN"),
+                "{err}"
+            );
+        }
+        // A raw request without a hello is refused and gets nothing.
+        let mut raw = std::net::TcpStream::connect(server.addr()).unwrap();
+        let get = FieldWriter::new(GET).bytes(b"secret").u64(0).finish();
+        write_frame(&mut raw, &get).unwrap();
+        let reply = read_frame(&mut raw).unwrap().unwrap();
+        let (status, mut fields) = FieldReader::new(&reply).unwrap();
+        assert_eq!(status, protocol::ERROR);
+        assert!(fields.string().unwrap().contains("token"));
+        assert!(
+            read_frame(&mut raw).unwrap().is_none(),
+            "closed after refusing"
+        );
+        assert_eq!(
+            member.get("secret", Duration::from_secs(1)).unwrap(),
+            b"gradient address"
+        );
+    }
+
+    /// (The launcher's descriptor count is checked by the launcher's tests: this
+    /// process runs other tests at the same time.)
+    #[test]
+    fn connect_close_cycles_leave_no_connections_behind() {
+        let server = local_server();
+        let member = client(&server, 0);
+        for _ in 0..2_000 {
+            drop(std::net::TcpStream::connect(server.addr()).unwrap());
+        }
+        // Let the server's threads see the closes.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.connection_count() > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(server.connection_count(), 1, "only the member's");
+        member.set("still", b"served").unwrap();
+    }
+
+    #[test]
+    fn idle_and_stalled_connections_do_not_block_members() {
+        let token = JobToken::new("job-c").unwrap();
+        let server =
+            StoreServer::bind_with_token("127.0.0.1:0".parse().unwrap(), Some(token.clone()))
+                .unwrap();
+        let idle: Vec<_> = (0..500)
+            .map(|_| std::net::TcpStream::connect(server.addr()).unwrap())
+            .collect();
+        let mut stalled = std::net::TcpStream::connect(server.addr()).unwrap();
+        stalled.write_all(&[200, 0]).unwrap(); // half a length prefix, then nothing
+        let started = Instant::now();
+        let members: Vec<_> = (0..4)
+            .map(|rank| {
+                let token = token.clone();
+                let port = server.addr().port();
+                std::thread::spawn(move || {
+                    let c = TcpStoreClient::connect_with_token(
+                        "127.0.0.1",
+                        port,
+                        Some(rank),
+                        Duration::from_secs(5),
+                        Some(&token),
+                    )
+                    .unwrap();
+                    store_barrier(&c, "b/0", 4, Duration::from_secs(5))
+                })
+            })
+            .collect();
+        for member in members {
+            member.join().unwrap().unwrap();
+        }
+        assert!(started.elapsed() < Duration::from_secs(3));
+        // Strangers that never say hello are closed after the hello deadline.
+        let mut probe = [0u8; 1];
+        stalled
+            .set_read_timeout(Some(HELLO_DEADLINE + Duration::from_secs(5)))
+            .unwrap();
+        use std::io::Read;
+        assert_eq!(stalled.read(&mut probe).unwrap(), 0, "closed by the server");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.connection_count() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(server.connection_count(), 0);
+        drop(idle);
+    }
+
+    #[test]
+    fn a_frame_that_stalls_midway_is_dropped_after_the_frame_deadline() {
+        let server = local_server();
+        let member = client(&server, 0);
+        let mut stalled = std::net::TcpStream::connect(server.addr()).unwrap();
+        let hello = FieldWriter::new(HELLO).bytes(b"").i64(-1).finish();
+        write_frame(&mut stalled, &hello).unwrap();
+        assert!(read_frame(&mut stalled).unwrap().is_some());
+        stalled.write_all(&[100, 0, 0, 0, 1]).unwrap(); // 1 of 100 promised bytes
+        let started = Instant::now();
+        stalled
+            .set_read_timeout(Some(FRAME_DEADLINE + Duration::from_secs(5)))
+            .unwrap();
+        use std::io::Read;
+        let mut probe = [0u8; 1];
+        assert_eq!(stalled.read(&mut probe).unwrap(), 0, "closed by the server");
+        assert!(started.elapsed() >= FRAME_DEADLINE - Duration::from_millis(500));
+        member.set("k", b"v").unwrap();
+    }
+
+    #[test]
+    fn the_store_refuses_to_grow_past_its_cap() {
+        let server = local_server();
+        let c = client(&server, 2);
+        let chunk = vec![7u8; 8 << 20];
+        let mut stored = 0;
+        let err = loop {
+            match c.set(&format!("big/{stored}"), &chunk) {
+                Ok(()) => stored += 1,
+                Err(err) => break err.to_string(),
+            }
+            assert!(stored <= MAX_STORED_BYTES / chunk.len(), "no cap");
+        };
+        assert!(
+            err.contains("rank 2") && err.contains("store is full"),
+            "{err}"
+        );
+        // Overwriting a key does not count twice; the store keeps serving.
+        c.set("big/0", &chunk).unwrap();
+        assert_eq!(c.add("n", 1).unwrap(), 1);
     }
 }

@@ -3,36 +3,48 @@
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+/// How long a name that does not resolve is retried (name services can lag
+/// behind a job's start), before the error instead of the whole timeout.
+const RESOLVE_GRACE: Duration = Duration::from_secs(5);
+
 /// Connects to `host:port`, retrying until `timeout` because the server (rank 0,
-/// a launcher, torchrun's agent) may start after us. The error is one sentence
-/// that already names MASTER_ADDR/MASTER_PORT.
+/// a launcher, torchrun's agent) may start after us. Every address the name
+/// resolves to is tried. The error is one sentence that already names
+/// MASTER_ADDR/MASTER_PORT.
 pub(crate) fn connect_with_retry(
     host: &str,
     port: u16,
     timeout: Duration,
 ) -> Result<(SocketAddr, TcpStream), String> {
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
     loop {
-        let attempt = (host, port)
-            .to_socket_addrs()
-            .map_err(|err| format!("cannot resolve MASTER_ADDR {host:?}: {err}"))
-            .and_then(|mut addrs| {
-                addrs
-                    .next()
-                    .ok_or_else(|| format!("MASTER_ADDR {host:?} resolves to no address"))
-            })
-            .and_then(|addr| {
-                TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-                    .map(|conn| (addr, conn))
-                    .map_err(|err| format!("cannot connect to {addr}: {err}"))
-            });
-        let last_error = match attempt {
-            Ok((addr, conn)) => {
-                conn.set_nodelay(true)
-                    .map_err(|err| format!("cannot configure the connection to {addr}: {err}"))?;
-                return Ok((addr, conn));
+        let last_error = match (host, port).to_socket_addrs() {
+            Err(err) if started.elapsed() >= RESOLVE_GRACE.min(timeout) => {
+                return Err(format!(
+                    "cannot resolve MASTER_ADDR {host:?} ({err}); set MASTER_ADDR to the \
+                     host name or address of rank 0's machine (or the launcher's \
+                     --master-addr), the same on every rank"
+                ))
             }
-            Err(message) => message,
+            Err(err) => format!("cannot resolve MASTER_ADDR {host:?}: {err}"),
+            Ok(addrs) => {
+                let mut last = format!("MASTER_ADDR {host:?} resolves to no address");
+                for addr in addrs {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let attempt = left.clamp(Duration::from_millis(10), Duration::from_secs(2));
+                    match TcpStream::connect_timeout(&addr, attempt) {
+                        Ok(conn) => {
+                            conn.set_nodelay(true).map_err(|err| {
+                                format!("cannot configure the connection to {addr}: {err}")
+                            })?;
+                            return Ok((addr, conn));
+                        }
+                        Err(err) => last = format!("cannot connect to {addr}: {err}"),
+                    }
+                }
+                last
+            }
         };
         if Instant::now() >= deadline {
             return Err(format!(

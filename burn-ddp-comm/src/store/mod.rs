@@ -10,7 +10,7 @@ mod client;
 mod connect;
 mod memory;
 mod protocol;
-mod server;
+pub(crate) mod server;
 
 pub use c10d::C10dStoreClient;
 pub use client::TcpStoreClient;

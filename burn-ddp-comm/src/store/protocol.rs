@@ -10,6 +10,9 @@ pub const ADD: u8 = 3;
 pub const WAIT: u8 = 4;
 /// Check several keys without waiting.
 pub const CHECK: u8 = 5;
+/// A client's first frame: the job token it presents (empty for none) and its
+/// rank (-1 for none). A store with a token serves nothing before it.
+pub const HELLO: u8 = 6;
 
 /// The command succeeded; fields follow as the command defines.
 pub const OK: u8 = 0;

@@ -58,11 +58,45 @@ mod shm;
 mod tcp;
 
 pub use local::SingleProcess;
-pub use shm::SharedMemory;
+pub use shm::{remove_segments_of, segment_dir, SharedMemory};
 pub use tcp::TcpRing;
 
 use crate::element::{BufferMut, ReduceOp};
 use crate::error::Result;
+use crate::job::JobToken;
+use crate::store::Store;
+use std::time::Duration;
+
+/// What a transport needs to connect this rank to the others: who it is, the
+/// store to exchange addresses through (under `key_prefix`, unique to this
+/// group), the bound on every wait, and the job token peers must present.
+#[derive(Clone, Copy)]
+pub struct Rendezvous<'a> {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the group.
+    pub world_size: usize,
+    /// The group's store.
+    pub store: &'a dyn Store,
+    /// Prefix of this group's keys.
+    pub key_prefix: &'a str,
+    /// Bound on every wait during set-up.
+    pub timeout: Duration,
+    /// The job's token, required of every peer when set.
+    pub token: Option<&'a JobToken>,
+}
+
+impl Rendezvous<'_> {
+    /// The token's bytes as they travel in handshakes (empty without one).
+    pub(crate) fn token_bytes(&self) -> &[u8] {
+        self.token.map_or(&[], |t| t.as_str().as_bytes())
+    }
+
+    /// Whether a peer's presented token admits it.
+    pub(crate) fn admits(&self, presented: &[u8]) -> bool {
+        self.token.is_none_or(|t| t.matches(presented))
+    }
+}
 
 /// Collectives on host buffers, all in place.
 ///

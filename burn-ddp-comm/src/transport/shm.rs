@@ -12,10 +12,9 @@
 //! it lasts), bounded by the group's timeout; a rank whose process has exited is
 //! detected within milliseconds and named.
 
-use super::chunk_range;
+use super::{chunk_range, Rendezvous};
 use crate::element::{finish_reduce, reduce_into, Element, ReduceOp};
 use crate::error::{CommError, Result};
-use crate::store::Store;
 use memmap2::MmapMut;
 use std::fs::OpenOptions;
 use std::path::PathBuf;
@@ -28,6 +27,167 @@ pub const SLOT_BYTES: usize = 4 << 20;
 const LINE: usize = 64;
 /// Phase counter value of a rank whose collective failed.
 const FAILED: u64 = u64::MAX;
+/// The segment starts with its magic, world size, size and the job's token.
+const SEGMENT_HEADER: usize = 4 * LINE;
+const SEGMENT_MAGIC: &[u8; 8] = b"BDDPSHM2";
+/// Segment files are named `burn-ddp-<pid of rank 0>-<random>`.
+const SEGMENT_PREFIX: &str = "burn-ddp-";
+
+fn segment_size(world_size: usize) -> usize {
+    SEGMENT_HEADER + LINE * world_size + SLOT_BYTES * (world_size + 1)
+}
+
+/// Where segments are made: `/dev/shm` (memory), else the temporary directory.
+pub fn segment_dir() -> PathBuf {
+    if std::path::Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// Removes the segment files that processes `pids` created and left behind
+/// (killed before they could unlink them); a launcher calls it for its workers.
+/// Returns how many it removed.
+pub fn remove_segments_of(pids: &[u32]) -> usize {
+    let Ok(entries) = std::fs::read_dir(segment_dir()) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let creator = name
+                .strip_prefix(SEGMENT_PREFIX)
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok());
+            creator.is_some_and(|pid| pids.contains(&pid))
+        })
+        .filter(|entry| std::fs::remove_file(entry.path()).is_ok())
+        .count()
+}
+
+/// Rank 0's segment file until every rank has mapped it; removed when dropped.
+struct CreatedSegment {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl CreatedSegment {
+    fn create(size: usize) -> std::result::Result<Self, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random).map_err(|err| format!("no randomness: {err}"))?;
+        let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let path = segment_dir().join(format!("{SEGMENT_PREFIX}{}-{suffix}", std::process::id()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let segment = Self { path, file };
+        segment.file.set_len(size as u64).map_err(|e| {
+            format!(
+                "cannot size {} to {size} bytes: {e} (is /dev/shm full? `df -h /dev/shm`)",
+                segment.path.display()
+            )
+        })?;
+        Ok(segment)
+    }
+
+    fn map(&self) -> std::result::Result<MmapMut, String> {
+        // SAFETY: the file is ours (created above, mode 0600) and sized.
+        unsafe { MmapMut::map_mut(&self.file) }
+            .map_err(|e| format!("cannot map {}: {e}", self.path.display()))
+    }
+}
+
+impl Drop for CreatedSegment {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn write_header(map: &mut MmapMut, rdzv: &Rendezvous<'_>) {
+    let token = rdzv.token_bytes();
+    map[..8].copy_from_slice(SEGMENT_MAGIC);
+    map[8..16].copy_from_slice(&(rdzv.world_size as u64).to_le_bytes());
+    let size = map.len() as u64;
+    map[16..24].copy_from_slice(&size.to_le_bytes());
+    map[24..32].copy_from_slice(&(token.len() as u64).to_le_bytes());
+    map[32..32 + token.len()].copy_from_slice(token);
+}
+
+/// Opens and maps the segment rank 0 named, after checking it is one: a wrong
+/// path must not make us overwrite another file, nor a short one crash us
+/// (SIGBUS) at the first collective.
+fn open_segment(
+    path: &std::path::Path,
+    size: usize,
+    rdzv: &Rendezvous<'_>,
+) -> std::result::Result<MmapMut, String> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let named_right = path.parent() == Some(segment_dir().as_path())
+        && path
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with(SEGMENT_PREFIX));
+    if !named_right {
+        return Err(format!(
+            "the store names {} as the segment, which is not a burn-ddp segment in {}",
+            path.display(),
+            segment_dir().display()
+        ));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| {
+            format!(
+                "cannot open {}: {e} (every rank on a machine must run as the same user)",
+                path.display()
+            )
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() || meta.uid() != me || meta.len() != size as u64 {
+        return Err(format!(
+            "{} is not this job's segment (a file of uid {} and {} bytes; expected uid {me} \
+             and {size} bytes for {} ranks)",
+            path.display(),
+            meta.uid(),
+            meta.len(),
+            rdzv.world_size
+        ));
+    }
+    // SAFETY: a regular file of ours, of the size we will access.
+    let map = unsafe { MmapMut::map_mut(&file) }
+        .map_err(|e| format!("cannot map {}: {e}", path.display()))?;
+    let word = |at: usize| u64::from_le_bytes(map[at..at + 8].try_into().unwrap());
+    let token_len = word(24) as usize;
+    let genuine = &map[..8] == SEGMENT_MAGIC
+        && word(8) == rdzv.world_size as u64
+        && word(16) == size as u64
+        && token_len <= SEGMENT_HEADER - 32
+        && rdzv.admits(&map[32..32 + token_len]);
+    if !genuine {
+        return Err(format!(
+            "{} does not hold this job's segment header (another job's, or not a segment); \
+             every rank must run under the same launcher or {}",
+            path.display(),
+            crate::job::JOB_TOKEN_VAR
+        ));
+    }
+    Ok(map)
+}
 
 /// Shared-memory collectives between the ranks of one machine.
 pub struct SharedMemory {
@@ -45,17 +205,22 @@ pub struct SharedMemory {
 }
 
 impl SharedMemory {
-    /// Maps the group's segment: rank 0 creates it and publishes its path in the
-    /// store; once every rank has mapped it, the file is unlinked, so nothing is
-    /// left in `/dev/shm` even if the job crashes.
-    pub fn connect(
-        rank: usize,
-        world_size: usize,
-        store: &dyn Store,
-        key_prefix: &str,
-        timeout: Duration,
-    ) -> Result<Self> {
-        let size = LINE * world_size + SLOT_BYTES * (world_size + 1);
+    /// Maps the group's segment: rank 0 creates it (readable by this user
+    /// only) and publishes its path in the store; the others check that the
+    /// path is a segment of this job — in the segment directory, ours, of the
+    /// expected size, holding the job's token — before they map it. Once every
+    /// rank has mapped it, the file is unlinked, so nothing is left in
+    /// `/dev/shm` even if the job crashes; a set-up that fails removes it too.
+    pub fn connect(rdzv: Rendezvous<'_>) -> Result<Self> {
+        let Rendezvous {
+            rank,
+            world_size,
+            store,
+            key_prefix,
+            timeout,
+            ..
+        } = rdzv;
+        let size = segment_size(world_size);
         let setup = |detail: String| CommError::Peer {
             rank,
             peer: rank,
@@ -63,38 +228,17 @@ impl SharedMemory {
             detail,
         };
         let path_key = format!("{key_prefix}shm/path");
-        let path = if rank == 0 {
-            let dir = if std::path::Path::new("/dev/shm").is_dir() {
-                PathBuf::from("/dev/shm")
-            } else {
-                std::env::temp_dir()
-            };
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            let path = dir.join(format!("burn-ddp-{}-{nanos}", std::process::id()));
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(|e| setup(format!("cannot create {}: {e}", path.display())))?;
-            file.set_len(size as u64)
-                .map_err(|e| setup(format!("cannot size {}: {e}", path.display())))?;
-            store.set(&path_key, path.to_string_lossy().as_bytes())?;
-            path
+        let (map, created) = if rank == 0 {
+            let created = CreatedSegment::create(size).map_err(setup)?;
+            let mut map = created.map().map_err(setup)?;
+            write_header(&mut map, &rdzv);
+            store.set(&path_key, created.path.to_string_lossy().as_bytes())?;
+            (map, Some(created))
         } else {
-            PathBuf::from(String::from_utf8_lossy(&store.get(&path_key, timeout)?).into_owned())
+            let path = String::from_utf8_lossy(&store.get(&path_key, timeout)?).into_owned();
+            let map = open_segment(std::path::Path::new(&path), size, &rdzv).map_err(setup)?;
+            (map, None)
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| setup(format!("cannot open {}: {e}", path.display())))?;
-        // SAFETY: the file is private to this group and sized above; all access
-        // to it goes through this struct, synchronised by the phase counters.
-        let map = unsafe { MmapMut::map_mut(&file) }
-            .map_err(|e| setup(format!("cannot map {}: {e}", path.display())))?;
         let mut transport = Self {
             rank,
             world_size,
@@ -114,9 +258,7 @@ impl SharedMemory {
             .collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         store.wait(&keys, timeout)?;
-        if rank == 0 {
-            let _ = std::fs::remove_file(&path);
-        }
+        drop(created); // unlinks: every rank holds its mapping now
         for peer in 0..world_size {
             transport.pids[peer] = transport.pid_cell(peer).load(Ordering::SeqCst) as u32;
         }
@@ -124,19 +266,20 @@ impl SharedMemory {
     }
 
     fn counter(&self, rank: usize) -> &AtomicU64 {
-        // SAFETY: the header holds one 64-byte line per rank, 8-byte aligned (the
-        // mapping is page aligned); atomics are the only access to it.
-        unsafe { &*(self.map.as_ptr().add(rank * LINE) as *const AtomicU64) }
+        // SAFETY: after the segment header come one 64-byte line per rank,
+        // 8-byte aligned (the mapping is page aligned); atomics are the only
+        // access to them.
+        unsafe { &*(self.map.as_ptr().add(SEGMENT_HEADER + rank * LINE) as *const AtomicU64) }
     }
 
     fn pid_cell(&self, rank: usize) -> &AtomicU64 {
-        unsafe { &*(self.map.as_ptr().add(rank * LINE + 8) as *const AtomicU64) }
+        unsafe { &*(self.map.as_ptr().add(SEGMENT_HEADER + rank * LINE + 8) as *const AtomicU64) }
     }
 
     /// Slot `index` (`world_size` is the result slot) as elements of `T`.
     #[allow(clippy::mut_from_ref)]
     fn slot<T: Element>(&self, index: usize) -> &mut [T] {
-        let start = LINE * self.world_size + index * SLOT_BYTES;
+        let start = SEGMENT_HEADER + LINE * self.world_size + index * SLOT_BYTES;
         // SAFETY: in bounds by construction and 64-byte aligned; the protocol
         // guarantees that a slot is written by one rank at a time and read only
         // after the barrier that follows the write.
@@ -342,20 +485,123 @@ typed_transport!(SharedMemory, "shm");
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::job::JobToken;
+    use crate::store::{MemoryStore, Store};
     use std::sync::atomic::AtomicPtr;
+
+    fn rdzv<'a>(
+        rank: usize,
+        store: &'a MemoryStore,
+        token: Option<&'a JobToken>,
+    ) -> Rendezvous<'a> {
+        Rendezvous {
+            rank,
+            world_size: 2,
+            store,
+            key_prefix: "t/",
+            timeout: Duration::from_secs(5),
+            token,
+        }
+    }
 
     /// Rank 0 of a two-rank group (rank 1 maps the file on another thread, then
     /// takes no further part).
     fn rank_zero() -> SharedMemory {
         let store = std::sync::Arc::new(MemoryStore::new());
         let peer_store = std::sync::Arc::clone(&store);
-        let peer = std::thread::spawn(move || {
-            SharedMemory::connect(1, 2, &*peer_store, "t/", Duration::from_secs(5)).unwrap()
-        });
-        let zero = SharedMemory::connect(0, 2, &*store, "t/", Duration::from_secs(5)).unwrap();
+        let peer =
+            std::thread::spawn(move || SharedMemory::connect(rdzv(1, &peer_store, None)).unwrap());
+        let zero = SharedMemory::connect(rdzv(0, &store, None)).unwrap();
         drop(peer.join().unwrap());
         zero
+    }
+
+    /// Rank 0 creating its segment on another thread; returns the path it
+    /// published (rank 0 then waits for rank 1 up to `timeout`).
+    fn creating_rank_zero(
+        store: &std::sync::Arc<MemoryStore>,
+        token: Option<JobToken>,
+        timeout: Duration,
+    ) -> (std::thread::JoinHandle<Result<SharedMemory>>, PathBuf) {
+        let zero_store = std::sync::Arc::clone(store);
+        let zero = std::thread::spawn(move || {
+            let mut r = rdzv(0, &zero_store, token.as_ref());
+            r.timeout = timeout;
+            SharedMemory::connect(r)
+        });
+        let path = store.get("t/shm/path", Duration::from_secs(5)).unwrap();
+        (zero, PathBuf::from(String::from_utf8(path).unwrap()))
+    }
+
+    #[test]
+    fn the_segment_is_private_and_removed_when_set_up_fails() {
+        use std::os::unix::fs::MetadataExt;
+        let store = std::sync::Arc::new(MemoryStore::new());
+        let (zero, path) = creating_rank_zero(&store, None, Duration::from_millis(500));
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600, "{}", path.display());
+        assert!(path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(&format!("burn-ddp-{}-", std::process::id())));
+        // Rank 1 never maps it: rank 0 times out and removes the file.
+        let err = zero.join().unwrap().err().unwrap();
+        assert!(err.is_timeout(), "{err}");
+        assert!(!path.exists(), "{} left behind", path.display());
+    }
+
+    #[test]
+    fn a_rank_refuses_a_path_that_is_not_this_jobs_segment() {
+        let dir = segment_dir();
+        // A creator pid no process has, so the sweep below touches nothing else.
+        let creator = 3_999_999_999u32;
+        let short = dir.join(format!("burn-ddp-{creator}-short"));
+        std::fs::write(&short, b"too short").unwrap();
+        let outside = std::env::temp_dir().join("not-a-segment");
+        for (path, expect) in [
+            (PathBuf::from("/etc/passwd"), "not a burn-ddp segment"),
+            (dir.join("other-file"), "not a burn-ddp segment"),
+            (short.clone(), "not this job's segment"),
+            (outside, "not a burn-ddp segment"),
+        ] {
+            let store = MemoryStore::new();
+            store
+                .set("t/shm/path", path.to_string_lossy().as_bytes())
+                .unwrap();
+            let err = SharedMemory::connect(rdzv(1, &store, None))
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains("rank 1") && err.contains(expect),
+                "{}: {err}",
+                path.display()
+            );
+        }
+        assert_eq!(std::fs::read(&short).unwrap(), b"too short", "untouched");
+        assert_eq!(remove_segments_of(&[creator]), 1);
+        assert!(!short.exists());
+    }
+
+    #[test]
+    fn a_rank_of_another_job_cannot_map_the_segment() {
+        let store = std::sync::Arc::new(MemoryStore::new());
+        let ours = JobToken::new("our-job").unwrap();
+        let (zero, _path) = creating_rank_zero(&store, Some(ours.clone()), Duration::from_secs(1));
+        let theirs = JobToken::new("their-job").unwrap();
+        let err = SharedMemory::connect(rdzv(1, &store, Some(&theirs)))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("header") && err.contains("BURN_DDP_JOB_TOKEN"),
+            "{err}"
+        );
+        // The genuine rank 1 still gets in.
+        let one = SharedMemory::connect(rdzv(1, &store, Some(&ours)));
+        assert!(one.is_ok(), "{:?}", one.err());
+        assert!(zero.join().unwrap().is_ok());
     }
 
     /// Rank 1's arrival counter, as rank 0 maps it.

@@ -6,10 +6,10 @@
 //! buffer size whatever the world size, and large chunks stream in pieces so the
 //! reduction overlaps the transfer.
 
-use super::chunk_range;
+use super::{chunk_range, Rendezvous};
 use crate::element::{finish_reduce, reduce_into, Element, ReduceOp};
 use crate::error::{io_is_timeout, CommError, Result};
-use crate::store::Store;
+use crate::job::MAX_TOKEN_BYTES;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
@@ -25,7 +25,7 @@ const INLINE_SEND_BYTES: usize = 32 << 10;
 
 /// First bytes of the handshake, so a stray connection is recognised.
 const HANDSHAKE_MAGIC: &[u8; 4] = b"BDDP";
-const PROTOCOL_VERSION: u32 = 1;
+const PROTOCOL_VERSION: u32 = 2;
 
 /// A ring of TCP connections between the ranks of one group.
 pub struct TcpRing {
@@ -47,17 +47,21 @@ enum Landing {
 }
 
 impl TcpRing {
-    /// Connects this rank into the ring, exchanging listening addresses through `store`.
+    /// Connects this rank into the ring, exchanging listening addresses through
+    /// the rendezvous store.
     ///
     /// `bind_ip` is the address peers can reach this rank on. Needs `world_size >= 2`.
-    pub fn connect(
-        rank: usize,
-        world_size: usize,
-        store: &dyn Store,
-        key_prefix: &str,
-        bind_ip: IpAddr,
-        timeout: Duration,
-    ) -> Result<Self> {
+    /// Connections that do not present a valid handshake (a port scan, a process
+    /// of another job) are dropped and the wait for the real neighbour goes on.
+    pub fn connect(rdzv: Rendezvous<'_>, bind_ip: IpAddr) -> Result<Self> {
+        let Rendezvous {
+            rank,
+            world_size,
+            store,
+            key_prefix,
+            timeout,
+            ..
+        } = rdzv;
         assert!(world_size >= 2, "a ring needs at least two ranks");
         let deadline = Instant::now() + timeout;
         let setup_err = |what: String| CommError::Peer {
@@ -90,16 +94,11 @@ impl TcpRing {
             op: "connecting the TCP ring".into(),
             detail: format!("cannot connect to {next_addr}: {err}"),
         })?;
-        let mut hello = Vec::with_capacity(16);
-        hello.extend_from_slice(HANDSHAKE_MAGIC);
-        hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-        hello.extend_from_slice(&(rank as u32).to_le_bytes());
-        hello.extend_from_slice(&(world_size as u32).to_le_bytes());
         (&next)
-            .write_all(&hello)
+            .write_all(&Handshake::encode(&rdzv))
             .map_err(|err| setup_err(format!("handshake with rank {next_rank}: {err}")))?;
 
-        let prev = accept_from(&listener, prev_rank, world_size, deadline).map_err(|detail| {
+        let prev = accept_from(&listener, &rdzv, prev_rank, deadline).map_err(|detail| {
             if detail.contains("timed out") {
                 CommError::Timeout {
                     rank,
@@ -377,58 +376,295 @@ fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStre
     }
 }
 
-/// Accepts the previous rank's connection and checks its handshake.
+/// What a rank sends first on its connection to the next rank.
+struct Handshake;
+
+impl Handshake {
+    /// Magic, version, rank, world size, token length: five little-endian words.
+    const HEADER: usize = 20;
+
+    fn encode(rdzv: &Rendezvous<'_>) -> Vec<u8> {
+        let token = rdzv.token_bytes();
+        let mut hello = Vec::with_capacity(Self::HEADER + token.len());
+        hello.extend_from_slice(HANDSHAKE_MAGIC);
+        for word in [
+            PROTOCOL_VERSION,
+            rdzv.rank as u32,
+            rdzv.world_size as u32,
+            token.len() as u32,
+        ] {
+            hello.extend_from_slice(&word.to_le_bytes());
+        }
+        hello.extend_from_slice(token);
+        hello
+    }
+
+    /// `Ok(None)` while more bytes are needed; `Err` for a connection that is
+    /// not a rank of this job (dropped); `Ok(Some((rank, world)))` once whole.
+    fn decode(
+        bytes: &[u8],
+        rdzv: &Rendezvous<'_>,
+    ) -> std::result::Result<Option<(usize, usize)>, String> {
+        let word = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
+        let magic = bytes.len().min(4);
+        if bytes[..magic] != HANDSHAKE_MAGIC[..magic]
+            || (bytes.len() >= 8 && word(4) != PROTOCOL_VERSION)
+        {
+            return Err("not a burn-ddp rank of this version".into());
+        }
+        if bytes.len() < Self::HEADER {
+            return Ok(None);
+        }
+        let token_len = word(16) as usize;
+        if token_len > MAX_TOKEN_BYTES {
+            return Err(format!("a token of {token_len} bytes"));
+        }
+        if bytes.len() < Self::HEADER + token_len {
+            return Ok(None);
+        }
+        if bytes.len() > Self::HEADER + token_len || !rdzv.admits(&bytes[Self::HEADER..]) {
+            return Err("without this job's token".into());
+        }
+        Ok(Some((word(8) as usize, word(12) as usize)))
+    }
+}
+
+/// How long an accepted connection may take to send its handshake.
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A connection accepted while waiting for the previous rank.
+struct Pending {
+    stream: TcpStream,
+    from: SocketAddr,
+    received: Vec<u8>,
+    since: Instant,
+}
+
+/// Accepts the previous rank's connection, checking handshakes as they arrive
+/// (all pending ones at once, so a silent connection delays nobody). Strangers
+/// are dropped, and logged once; a genuine rank with a conflicting view of the
+/// job (world size, rank) ends the set-up with the reason.
 fn accept_from(
     listener: &TcpListener,
+    rdzv: &Rendezvous<'_>,
     expected_rank: usize,
-    world_size: usize,
     deadline: Instant,
 ) -> std::result::Result<TcpStream, String> {
     listener
         .set_nonblocking(true)
         .map_err(|err| err.to_string())?;
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut logged_stranger = false;
     loop {
+        let mut progressed = false;
         match listener.accept() {
             Ok((stream, from)) => {
                 stream
-                    .set_nonblocking(false)
-                    .and_then(|()| {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        stream.set_read_timeout(Some(left.max(Duration::from_millis(100))))
-                    })
+                    .set_nonblocking(true)
                     .map_err(|err| err.to_string())?;
-                let mut hello = [0u8; 16];
-                (&stream)
-                    .read_exact(&mut hello)
-                    .map_err(|err| format!("handshake from {from}: {err}"))?;
-                let word = |i: usize| u32::from_le_bytes(hello[i..i + 4].try_into().unwrap());
-                if &hello[..4] != HANDSHAKE_MAGIC || word(4) != PROTOCOL_VERSION {
-                    return Err(format!(
-                        "{from} is not a burn-ddp rank of this version (bad handshake)"
-                    ));
-                }
-                let (rank, world) = (word(8) as usize, word(12) as usize);
-                if world != world_size {
-                    return Err(format!(
-                        "rank {rank} believes WORLD_SIZE is {world}, this rank {world_size}; \
-                         start every rank with the same WORLD_SIZE"
-                    ));
-                }
-                if rank != expected_rank {
-                    return Err(format!(
-                        "expected rank {expected_rank} to connect, got rank {rank}; \
-                         two processes may share a RANK"
-                    ));
-                }
-                return Ok(stream);
+                pending.push(Pending {
+                    stream,
+                    from,
+                    received: Vec::new(),
+                    since: Instant::now(),
+                });
+                progressed = true;
             }
-            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Err("timed out".into());
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
             Err(err) => return Err(err.to_string()),
         }
+        let mut index = 0;
+        while index < pending.len() {
+            let conn = &mut pending[index];
+            let verdict = read_handshake(conn, rdzv);
+            match verdict {
+                Ok(None) if conn.since.elapsed() < HANDSHAKE_DEADLINE => {
+                    index += 1;
+                    continue;
+                }
+                Ok(None) | Err(_) => {
+                    let why = verdict
+                        .err()
+                        .unwrap_or_else(|| "no handshake in time".into());
+                    if !logged_stranger {
+                        logged_stranger = true;
+                        log::warn!(
+                            "rank {}: dropped a connection to the TCP ring from {} ({why}); \
+                             further ones are not logged",
+                            rdzv.rank,
+                            conn.from
+                        );
+                    }
+                    pending.swap_remove(index);
+                    progressed = true;
+                }
+                Ok(Some((rank, world))) => {
+                    if world != rdzv.world_size {
+                        return Err(format!(
+                            "rank {rank} believes WORLD_SIZE is {world}, this rank {}; \
+                             start every rank with the same WORLD_SIZE",
+                            rdzv.world_size
+                        ));
+                    }
+                    if rank != expected_rank {
+                        return Err(format!(
+                            "expected rank {expected_rank} to connect, got rank {rank}; \
+                             two processes may share a RANK"
+                        ));
+                    }
+                    let conn = pending.swap_remove(index);
+                    conn.stream
+                        .set_nonblocking(false)
+                        .map_err(|err| err.to_string())?;
+                    return Ok(conn.stream);
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err("timed out".into());
+        }
+        if !progressed {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// Reads what has arrived of a pending handshake without blocking.
+fn read_handshake(
+    conn: &mut Pending,
+    rdzv: &Rendezvous<'_>,
+) -> std::result::Result<Option<(usize, usize)>, String> {
+    let mut buf = [0u8; Handshake::HEADER + MAX_TOKEN_BYTES];
+    loop {
+        // Never read past the handshake: what follows is the ring's data.
+        let wanted = match Handshake::decode(&conn.received, rdzv)? {
+            Some(found) => return Ok(Some(found)),
+            None if conn.received.len() < Handshake::HEADER => {
+                Handshake::HEADER - conn.received.len()
+            }
+            None => {
+                Handshake::HEADER
+                    + u32::from_le_bytes(conn.received[16..20].try_into().unwrap()) as usize
+                    - conn.received.len()
+            }
+        };
+        match (&conn.stream).read(&mut buf[..wanted]) {
+            Ok(0) => return Err("closed before its handshake".into()),
+            Ok(n) => conn.received.extend_from_slice(&buf[..n]),
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::element::BufferMut;
+    use crate::job::JobToken;
+    use crate::store::{MemoryStore, Store};
+    use crate::transport::Transport;
+    use std::sync::Arc;
+
+    fn rdzv<'a>(
+        rank: usize,
+        store: &'a MemoryStore,
+        token: Option<&'a JobToken>,
+    ) -> Rendezvous<'a> {
+        Rendezvous {
+            rank,
+            world_size: 2,
+            store,
+            key_prefix: "t/",
+            timeout: Duration::from_secs(10),
+            token,
+        }
+    }
+
+    /// Two ranks on threads; `meddle` runs against rank 1's listening address
+    /// before rank 0 connects to it (rank 0 starts once `meddle` returns).
+    fn ring_pair(
+        token: Option<JobToken>,
+        meddle: impl FnOnce(SocketAddr),
+    ) -> (Result<TcpRing>, Result<TcpRing>) {
+        let store = Arc::new(MemoryStore::new());
+        let one = {
+            let (store, token) = (Arc::clone(&store), token.clone());
+            std::thread::spawn(move || {
+                TcpRing::connect(rdzv(1, &store, token.as_ref()), [127, 0, 0, 1].into())
+            })
+        };
+        let addr = store.get("t/tcp/addr/1", Duration::from_secs(5)).unwrap();
+        meddle(String::from_utf8(addr).unwrap().parse().unwrap());
+        let zero = TcpRing::connect(rdzv(0, &store, token.as_ref()), [127, 0, 0, 1].into());
+        (zero, one.join().unwrap())
+    }
+
+    fn sums_work(zero: TcpRing, one: TcpRing) {
+        let other = std::thread::spawn(move || {
+            let mut one = one;
+            let mut x = [2.0f32, 3.0];
+            one.all_reduce(BufferMut::F32(&mut x), ReduceOp::Sum)
+                .unwrap();
+            x
+        });
+        let mut zero = zero;
+        let mut x = [1.0f32, 1.0];
+        zero.all_reduce(BufferMut::F32(&mut x), ReduceOp::Sum)
+            .unwrap();
+        assert_eq!(x, [3.0, 4.0]);
+        assert_eq!(other.join().unwrap(), [3.0, 4.0]);
+    }
+
+    #[test]
+    fn garbage_silent_and_half_handshakes_do_not_stop_the_ring_forming() {
+        let token = JobToken::new("ring-token").unwrap();
+        let mut strays = Vec::new();
+        let started = Instant::now();
+        let (zero, one) = ring_pair(Some(token), |addr| {
+            let connect = || TcpStream::connect(addr).unwrap();
+            // Silent, garbage, a closed probe, half a handshake, a wrong token.
+            strays.push(connect());
+            let mut garbage = connect();
+            garbage.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+            strays.push(garbage);
+            drop(connect());
+            let mut half = connect();
+            half.write_all(&HANDSHAKE_MAGIC[..]).unwrap();
+            strays.push(half);
+            let wrong = JobToken::new("other-job").unwrap();
+            let store = MemoryStore::new();
+            let mut impostor = connect();
+            impostor
+                .write_all(&Handshake::encode(&rdzv(0, &store, Some(&wrong))))
+                .unwrap();
+            strays.push(impostor);
+        });
+        // No stray held the real neighbour back for its handshake deadline.
+        assert!(
+            started.elapsed() < HANDSHAKE_DEADLINE,
+            "{:?}",
+            started.elapsed()
+        );
+        sums_work(zero.unwrap(), one.unwrap());
+    }
+
+    #[test]
+    fn a_rank_with_another_world_size_is_named() {
+        let (zero, one) = ring_pair(None, |addr| {
+            let store = MemoryStore::new();
+            let mut liar = rdzv(0, &store, None);
+            liar.world_size = 3;
+            let mut conn = TcpStream::connect(addr).unwrap();
+            conn.write_all(&Handshake::encode(&liar)).unwrap();
+            std::mem::forget(conn);
+        });
+        let err = one.err().unwrap().to_string();
+        assert!(
+            err.contains("rank 1") && err.contains("WORLD_SIZE is 3"),
+            "{err}"
+        );
+        drop(zero);
     }
 }

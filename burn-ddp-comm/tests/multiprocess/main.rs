@@ -44,6 +44,11 @@ fn main() {
         ),
         ("invalid_arguments_are_errors_not_hangs", invalid_arguments),
         ("an_unknown_transport_is_a_clear_error", unknown_transport),
+        (
+            "a_rank_started_twice_fails_every_rank_naming_both",
+            duplicate_rank,
+        ),
+        ("destroy_then_init_forms_a_fresh_group", destroy_then_init),
     ];
     run_cases(cases);
 }
@@ -285,6 +290,67 @@ fn unknown_transport() -> Result<(), String> {
             o.stderr.contains("BURN_DDP_TRANSPORT=\"carrier-pigeon\"")
                 && o.stderr.contains("tcp, shm"),
             || o.stderr.clone(),
+        )?;
+    }
+    Ok(())
+}
+
+/// RANK=1 given to two processes: every process fails within seconds naming
+/// rank 1 and both claimants, whoever hosts the store, over both transports,
+/// whether the second claimant comes during set-up or after the group formed.
+fn duplicate_rank() -> Result<(), String> {
+    let cases = [Hosting::Driver, Hosting::RankZero]
+        .into_iter()
+        .flat_map(|h| TRANSPORTS.map(|t| (h, t)))
+        .flat_map(|(h, t)| [(h, t, Duration::ZERO), (h, t, Duration::from_millis(1000))]);
+    for (hosting, transport, late) in cases {
+        let mut world = World::new(2).env("BURN_DDP_TRANSPORT", transport);
+        world.started = vec![0, 1, 1];
+        // The second claimant starts with the others, or once they train.
+        world.start_delay = Some((2, late));
+        world.hosting = hosting;
+        world.timeout_secs = 20.0;
+        world.deadline = Duration::from_secs(40);
+        let outcomes = world.run("steady");
+        let pids: Vec<String> = outcomes
+            .iter()
+            .filter(|o| o.rank == 1)
+            .filter_map(|o| o.value("pid").map(str::to_owned))
+            .collect();
+        for o in &outcomes {
+            check(o.code == Some(1), || {
+                format!("{transport}: rank {} should fail: {o:?}", o.rank)
+            })?;
+            // Less than the 3 s the scenario's traffic lasts.
+            check(o.elapsed < late + Duration::from_secs(3), || {
+                format!("{transport}: rank {} took {:?}", o.rank, o.elapsed)
+            })?;
+            check(
+                o.stderr.contains("rank 1 was claimed by two processes")
+                    && pids
+                        .iter()
+                        .all(|pid| o.stderr.contains(&format!("pid {pid} "))),
+                || {
+                    format!(
+                        "{transport}: rank {} should name both {pids:?}: {}",
+                        o.rank, o.stderr
+                    )
+                },
+            )?;
+        }
+        check(pids.len() == 2, || format!("pids printed: {pids:?}"))?;
+    }
+    Ok(())
+}
+
+/// A group destroyed and started again in the same processes (under a store
+/// that outlives both) uses fresh keys, and works.
+fn destroy_then_init() -> Result<(), String> {
+    for transport in TRANSPORTS {
+        all_ok(
+            &World::new(3)
+                .env("BURN_DDP_TRANSPORT", transport)
+                .run("twice"),
         )?;
     }
     Ok(())

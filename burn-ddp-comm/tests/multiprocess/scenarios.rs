@@ -10,6 +10,8 @@ pub fn run(name: &str) -> ! {
         "die" => die(),
         "mismatch" => mismatch(),
         "invalid" => invalid(),
+        "twice" => twice(),
+        "steady" => steady(),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -39,6 +41,7 @@ fn expect<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) -> 
 
 /// collectives_lab.py, printed as `<op> <value>`.
 fn lab() -> Result<(), String> {
+    println!("pid {}", std::process::id());
     let g = group()?;
     let rank = g.rank();
     let world = g.world_size();
@@ -208,6 +211,34 @@ fn invalid() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     if x[0] != g.world_size() as f32 {
         return Err(format!("group unusable after bad arguments: {}", x[0]));
+    }
+    g.destroy().map_err(|e| e.to_string())
+}
+
+/// Two groups one after the other in the same processes.
+fn twice() -> Result<(), String> {
+    for round in 0..2 {
+        let g = group()?;
+        let mut x = [(g.rank() + round) as i64];
+        g.all_reduce(&mut x, ReduceOp::Sum)
+            .map_err(|e| format!("round {round}: {e}"))?;
+        let n = g.world_size() as i64;
+        expect("sum", &x, &[n * (n - 1) / 2 + n * round as i64])?;
+        g.destroy().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Training-like traffic: small all-reduces for three seconds.
+fn steady() -> Result<(), String> {
+    println!("pid {}", std::process::id());
+    let g = group()?;
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_secs(3) {
+        let mut x = [1.0f32; 64];
+        g.all_reduce(&mut x, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
     g.destroy().map_err(|e| e.to_string())
 }
