@@ -25,6 +25,8 @@ pub enum CommError {
         rank: usize,
         /// What it was waiting for.
         what: String,
+        /// The rank it was waiting for, when one rank was awaited.
+        peer: Option<usize>,
         /// How long it waited.
         after: Duration,
     },
@@ -83,13 +85,26 @@ impl CommError {
     pub fn is_timeout(&self) -> bool {
         matches!(self, CommError::Timeout { .. })
     }
+
+    /// The other rank this error points at: the peer that closed its
+    /// connection, failed, or was waited for in vain. A launcher follows these
+    /// to the rank that failed first (a stalled rank never reports itself).
+    pub fn blamed_peer(&self) -> Option<usize> {
+        match self {
+            CommError::Peer { rank, peer, .. } if peer != rank => Some(*peer),
+            CommError::Timeout { peer, .. } => *peer,
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for CommError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CommError::Config { message } => write!(f, "burn-ddp configuration error: {message}"),
-            CommError::Timeout { rank, what, after } => write!(
+            CommError::Timeout {
+                rank, what, after, ..
+            } => write!(
                 f,
                 "rank {rank}: timed out after {:.1}s waiting for {what}; \
                  a peer may have died or never started (raise the timeout with \

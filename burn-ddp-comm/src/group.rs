@@ -11,6 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// Store keys `<prefix>blame/<rank>` hold the peer a rank's first failure
+/// pointed at (see [`CommError::blamed_peer`]).
+pub const BLAME_KEY: &str = "blame";
+
+/// How long a failing rank waits for a peer's report of whom it gave up on.
+const ORIGIN_WAIT: Duration = Duration::from_millis(500);
+
 /// Groups this process has started so far: the generation in store keys, so a
 /// group started after `destroy()` never reads the keys of the one before (every
 /// rank starts and destroys its groups in the same order).
@@ -144,8 +151,10 @@ pub struct ProcessGroup {
     transport: Mutex<Box<dyn Transport>>,
     /// Watches for a rank claimed twice after the group formed.
     duplicate_watch: Option<KeyWatch>,
-    /// The key a second claimant of a rank sets (`None` for a world of one).
-    duplicate_key: Option<String>,
+    /// Prefix of this group's store keys (`None` for a world of one).
+    key_prefix: Option<String>,
+    /// Whether this rank has recorded whom its first failure points at.
+    blamed: std::sync::atomic::AtomicBool,
     #[cfg(feature = "nccl")]
     nccl: crate::nccl::NcclSlot,
     // Dropped last: peers may still be reading from it while we tear down.
@@ -249,7 +258,7 @@ impl ProcessGroup {
             return Err(err);
         }
         group.duplicate_watch = watch_for_duplicates(&host, &env, &prefix);
-        group.duplicate_key = Some(format!("{prefix}duplicate"));
+        group.key_prefix = Some(prefix);
         log::debug!(
             "rank {}: process group of {} ready over {} (launcher {:?}, timeout {:?})",
             env.rank,
@@ -279,7 +288,8 @@ impl ProcessGroup {
             store,
             transport: Mutex::new(transport),
             duplicate_watch: None,
-            duplicate_key: None,
+            key_prefix: None,
+            blamed: Default::default(),
             #[cfg(feature = "nccl")]
             nccl: Default::default(),
             _store_server: server,
@@ -357,8 +367,9 @@ impl ProcessGroup {
             .map(str::to_owned);
         // The watch may not have heard yet: ask the store once (this is the
         // error path; a store that is gone answers at once).
+        let duplicate_key = self.key_prefix.as_ref().map(|p| format!("{p}duplicate"));
         let reason = watched.or_else(|| {
-            let key = self.duplicate_key.as_deref()?;
+            let key = duplicate_key.as_deref()?;
             if !self.store.check(&[key]).ok()? {
                 return None;
             }
@@ -370,7 +381,76 @@ impl ProcessGroup {
                 rank: self.rank,
                 message: format!("the group cannot go on: {reason} (then: {err})"),
             },
-            None => err,
+            None => self.trace_origin(err),
+        }
+    }
+
+    /// For this rank's first failure that points at a peer: follows what the
+    /// ranks reported to the store to the rank where the failure began (in a
+    /// ring, only the neighbours of a dead rank see it die; the others see a
+    /// neighbour give up), names it in the error, and reports it in turn, so
+    /// the launcher can name it too (a stalled rank never reports itself).
+    fn trace_origin(&self, err: CommError) -> CommError {
+        let (Some(prefix), Some(peer)) = (&self.key_prefix, err.blamed_peer()) else {
+            return err;
+        };
+        if self.blamed.swap(true, Ordering::SeqCst) {
+            return err;
+        }
+        let blame_key = |rank: usize| format!("{prefix}{BLAME_KEY}/{rank}");
+        // Report the direct peer at once: ranks tracing through us must not
+        // wait while we trace further.
+        let _ = self
+            .store
+            .set(&blame_key(self.rank), peer.to_string().as_bytes());
+        let mut chain = vec![peer];
+        while chain.len() < self.world_size {
+            let last = *chain.last().unwrap();
+            // A peer that gave up reports within moments of closing on us.
+            let Ok(value) = self.store.get(&blame_key(last), ORIGIN_WAIT) else {
+                break;
+            };
+            match String::from_utf8_lossy(&value).parse::<usize>() {
+                Ok(next) if next != self.rank && !chain.contains(&next) => chain.push(next),
+                _ => break,
+            }
+        }
+        let origin = *chain.last().unwrap();
+        let _ = self
+            .store
+            .set(&blame_key(self.rank), origin.to_string().as_bytes());
+        if origin == peer {
+            return err;
+        }
+        let cause = format!(
+            "; rank {peer} had given up on rank {origin}, where the failure began \
+             (reported by rank(s) {:?})",
+            &chain[..chain.len() - 1]
+        );
+        match err {
+            CommError::Peer {
+                rank,
+                peer,
+                op,
+                detail,
+            } => CommError::Peer {
+                rank,
+                peer,
+                op,
+                detail: detail + &cause,
+            },
+            CommError::Timeout {
+                rank,
+                what,
+                peer,
+                after,
+            } => CommError::Timeout {
+                rank,
+                what: what + &cause,
+                peer,
+                after,
+            },
+            other => other,
         }
     }
 
@@ -723,6 +803,7 @@ fn join(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<()> {
         }
         return Err(CommError::Timeout {
             rank: env.rank,
+            peer: Some(first_missing),
             what: format!(
                 "rank(s) {missing:?} to join a group of {} at {}:{} (check that they \
                  started, and that every rank has the same WORLD_SIZE, MASTER_ADDR and \

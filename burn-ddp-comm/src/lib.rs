@@ -43,6 +43,8 @@ pub use backend::{CollectiveBackend, BACKEND_VAR};
 pub use element::{finish_reduce, reduce_into, BufferMut, DType, Element, ReduceOp};
 pub use env::{LaunchEnv, Launcher, StoreHost};
 pub use error::{CommError, Result};
-pub use group::{ProcessGroup, ProcessGroupBuilder, TransportChoice, DEBUG_VAR, TRANSPORT_VAR};
+pub use group::{
+    ProcessGroup, ProcessGroupBuilder, TransportChoice, BLAME_KEY, DEBUG_VAR, TRANSPORT_VAR,
+};
 pub use job::JobToken;
 pub use reducer::{BucketConfig, BucketPlan, ParamLayout, Reducer};

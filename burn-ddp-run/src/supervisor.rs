@@ -6,6 +6,8 @@ use crate::signals;
 use burn_ddp_comm::env::LAUNCHER_STORE_VAR;
 use burn_ddp_comm::job::{generate_job_id, valid_job_id, JobToken, JOB_ID_VAR, JOB_TOKEN_VAR};
 use burn_ddp_comm::store::StoreServer;
+use burn_ddp_comm::BLAME_KEY;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -149,7 +151,11 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
             }
         }
     }
-    Ok(supervise(workers, config, started))
+    let blames = Blames {
+        store: store.as_ref(),
+        prefix: format!("burn-ddp/{}/", job.id),
+    };
+    Ok(supervise(workers, config, started, &blames))
 }
 
 fn host_store(config: &LaunchConfig, token: Option<JobToken>) -> Result<StoreServer, String> {
@@ -231,7 +237,65 @@ fn spawn(
     })
 }
 
-fn supervise(mut workers: Vec<Worker>, config: &LaunchConfig, started: Instant) -> i32 {
+/// What the workers told the store about their failures: whom each blamed.
+struct Blames<'a> {
+    store: Option<&'a StoreServer>,
+    prefix: String,
+}
+
+impl Blames<'_> {
+    /// Rank -> the peer its first failure pointed at, from the latest group.
+    fn read(&self) -> HashMap<usize, usize> {
+        let Some(store) = self.store else {
+            return HashMap::new(); // another machine's launcher hosts the store
+        };
+        let mut latest: HashMap<usize, (u64, usize)> = HashMap::new();
+        for (key, value) in store.entries(&self.prefix) {
+            // <prefix><generation>/blame/<rank> = <peer>
+            let mut parts = key[self.prefix.len()..].split('/');
+            let (Some(generation), Some(BLAME_KEY), Some(rank), None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let parsed = (
+                generation.parse::<u64>(),
+                rank.parse::<usize>(),
+                String::from_utf8_lossy(&value).parse::<usize>(),
+            );
+            if let (Ok(generation), Ok(rank), Ok(peer)) = parsed {
+                let entry = latest.entry(rank).or_insert((generation, peer));
+                if generation >= entry.0 {
+                    *entry = (generation, peer);
+                }
+            }
+        }
+        latest.into_iter().map(|(r, (_, p))| (r, p)).collect()
+    }
+}
+
+/// Follows the blames from the first rank to fail to the rank where the
+/// failure began: one that blamed nobody (it crashed, or stalled and never
+/// reported), or the end of a cycle.
+fn root_cause(first: usize, blames: &HashMap<usize, usize>) -> usize {
+    let mut rank = first;
+    let mut seen = vec![first];
+    while let Some(&peer) = blames.get(&rank) {
+        if seen.contains(&peer) {
+            break;
+        }
+        seen.push(peer);
+        rank = peer;
+    }
+    rank
+}
+
+fn supervise(
+    mut workers: Vec<Worker>,
+    config: &LaunchConfig,
+    started: Instant,
+    blames: &Blames<'_>,
+) -> i32 {
     let mut first_failure: Option<usize> = None;
     let mut interrupted: Option<i32> = None;
     let mut kill_at: Option<Instant> = None;
@@ -261,9 +325,11 @@ fn supervise(mut workers: Vec<Worker>, config: &LaunchConfig, started: Instant) 
             }
         }
         if first_failure.is_some() && kill_at.is_none() {
-            // Stop the others at once; they would otherwise wait out their timeouts.
+            // Stop the others at once; they would otherwise wait out their
+            // timeouts. A stopped worker is continued so it sees the SIGTERM.
             for w in workers.iter().filter(|w| w.exit.is_none()) {
                 signals::send(w.pid, libc::SIGTERM);
+                signals::send(w.pid, libc::SIGCONT);
             }
             kill_at = Some(Instant::now() + config.shutdown_timeout);
         }
@@ -289,9 +355,10 @@ fn supervise(mut workers: Vec<Worker>, config: &LaunchConfig, started: Instant) 
     }
     match first_failure {
         None => 0,
-        Some(root) => {
-            print_summary(&workers, root);
-            exit_code(workers[root].exit.unwrap().0)
+        Some(first) => {
+            let root = root_cause(workers[first].rank, &blames.read());
+            print_summary(&workers, first, root);
+            exit_code(workers[first].exit.unwrap().0)
         }
     }
 }
@@ -326,18 +393,23 @@ fn drain_output(workers: &mut [Worker]) {
     }
 }
 
-fn print_summary(workers: &[Worker], root: usize) {
+/// The failure table. `first` indexes the first worker to fail; `root` is the
+/// global rank the failure began at (the same, unless the first to fail was
+/// waiting for another rank, as with a stalled one).
+fn print_summary(workers: &[Worker], first: usize, root: usize) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    let first_rank = workers[first].rank;
     eprintln!("burn-ddp-run: the job failed");
     eprintln!("  rank  local_rank  pid       ended after  result");
     for w in workers {
         let (status, at) = w.exit.unwrap();
-        let cause = if std::ptr::eq(w, &workers[root]) {
-            "  <- first failure (root cause)"
-        } else {
-            ""
+        let cause = match (w.rank == root, w.rank == first_rank) {
+            (true, true) => "  <- first failure (root cause)",
+            (true, false) => "  <- root cause (the rank the others waited for)",
+            (false, true) => "  <- failed first, because of the root cause",
+            (false, false) => "",
         };
         eprintln!(
             "  {:<4}  {:<10}  {:<8}  {:>9.2}s  {}{cause}",
@@ -348,18 +420,35 @@ fn print_summary(workers: &[Worker], root: usize) {
             describe(status)
         );
     }
-    let w = &workers[root];
-    eprintln!(
-        "burn-ddp-run: root cause: rank {} (local rank {}, pid {}) {} at {:02}:{:02}:{:02} UTC; \
-         see its output above",
-        w.rank,
-        w.local_rank,
-        w.pid,
-        describe(w.exit.unwrap().0),
+    let clock = format!(
+        "{:02}:{:02}:{:02} UTC",
         now / 3600 % 24,
         now / 60 % 60,
         now % 60
     );
+    match workers.iter().find(|w| w.rank == root) {
+        Some(w) if root == first_rank => eprintln!(
+            "burn-ddp-run: root cause: rank {} (local rank {}, pid {}) {} at {clock}; \
+             see its output above",
+            w.rank,
+            w.local_rank,
+            w.pid,
+            describe(w.exit.unwrap().0)
+        ),
+        Some(w) => eprintln!(
+            "burn-ddp-run: root cause: rank {} (local rank {}, pid {}): rank {first_rank} \
+             failed first at {clock} waiting for it, directly or through other ranks; it was \
+             stalled or stopped, and in the end {}",
+            w.rank,
+            w.local_rank,
+            w.pid,
+            describe(w.exit.unwrap().0)
+        ),
+        None => eprintln!(
+            "burn-ddp-run: root cause: rank {root}, on another machine: rank {first_rank} \
+             failed first at {clock} waiting for it; see that machine's launcher"
+        ),
+    }
 }
 
 /// Terminates workers that were already started (when a later one failed to start).
@@ -396,3 +485,22 @@ fn stop_with_parent(command: &mut Command) {
 
 #[cfg(not(target_os = "linux"))]
 fn stop_with_parent(_command: &mut Command) {}
+
+#[cfg(test)]
+mod tests {
+    use super::root_cause;
+    use std::collections::HashMap;
+
+    #[test]
+    fn the_root_cause_is_where_the_blames_lead() {
+        // Nobody blamed anyone: the first to fail is the cause.
+        assert_eq!(root_cause(2, &HashMap::new()), 2);
+        // A ring of 4 with rank 1 stalled: 2 gave up on 1, 3 on 2, 0 on 3.
+        let ring: HashMap<usize, usize> = [(2, 1), (3, 2), (0, 3)].into();
+        assert_eq!(root_cause(0, &ring), 1);
+        assert_eq!(root_cause(3, &ring), 1);
+        // Blames in a cycle end where the cycle closes, not in a loop.
+        let cycle: HashMap<usize, usize> = [(0, 1), (1, 0)].into();
+        assert_eq!(root_cause(0, &cycle), 1);
+    }
+}

@@ -75,6 +75,9 @@ pub struct World {
     /// Pause before starting the process at this index of `started` (and so
     /// every later one).
     pub start_delay: Option<(usize, Duration)>,
+    /// Sends a signal to the process at this index of `started` once it has
+    /// printed a line starting with the given text (a fault injected for real).
+    pub signal_when: Option<(usize, &'static str, i32)>,
 }
 
 impl World {
@@ -88,6 +91,7 @@ impl World {
             rank_env: Vec::new(),
             deadline: Duration::from_secs(120),
             start_delay: None,
+            signal_when: None,
         }
     }
 
@@ -168,13 +172,29 @@ impl World {
             .collect();
         let readers: Vec<_> = children
             .iter_mut()
-            .map(|(_, child)| {
-                let mut out = child.stdout.take().unwrap();
+            .enumerate()
+            .map(|(index, (_, child))| {
+                let out = child.stdout.take().unwrap();
                 let mut err = child.stderr.take().unwrap();
+                let pid = child.id() as libc::pid_t;
+                let trigger = self
+                    .signal_when
+                    .filter(|(at, _, _)| *at == index)
+                    .map(|(_, line, signal)| (line, signal));
                 (
                     std::thread::spawn(move || {
                         let mut s = String::new();
-                        let _ = out.read_to_string(&mut s);
+                        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+                            let Ok(line) = line else { break };
+                            if let Some((start, signal)) = trigger {
+                                if line.starts_with(start) {
+                                    // SAFETY: kill has no memory-safety preconditions.
+                                    unsafe { libc::kill(pid, signal) };
+                                }
+                            }
+                            s.push_str(&line);
+                            s.push('\n');
+                        }
                         s
                     }),
                     std::thread::spawn(move || {

@@ -91,6 +91,7 @@ impl NcclCommunicator {
             WaitError::Failed(detail) => device_error("ncclCommInitRank failed", detail),
             WaitError::TimedOut(after) => CommError::Timeout {
                 rank,
+                peer: None,
                 what: format!(
                     "every rank to join the NCCL communicator on cuda:{ordinal} (a rank may \
                      have died, or reached this point without a CUDA tensor)"
@@ -312,6 +313,7 @@ impl NcclCommunicator {
             }
             Err(WaitError::TimedOut(after)) => CommError::Timeout {
                 rank: self.rank,
+                peer: None,
                 what: format!("NCCL {op} on cuda:{} to finish", self.ordinal),
                 after,
             },

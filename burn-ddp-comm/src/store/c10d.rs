@@ -217,6 +217,7 @@ impl Store for C10dStoreClient {
         }
         Err(CommError::Timeout {
             rank: self.rank.unwrap_or(usize::MAX),
+            peer: None,
             what: format!("c10d store keys {keys:?} at {}", self.server),
             after: timeout,
         })

@@ -30,6 +30,7 @@ impl MemoryStore {
             if now >= deadline {
                 return Err(CommError::Timeout {
                     rank: 0,
+                    peer: None,
                     what: format!("store keys {keys:?}"),
                     after: timeout,
                 });

@@ -1,24 +1,29 @@
-//! The store's server: one thread accepting, one thread per connected rank.
+//! The store's server: one thread serving every connection from an event loop.
 //!
 //! It runs inside the launcher (or rank 0), whose death ends the job, so no
-//! client may pin it: a connection's socket is released when it closes, a frame
-//! must arrive whole within [`FRAME_DEADLINE`], a store with a job token serves
-//! nothing before a matching hello (due within [`HELLO_DEADLINE`]), and the
-//! number of connections and the bytes stored are capped.
+//! client may pin it: a connection costs a buffer, not a thread (a flood of
+//! connections is cheap to refuse); its socket is released when it closes; a
+//! frame must arrive whole within [`FRAME_DEADLINE`]; a store with a job token
+//! serves nothing before a matching hello (due within [`HELLO_DEADLINE`]); the
+//! number of connections and the bytes stored are capped. Waiting requests
+//! (`get`, `wait`) are parked and answered when their keys appear or their
+//! time runs out.
 
 use super::protocol::{self, ADD, CHECK, GET, HELLO, SET, WAIT};
 use crate::error::{CommError, Result};
-use crate::frame::{read_frame, write_frame, FieldReader, FieldWriter};
+use crate::frame::{FieldReader, FieldWriter, MAX_FRAME_BYTES};
 use crate::job::JobToken;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::HashMap;
-use std::io::{self, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Connections served at once; more are closed on arrival. Each rank holds one.
+/// Connections served at once; more are closed on arrival. Each rank holds two.
 pub const MAX_CONNECTIONS: usize = 8192;
 /// Bytes of keys and values the store holds at most (it carries addresses and
 /// ids, a few hundred bytes per rank).
@@ -27,6 +32,17 @@ pub const MAX_STORED_BYTES: usize = 64 << 20;
 pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
 /// Time a new connection has to present the job token, when there is one.
 pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONNECTION: usize = 2;
+/// Longest a parked request may wait, so every deadline is representable.
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// What a client without the job's token is told.
+pub(crate) const REFUSAL: &str = "this store serves one job only, and this process did not \
+    present its token (BURN_DDP_JOB_TOKEN); start every rank from the same burn-ddp-run, or \
+    export the same BURN_DDP_JOB_TOKEN to all of them";
 
 #[derive(Default)]
 struct Values {
@@ -54,39 +70,26 @@ impl Values {
         self.map.insert(key, value);
         Ok(())
     }
-}
 
-#[derive(Default)]
-struct State {
-    values: Mutex<Values>,
-    changed: Condvar,
-    stopping: AtomicBool,
-    /// Open connections by id, so `drop` can close them; each removes itself.
-    connections: Mutex<HashMap<u64, TcpStream>>,
-    next_id: AtomicU64,
-    token: Option<JobToken>,
-    /// Each kind of refusal is logged once, so a scan cannot flood the log.
-    logged_refusal: AtomicBool,
-    logged_full: AtomicBool,
-    logged_accept_error: AtomicBool,
-}
-
-impl State {
-    fn log_once(&self, flag: &AtomicBool, message: impl FnOnce() -> String) {
-        if !flag.swap(true, Ordering::Relaxed) {
-            log::warn!(
-                "rendezvous store: {}; further ones are not logged",
-                message()
-            );
-        }
+    fn has_all(&self, keys: &[String]) -> bool {
+        keys.iter().all(|key| self.map.contains_key(key))
     }
+}
+
+/// What the serving thread shares with the [`StoreServer`] handle.
+#[derive(Default)]
+struct Shared {
+    values: Mutex<Values>,
+    stopping: AtomicBool,
+    connections: AtomicUsize,
 }
 
 /// A running store; stops (and disconnects every client) when dropped.
 pub struct StoreServer {
     addr: SocketAddr,
-    state: Arc<State>,
-    acceptor: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    waker: Arc<Waker>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl StoreServer {
@@ -143,15 +146,18 @@ impl StoreServer {
                 Self::start(SocketAddr::new(any, port), token)
             }
             (_, Some(err)) => Err(err),
-            (None, None) => Err(CommError::Store {
+            (_, None) => Err(CommError::Store {
                 rank: None,
                 message: format!("the master address {host:?} resolves to no address"),
             }),
-            (Some(_), None) => unreachable!("every resolved address was tried"),
         }
     }
 
     fn start(addr: SocketAddr, token: Option<JobToken>) -> Result<Self> {
+        let fail = |message: String| CommError::Store {
+            rank: None,
+            message,
+        };
         let listener = TcpListener::bind(addr).map_err(|err| {
             let fix = if err.kind() == io::ErrorKind::AddrInUse {
                 "another job (or a stale process) holds that port: set MASTER_PORT to a free \
@@ -159,33 +165,41 @@ impl StoreServer {
             } else {
                 "check MASTER_ADDR names an address of this machine"
             };
-            CommError::Store {
-                rank: None,
-                message: format!("cannot listen on {addr}: {err}; {fix}"),
-            }
+            fail(format!("cannot listen on {addr}: {err}; {fix}"))
         })?;
-        let addr = listener.local_addr().map_err(|err| CommError::Store {
-            rank: None,
-            message: format!("cannot read the listening address: {err}"),
-        })?;
-        let state = Arc::new(State {
+        let addr = listener
+            .local_addr()
+            .map_err(|err| fail(format!("cannot read the listening address: {err}")))?;
+        let poll = Poll::new().map_err(|err| fail(format!("cannot start polling: {err}")))?;
+        let waker = Arc::new(
+            Waker::new(poll.registry(), WAKER)
+                .map_err(|err| fail(format!("cannot start polling: {err}")))?,
+        );
+        let shared = Arc::new(Shared::default());
+        let mut event_loop = EventLoop {
+            poll,
+            listener,
+            connections: HashMap::new(),
+            next_token: FIRST_CONNECTION,
+            shared: Arc::clone(&shared),
             token,
-            ..State::default()
-        });
-        let acceptor = {
-            let state = Arc::clone(&state);
-            std::thread::Builder::new()
-                .name("burn-ddp-store".into())
-                .spawn(move || accept_loop(listener, state))
-                .map_err(|err| CommError::Store {
-                    rank: None,
-                    message: format!("cannot start the store's thread: {err}"),
-                })?
+            accept_paused_until: None,
+            logged: Logged::default(),
         };
+        event_loop
+            .poll
+            .registry()
+            .register(&mut event_loop.listener, LISTENER, Interest::READABLE)
+            .map_err(|err| fail(format!("cannot start polling: {err}")))?;
+        let thread = std::thread::Builder::new()
+            .name("burn-ddp-store".into())
+            .spawn(move || event_loop.run())
+            .map_err(|err| fail(format!("cannot start the store's thread: {err}")))?;
         Ok(Self {
             addr,
-            state,
-            acceptor: Some(acceptor),
+            shared,
+            waker,
+            thread: Some(thread),
         })
     }
 
@@ -196,253 +210,516 @@ impl StoreServer {
 
     /// Connections open now (ranks, and anything not yet refused).
     pub fn connection_count(&self) -> usize {
-        self.state.connections.lock().unwrap().len()
+        self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// The keys under `prefix` and their values, read in this process (a
+    /// launcher reads what its workers reported).
+    pub fn entries(&self, prefix: &str) -> Vec<(String, Vec<u8>)> {
+        let values = self.shared.values.lock().unwrap();
+        let mut found: Vec<_> = values
+            .map
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        found.sort();
+        found
     }
 }
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
-        self.state.stopping.store(true, Ordering::SeqCst);
-        self.state.changed.notify_all();
-        // Wake the acceptor with a connection of our own, then close every client.
-        let wake = if self.addr.ip().is_unspecified() {
-            let loopback: std::net::IpAddr = match self.addr {
-                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            };
-            SocketAddr::new(loopback, self.addr.port())
-        } else {
-            self.addr
-        };
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
-        for (_, conn) in self.state.connections.lock().unwrap().drain() {
-            let _ = conn.shutdown(std::net::Shutdown::Both);
-        }
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
 
-fn accept_loop(listener: TcpListener, state: Arc<State>) {
-    loop {
-        let accepted = listener.accept();
-        if state.stopping.load(Ordering::SeqCst) {
-            break;
-        }
-        let (conn, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                // Out of descriptors, mostly: back off instead of spinning.
-                state.log_once(&state.logged_accept_error, || {
-                    format!("cannot accept a connection ({err})")
-                });
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
+/// Each kind of trouble is logged once, so a scan cannot flood the log.
+#[derive(Default)]
+struct Logged {
+    refusal: bool,
+    full: bool,
+    accept_error: bool,
+}
+
+fn log_once(flag: &mut bool, message: impl FnOnce() -> String) {
+    if !std::mem::replace(flag, true) {
+        log::warn!(
+            "rendezvous store: {}; further ones are not logged",
+            message()
+        );
+    }
+}
+
+/// A request parked until its keys exist or its deadline passes.
+struct Parked {
+    keys: Vec<String>,
+    /// `get` answers with the value of its one key; `wait` with OK.
+    get: bool,
+    deadline: Instant,
+}
+
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    admitted: bool,
+    opened: Instant,
+    inbox: Vec<u8>,
+    /// When the frame now arriving started; `None` between frames.
+    frame_started: Option<Instant>,
+    outbox: Vec<u8>,
+    parked: Option<Parked>,
+    /// Close once the outbox is written (after a refusal).
+    closing: bool,
+}
+
+enum Outcome {
+    Reply(Vec<u8>),
+    Park(Parked),
+    Refuse,
+}
+
+struct EventLoop {
+    poll: Poll,
+    listener: TcpListener,
+    connections: HashMap<Token, Connection>,
+    next_token: usize,
+    shared: Arc<Shared>,
+    token: Option<JobToken>,
+    accept_paused_until: Option<Instant>,
+    logged: Logged,
+}
+
+impl EventLoop {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(256);
+        while !self.shared.stopping.load(Ordering::SeqCst) {
+            let timeout = self.next_deadline().map(|at| {
+                at.saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1))
+            });
+            if let Err(err) = self.poll.poll(&mut events, timeout) {
+                if err.kind() != io::ErrorKind::Interrupted {
+                    log::error!("rendezvous store: polling failed ({err}); the store stops");
+                    return;
+                }
             }
-        };
-        let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut open = state.connections.lock().unwrap();
-            if open.len() >= MAX_CONNECTIONS {
-                state.log_once(&state.logged_full, || {
+            let mut ready = Vec::new();
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept_all(),
+                    WAKER => {}
+                    token => ready.push(token),
+                }
+            }
+            if self
+                .accept_paused_until
+                .is_some_and(|until| Instant::now() >= until)
+            {
+                self.accept_paused_until = None;
+                self.accept_all();
+            }
+            let mut changed = false;
+            for token in ready {
+                changed |= self.serve(token);
+            }
+            if changed {
+                self.answer_parked();
+            }
+            self.expire();
+        }
+        // Dropping the connections closes them: clients see the store go.
+        self.shared.connections.store(0, Ordering::SeqCst);
+    }
+
+    /// The earliest moment something times out.
+    fn next_deadline(&self) -> Option<Instant> {
+        let per_connection = self.connections.values().filter_map(|c| {
+            let hello = (!c.admitted).then_some(c.opened + HELLO_DEADLINE);
+            let frame = c.frame_started.map(|at| at + FRAME_DEADLINE);
+            let parked = c.parked.as_ref().map(|p| p.deadline);
+            [hello, frame, parked].into_iter().flatten().min()
+        });
+        per_connection.chain(self.accept_paused_until).min()
+    }
+
+    fn accept_all(&mut self) {
+        if self.accept_paused_until.is_some() {
+            return;
+        }
+        loop {
+            let (mut stream, peer) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => {
+                    // Out of descriptors, mostly: back off instead of spinning.
+                    log_once(&mut self.logged.accept_error, || {
+                        format!("cannot accept a connection ({err})")
+                    });
+                    self.accept_paused_until = Some(Instant::now() + Duration::from_millis(50));
+                    return;
+                }
+            };
+            if self.connections.len() >= MAX_CONNECTIONS {
+                log_once(&mut self.logged.full, || {
                     format!("{MAX_CONNECTIONS} connections are open; closed one from {peer}")
                 });
+                continue; // dropped: closed
+            }
+            let token = Token(self.next_token);
+            self.next_token += 1;
+            // Edge-triggered: writable fires once room frees up after a short write.
+            let registered = self.poll.registry().register(
+                &mut stream,
+                token,
+                Interest::READABLE | Interest::WRITABLE,
+            );
+            if registered.is_err() {
                 continue;
             }
-            match conn.try_clone() {
-                Ok(clone) => open.insert(id, clone),
-                Err(_) => continue,
-            };
-        }
-        let _ = conn.set_nodelay(true);
-        let worker = {
-            let state = Arc::clone(&state);
-            std::thread::Builder::new()
-                .name("burn-ddp-store-conn".into())
-                .stack_size(256 << 10)
-                .spawn(move || {
-                    serve_connection(conn, peer, &state);
-                    state.connections.lock().unwrap().remove(&id);
-                })
-        };
-        if worker.is_err() {
-            state.connections.lock().unwrap().remove(&id);
-        }
-    }
-}
-
-/// Reads from a socket with an overall deadline (none: wait as long as it takes).
-struct DeadlineReader<'a> {
-    conn: &'a TcpStream,
-    deadline: Option<Instant>,
-}
-
-impl Read for DeadlineReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = match self.deadline {
-            None => None,
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(io::ErrorKind::TimedOut.into());
-                }
-                Some(left)
-            }
-        };
-        self.conn.set_read_timeout(left)?;
-        let mut conn = self.conn;
-        conn.read(buf)
-    }
-}
-
-/// The next request: waits for its first byte until `idle_deadline`, then
-/// gives the rest [`FRAME_DEADLINE`]. `None` when the client is gone or too slow.
-fn next_request(conn: &TcpStream, idle_deadline: Option<Instant>) -> Option<Vec<u8>> {
-    let mut first = [0u8; 1];
-    DeadlineReader {
-        conn,
-        deadline: idle_deadline,
-    }
-    .read_exact(&mut first)
-    .ok()?;
-    let rest = DeadlineReader {
-        conn,
-        deadline: Some(Instant::now() + FRAME_DEADLINE),
-    };
-    read_frame(&mut (&first[..]).chain(rest)).ok().flatten()
-}
-
-fn serve_connection(mut conn: TcpStream, peer: SocketAddr, state: &State) {
-    // A client that vanishes just ends its thread; requests are independent.
-    let mut admitted = state.token.is_none();
-    let hello_deadline = Instant::now() + HELLO_DEADLINE;
-    loop {
-        let idle_deadline = (!admitted).then_some(hello_deadline);
-        let Some(request) = next_request(&conn, idle_deadline) else {
-            if !admitted {
-                state.log_once(&state.logged_refusal, || {
-                    format!("closed a connection from {peer} that sent no hello")
-                });
-            }
-            return;
-        };
-        let reply = match FieldReader::new(&request) {
-            Ok((HELLO, mut fields)) => {
-                let presented = fields.bytes().unwrap_or_default();
-                match &state.token {
-                    Some(token) if !token.matches(presented) => {
-                        state.log_once(&state.logged_refusal, || {
-                            format!(
-                                "refused a connection from {peer} without this job's token \
-                                 (a process of another job, or a port scan)"
-                            )
-                        });
-                        let refusal = FieldWriter::new(protocol::ERROR)
-                            .bytes(REFUSAL.as_bytes())
-                            .finish();
-                        let _ = write_frame(&mut conn, &refusal);
-                        return;
-                    }
-                    _ => {
-                        admitted = true;
-                        Ok(FieldWriter::new(protocol::OK).finish())
-                    }
-                }
-            }
-            _ if !admitted => {
-                state.log_once(&state.logged_refusal, || {
-                    format!("refused a request from {peer} that did not say hello first")
-                });
-                let refusal = FieldWriter::new(protocol::ERROR)
-                    .bytes(REFUSAL.as_bytes())
-                    .finish();
-                let _ = write_frame(&mut conn, &refusal);
-                return;
-            }
-            _ => handle(&request, state),
-        };
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(err) => FieldWriter::new(protocol::ERROR)
-                .bytes(err.to_string().as_bytes())
-                .finish(),
-        };
-        if write_frame(&mut conn, &reply).is_err() {
-            return;
+            let _ = stream.set_nodelay(true);
+            self.connections.insert(
+                token,
+                Connection {
+                    stream,
+                    peer,
+                    admitted: self.token.is_none(),
+                    opened: Instant::now(),
+                    inbox: Vec::new(),
+                    frame_started: None,
+                    outbox: Vec::new(),
+                    parked: None,
+                    closing: false,
+                },
+            );
+            self.shared
+                .connections
+                .store(self.connections.len(), Ordering::SeqCst);
         }
     }
-}
 
-/// What a client without the job's token is told.
-pub(crate) const REFUSAL: &str = "this store serves one job only, and this process did not \
-    present its token (BURN_DDP_JOB_TOKEN); start every rank from the same burn-ddp-run, or \
-    export the same BURN_DDP_JOB_TOKEN to all of them";
+    /// Reads, handles and writes what one connection has ready. Returns whether
+    /// the values changed (parked requests may now be answered).
+    fn serve(&mut self, token: Token) -> bool {
+        let Some(mut conn) = self.connections.remove(&token) else {
+            return false;
+        };
+        let (keep, changed) = self.serve_connection(&mut conn);
+        if keep {
+            self.connections.insert(token, conn);
+        } else {
+            self.forget(conn);
+        }
+        changed
+    }
 
-fn handle(request: &[u8], state: &State) -> io::Result<Vec<u8>> {
-    let (command, mut fields) = FieldReader::new(request)?;
-    match command {
-        SET => {
-            let key = fields.string()?.to_owned();
-            let value = fields.bytes()?.to_vec();
-            state.values.lock().unwrap().insert(key, value)?;
-            state.changed.notify_all();
-            Ok(FieldWriter::new(protocol::OK).finish())
-        }
-        GET => {
-            let key = fields.string()?;
-            let timeout = Duration::from_millis(fields.u64()?);
-            let values = wait_for(state, &[key], timeout);
-            Ok(match values {
-                Some(values) => FieldWriter::new(protocol::OK)
-                    .bytes(&values.map[key])
-                    .finish(),
-                None => FieldWriter::new(protocol::TIMED_OUT).finish(),
-            })
-        }
-        ADD => {
-            let key = fields.string()?.to_owned();
-            let delta = fields.i64()?;
-            let mut values = state.values.lock().unwrap();
-            let current = match values.map.get(&key) {
-                Some(bytes) => parse_counter(bytes)?,
-                None => 0,
-            };
-            // Checked: an overflow is the client's error, not a panic that
-            // would poison the lock and take the whole store down.
-            let sum = current.checked_add(delta).ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("add of {delta} to {current} overflows a 64-bit counter"),
+    fn forget(&mut self, mut conn: Connection) {
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        if !conn.admitted {
+            log_once(&mut self.logged.refusal, || {
+                format!(
+                    "closed a connection from {} that did not present this job's token \
+                     (a process of another job, or a port scan)",
+                    conn.peer
                 )
-            })?;
-            values.insert(key, sum.to_string().into_bytes())?;
-            drop(values);
-            state.changed.notify_all();
-            Ok(FieldWriter::new(protocol::OK).i64(sum).finish())
+            });
         }
-        WAIT | CHECK => {
-            let count = fields.u64()? as usize;
-            let keys = (0..count)
-                .map(|_| fields.string())
-                .collect::<io::Result<Vec<_>>>()?;
-            let timeout = if command == WAIT {
-                Duration::from_millis(fields.u64()?)
-            } else {
-                Duration::ZERO
-            };
-            let ready = wait_for(state, &keys, timeout).is_some();
-            Ok(match (command, ready) {
-                (CHECK, ready) => FieldWriter::new(protocol::OK).i64(ready as i64).finish(),
-                (_, true) => FieldWriter::new(protocol::OK).finish(),
-                (_, false) => FieldWriter::new(protocol::TIMED_OUT).finish(),
-            })
-        }
-        other => Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("unknown store command {other}"),
-        )),
+        self.shared
+            .connections
+            .store(self.connections.len(), Ordering::SeqCst);
     }
+
+    fn serve_connection(&mut self, conn: &mut Connection) -> (bool, bool) {
+        if !flush(conn) {
+            return (false, false);
+        }
+        if conn.closing {
+            return (!conn.outbox.is_empty(), false);
+        }
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            match conn.stream.read(&mut buf) {
+                Ok(0) => return (false, false),
+                Ok(n) => {
+                    if conn.inbox.is_empty() {
+                        conn.frame_started = Some(Instant::now());
+                    }
+                    conn.inbox.extend_from_slice(&buf[..n]);
+                    if conn.inbox.len() > MAX_FRAME_BYTES + 4 + 64 {
+                        return (false, false); // more than a frame ahead: not a client
+                    }
+                }
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return (false, false),
+            }
+        }
+        let mut changed = false;
+        // One request at a time: a parked one holds the rest back.
+        while conn.parked.is_none() && !conn.closing {
+            let Some(frame) = take_frame(conn) else { break };
+            let Ok(frame) = frame else {
+                return (false, changed); // a frame above the limit
+            };
+            match self.handle(conn, &frame) {
+                (Outcome::Reply(reply), did_change) => {
+                    changed |= did_change;
+                    queue(conn, &reply);
+                }
+                (Outcome::Park(parked), _) => conn.parked = Some(parked),
+                (Outcome::Refuse, _) => {
+                    log_once(&mut self.logged.refusal, || {
+                        format!(
+                            "refused a connection from {} without this job's token (a \
+                             process of another job, or a port scan)",
+                            conn.peer
+                        )
+                    });
+                    let refusal = FieldWriter::new(protocol::ERROR)
+                        .bytes(REFUSAL.as_bytes())
+                        .finish();
+                    queue(conn, &refusal);
+                    conn.closing = true;
+                    conn.admitted = true; // already logged
+                }
+            }
+        }
+        let alive = flush(conn);
+        (alive && !(conn.closing && conn.outbox.is_empty()), changed)
+    }
+
+    /// One request; returns its outcome and whether it changed the values.
+    fn handle(&mut self, conn: &mut Connection, request: &[u8]) -> (Outcome, bool) {
+        let (command, mut fields) = match FieldReader::new(request) {
+            Ok(split) => split,
+            Err(err) => return (error_reply(&err), false),
+        };
+        if command == HELLO {
+            let presented = fields.bytes().unwrap_or_default();
+            if self.token.as_ref().is_some_and(|t| !t.matches(presented)) {
+                return (Outcome::Refuse, false);
+            }
+            conn.admitted = true;
+            return (
+                Outcome::Reply(FieldWriter::new(protocol::OK).finish()),
+                false,
+            );
+        }
+        if !conn.admitted {
+            return (Outcome::Refuse, false);
+        }
+        match self.execute(command, &mut fields) {
+            Ok(outcome) => outcome,
+            Err(err) => (error_reply(&err), false),
+        }
+    }
+
+    fn execute(
+        &mut self,
+        command: u8,
+        fields: &mut FieldReader<'_>,
+    ) -> io::Result<(Outcome, bool)> {
+        let mut values = self.shared.values.lock().unwrap();
+        let ok = || FieldWriter::new(protocol::OK);
+        Ok(match command {
+            SET => {
+                let key = fields.string()?.to_owned();
+                let value = fields.bytes()?.to_vec();
+                values.insert(key, value)?;
+                (Outcome::Reply(ok().finish()), true)
+            }
+            GET => {
+                let key = fields.string()?.to_owned();
+                let wait = Duration::from_millis(fields.u64()?);
+                match values.map.get(&key) {
+                    Some(value) => (Outcome::Reply(ok().bytes(value).finish()), false),
+                    None => (Outcome::Park(parked(vec![key], true, wait)), false),
+                }
+            }
+            ADD => {
+                let key = fields.string()?.to_owned();
+                let delta = fields.i64()?;
+                let current = match values.map.get(&key) {
+                    Some(bytes) => parse_counter(bytes)?,
+                    None => 0,
+                };
+                let sum = current.checked_add(delta).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("add of {delta} to {current} overflows a 64-bit counter"),
+                    )
+                })?;
+                values.insert(key, sum.to_string().into_bytes())?;
+                (Outcome::Reply(ok().i64(sum).finish()), true)
+            }
+            WAIT | CHECK => {
+                let count = fields.u64()?;
+                // Each key takes at least its 4-byte length: a count above what
+                // the frame can hold is a lie, refused before allocating.
+                if count > (MAX_FRAME_BYTES / 4) as u64 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{count} keys in one request"),
+                    ));
+                }
+                let keys = (0..count)
+                    .map(|_| fields.string().map(str::to_owned))
+                    .collect::<io::Result<Vec<_>>>()?;
+                let ready = values.has_all(&keys);
+                if command == CHECK {
+                    (Outcome::Reply(ok().i64(ready as i64).finish()), false)
+                } else {
+                    let wait = Duration::from_millis(fields.u64()?);
+                    if ready {
+                        (Outcome::Reply(ok().finish()), false)
+                    } else {
+                        (Outcome::Park(parked(keys, false, wait)), false)
+                    }
+                }
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("unknown store command {other}"),
+                ))
+            }
+        })
+    }
+
+    /// Answers the parked requests whose keys now all exist.
+    fn answer_parked(&mut self) {
+        let mut answered = Vec::new();
+        {
+            let values = self.shared.values.lock().unwrap();
+            for (token, conn) in &mut self.connections {
+                let Some(parked) = &conn.parked else { continue };
+                if !values.has_all(&parked.keys) {
+                    continue;
+                }
+                let reply = if parked.get {
+                    FieldWriter::new(protocol::OK)
+                        .bytes(&values.map[&parked.keys[0]])
+                        .finish()
+                } else {
+                    FieldWriter::new(protocol::OK).finish()
+                };
+                conn.parked = None;
+                queue(conn, &reply);
+                answered.push(*token);
+            }
+        }
+        self.after_answers(answered);
+    }
+
+    /// Closes connections past their hello or frame deadline, and answers
+    /// parked requests past theirs.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let overdue: Vec<Token> = self
+            .connections
+            .iter()
+            .filter(|(_, c)| {
+                (!c.admitted && now >= c.opened + HELLO_DEADLINE)
+                    || (c.frame_started.is_some_and(|at| now >= at + FRAME_DEADLINE)
+                        && !holds_whole_frame(c))
+            })
+            .map(|(token, _)| *token)
+            .collect();
+        for token in overdue {
+            if let Some(conn) = self.connections.remove(&token) {
+                self.forget(conn);
+            }
+        }
+        let mut answered = Vec::new();
+        for (token, conn) in &mut self.connections {
+            if conn.parked.as_ref().is_some_and(|p| now >= p.deadline) {
+                conn.parked = None;
+                queue(conn, &FieldWriter::new(protocol::TIMED_OUT).finish());
+                answered.push(*token);
+            }
+        }
+        self.after_answers(answered);
+    }
+
+    /// After answering parked requests: flush, and go on with the requests that
+    /// came in behind them.
+    fn after_answers(&mut self, tokens: Vec<Token>) {
+        let mut changed = false;
+        for token in tokens {
+            changed |= self.serve(token);
+        }
+        if changed {
+            self.answer_parked();
+        }
+    }
+}
+
+fn parked(keys: Vec<String>, get: bool, wait: Duration) -> Parked {
+    Parked {
+        keys,
+        get,
+        deadline: Instant::now() + wait.min(MAX_WAIT),
+    }
+}
+
+fn error_reply(err: &io::Error) -> Outcome {
+    Outcome::Reply(
+        FieldWriter::new(protocol::ERROR)
+            .bytes(err.to_string().as_bytes())
+            .finish(),
+    )
+}
+
+/// The next whole frame in the inbox: `None` while incomplete, `Err` for a
+/// length above the limit.
+fn take_frame(conn: &mut Connection) -> Option<std::result::Result<Vec<u8>, ()>> {
+    if conn.inbox.len() < 4 {
+        return None;
+    }
+    let len = u32::from_le_bytes(conn.inbox[..4].try_into().unwrap()) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Some(Err(()));
+    }
+    if conn.inbox.len() < 4 + len {
+        return None;
+    }
+    let frame = conn.inbox[4..4 + len].to_vec();
+    conn.inbox.drain(..4 + len);
+    conn.frame_started = (!conn.inbox.is_empty()).then(Instant::now);
+    Some(Ok(frame))
+}
+
+/// Whether the inbox holds a whole frame (waiting behind a parked request).
+fn holds_whole_frame(conn: &Connection) -> bool {
+    conn.inbox.len() >= 4
+        && conn.inbox.len() >= 4 + u32::from_le_bytes(conn.inbox[..4].try_into().unwrap()) as usize
+}
+
+fn queue(conn: &mut Connection, payload: &[u8]) {
+    conn.outbox
+        .extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    conn.outbox.extend_from_slice(payload);
+}
+
+/// Writes what the socket takes now; `false` if the connection is gone.
+fn flush(conn: &mut Connection) -> bool {
+    while !conn.outbox.is_empty() {
+        match conn.stream.write(&conn.outbox) {
+            Ok(0) => return false,
+            Ok(n) => {
+                conn.outbox.drain(..n);
+            }
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Counters are stored as decimal text, as PyTorch's store does, so `get` reads them too.
@@ -456,28 +733,4 @@ fn parse_counter(bytes: &[u8]) -> io::Result<i64> {
                 "add on a key that does not hold an integer",
             )
         })
-}
-
-/// Waits until all keys exist; returns a guard over the map then, `None` on timeout.
-fn wait_for<'a>(
-    state: &'a State,
-    keys: &[&str],
-    timeout: Duration,
-) -> Option<std::sync::MutexGuard<'a, Values>> {
-    let deadline = Instant::now() + timeout;
-    let mut values = state.values.lock().unwrap();
-    loop {
-        if keys.iter().all(|key| values.map.contains_key(*key)) {
-            return Some(values);
-        }
-        let now = Instant::now();
-        if now >= deadline || state.stopping.load(Ordering::SeqCst) {
-            return None;
-        }
-        values = state
-            .changed
-            .wait_timeout(values, deadline - now)
-            .unwrap()
-            .0;
-    }
 }

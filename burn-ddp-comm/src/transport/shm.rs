@@ -341,6 +341,7 @@ impl SharedMemory {
                 if now >= deadline {
                     return Err(CommError::Timeout {
                         rank: self.rank,
+                        peer: Some(peer),
                         what: format!("rank {peer} to reach {op}"),
                         after: self.timeout,
                     });

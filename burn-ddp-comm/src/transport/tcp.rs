@@ -102,6 +102,7 @@ impl TcpRing {
             if detail.contains("timed out") {
                 CommError::Timeout {
                     rank,
+                    peer: Some(prev_rank),
                     what: format!("rank {prev_rank} to connect to the TCP ring"),
                     after: timeout,
                 }
@@ -169,6 +170,7 @@ impl TcpRing {
         if io_is_timeout(&err) {
             CommError::Timeout {
                 rank: self.rank,
+                peer: Some(peer),
                 what: format!("{direction} rank {peer} during {op}"),
                 after: self.timeout,
             }
@@ -203,15 +205,22 @@ impl TcpRing {
     ) -> Result<()> {
         let (outgoing, incoming) = split_disjoint(data, send, recv);
         let out_bytes: &[u8] = bytemuck::cast_slice(outgoing);
+        // One bound for the whole step: a peer that takes a byte now and then
+        // must not stretch it (per-call socket timeouts would).
+        let deadline = Instant::now() + self.timeout;
         if out_bytes.len() <= INLINE_SEND_BYTES {
-            (&self.next)
-                .write_all(out_bytes)
+            write_all_by(&self.next, out_bytes, deadline)
                 .map_err(|err| self.io_error(err, self.next_rank(), op, "sending to"))?;
-            return self.receive(incoming, landing, op);
+            return self.receive(incoming, landing, op, deadline);
         }
         std::thread::scope(|scope| {
-            let writer = scope.spawn(|| (&self.next).write_all(out_bytes));
-            let received = self.receive(incoming, landing, op);
+            let writer = scope.spawn(|| write_all_by(&self.next, out_bytes, deadline));
+            let received = self.receive(incoming, landing, op, deadline);
+            if received.is_err() {
+                // Unblock a writer stuck on a peer that stopped reading, before
+                // waiting for it (it would wait out its own timeout).
+                let _ = self.next.shutdown(Shutdown::Both);
+            }
             let sent = match writer.join() {
                 Ok(sent) => {
                     sent.map_err(|err| self.io_error(err, self.next_rank(), op, "sending to"))
@@ -223,22 +232,23 @@ impl TcpRing {
                     detail: "the sending thread panicked".into(),
                 }),
             };
-            if received.is_err() {
-                // Unblock a writer stuck on a peer that stopped reading.
-                let _ = self.next.shutdown(Shutdown::Both);
-            }
             received.and(sent)
         })
     }
 
     /// Receives `target.len()` elements from the previous rank.
-    fn receive<T: Element>(&self, target: &mut [T], landing: Landing, op: &str) -> Result<()> {
+    fn receive<T: Element>(
+        &self,
+        target: &mut [T],
+        landing: Landing,
+        op: &str,
+        deadline: Instant,
+    ) -> Result<()> {
         let peer = self.prev_rank();
         let read_err = |err| self.io_error(err, peer, op, "receiving from");
         match landing {
             Landing::Overwrite => {
-                (&self.prev)
-                    .read_exact(bytemuck::cast_slice_mut(target))
+                read_exact_by(&self.prev, bytemuck::cast_slice_mut(target), deadline)
                     .map_err(read_err)?;
             }
             Landing::Reduce(reduce_op) => {
@@ -246,8 +256,7 @@ impl TcpRing {
                 let mut scratch = vec![T::zeroed(); piece_len];
                 for acc in target.chunks_mut(piece_len.max(1)) {
                     let incoming = &mut scratch[..acc.len()];
-                    (&self.prev)
-                        .read_exact(bytemuck::cast_slice_mut(incoming))
+                    read_exact_by(&self.prev, bytemuck::cast_slice_mut(incoming), deadline)
                         .map_err(read_err)?;
                     reduce_into(reduce_op, acc, incoming);
                 }
@@ -323,18 +332,19 @@ impl TcpRing {
         self.guarded("broadcast", |ring| {
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(data);
             let forward = ring.next_rank() != root;
+            let deadline = Instant::now() + ring.timeout;
             if ring.rank == root {
-                return (&ring.next).write_all(bytes).map_err(|err| {
+                return write_all_by(&ring.next, bytes, deadline).map_err(|err| {
                     ring.io_error(err, ring.next_rank(), "broadcast", "sending to")
                 });
             }
             // A chain from the root around the ring: receive a piece, pass it on.
             for piece in bytes.chunks_mut(PIECE_BYTES) {
-                (&ring.prev).read_exact(piece).map_err(|err| {
+                read_exact_by(&ring.prev, piece, deadline).map_err(|err| {
                     ring.io_error(err, ring.prev_rank(), "broadcast", "receiving from")
                 })?;
                 if forward {
-                    (&ring.next).write_all(piece).map_err(|err| {
+                    write_all_by(&ring.next, piece, deadline).map_err(|err| {
                         ring.io_error(err, ring.next_rank(), "broadcast", "sending to")
                     })?;
                 }
@@ -360,6 +370,78 @@ fn split_disjoint<T>(
         let (head, tail) = data.split_at_mut(unique.start);
         (&head[shared], &mut tail[..unique.len()])
     }
+}
+
+/// The time left before `deadline` as a socket timeout, or a timeout error.
+fn time_left(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(io::ErrorKind::TimedOut.into())
+    } else {
+        Ok(left)
+    }
+}
+
+/// How stale a socket timeout may get before it is set again to the time
+/// left: the deadline is overshot by at most this, and the many small reads of
+/// a large transfer do not each pay for a system call.
+const REARM: Duration = Duration::from_millis(100);
+
+/// Keeps a socket's timeout near the time left before a deadline.
+struct Rearm {
+    deadline: Instant,
+    armed_at: Option<Instant>,
+}
+
+impl Rearm {
+    fn new(deadline: Instant) -> Self {
+        Self {
+            deadline,
+            armed_at: None,
+        }
+    }
+
+    /// Calls `set` with the time left when the last one is stale.
+    fn arm(&mut self, set: impl FnOnce(Option<Duration>) -> io::Result<()>) -> io::Result<()> {
+        let now = Instant::now();
+        if self.armed_at.is_none_or(|at| now >= at + REARM) {
+            set(Some(time_left(self.deadline)?))?;
+            self.armed_at = Some(now);
+        } else if now >= self.deadline {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        Ok(())
+    }
+}
+
+/// `write_all`, finished by `deadline` or failed with a timeout.
+fn write_all_by(stream: &TcpStream, mut bytes: &[u8], deadline: Instant) -> io::Result<()> {
+    let mut timer = Rearm::new(deadline);
+    while !bytes.is_empty() {
+        timer.arm(|t| stream.set_write_timeout(t))?;
+        match (&*stream).write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+/// `read_exact`, finished by `deadline` or failed with a timeout.
+fn read_exact_by(stream: &TcpStream, mut buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut timer = Rearm::new(deadline);
+    while !buf.is_empty() {
+        timer.arm(|t| stream.set_read_timeout(t))?;
+        match (&*stream).read(buf) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
 }
 
 fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStream> {

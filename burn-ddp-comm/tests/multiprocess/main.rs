@@ -49,6 +49,11 @@ fn main() {
             duplicate_rank,
         ),
         ("destroy_then_init_forms_a_fresh_group", destroy_then_init),
+        (
+            "a_rank_killed_mid_all_reduce_is_named_by_every_survivor",
+            killed_mid_all_reduce,
+        ),
+        ("a_stopped_rank_is_named_by_every_other_rank", stopped_rank),
     ];
     run_cases(cases);
 }
@@ -352,6 +357,60 @@ fn destroy_then_init() -> Result<(), String> {
                 .env("BURN_DDP_TRANSPORT", transport)
                 .run("twice"),
         )?;
+    }
+    Ok(())
+}
+
+/// The last rank SIGKILLed as a 64 MiB all-reduce starts: every survivor
+/// exits non-zero within 5 s, naming it (directly, or through the neighbour
+/// that saw it die). 2 and 4 ranks, both transports.
+fn killed_mid_all_reduce() -> Result<(), String> {
+    for (world_size, transport) in [(2, "tcp"), (2, "shm"), (4, "tcp"), (4, "shm")] {
+        let victim = world_size - 1;
+        let mut world = World::new(world_size).env("BURN_DDP_TRANSPORT", transport);
+        world.timeout_secs = 60.0;
+        world.deadline = Duration::from_secs(60);
+        world.signal_when = Some((victim, "ready", libc::SIGKILL));
+        let outcomes = world.run("big_loop");
+        let killed_at = outcomes[victim].elapsed;
+        for o in outcomes.iter().filter(|o| o.rank != victim) {
+            let case = format!("{world_size} ranks over {transport}, rank {}", o.rank);
+            check(o.code == Some(1), || format!("{case}: {o:?}"))?;
+            check(o.elapsed < killed_at + Duration::from_secs(5), || {
+                format!("{case}: {:?} after the kill", o.elapsed - killed_at)
+            })?;
+            check(o.stderr.contains(&format!("rank {victim}")), || {
+                format!("{case} should name rank {victim}: {}", o.stderr)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// One rank SIGSTOPped with a 3 s timeout: the others exit within 8 s naming
+/// it. 2 and 4 ranks, both transports.
+fn stopped_rank() -> Result<(), String> {
+    for (world_size, transport) in [(2, "tcp"), (2, "shm"), (4, "tcp"), (4, "shm")] {
+        let stopped = 1;
+        let mut world = World::new(world_size).env("BURN_DDP_TRANSPORT", transport);
+        world.timeout_secs = 3.0;
+        world.deadline = Duration::from_secs(9);
+        world.signal_when = Some((stopped, "ready", libc::SIGSTOP));
+        let outcomes = world.run("big_loop");
+        for o in outcomes.iter().filter(|o| o.rank != stopped) {
+            let case = format!("{world_size} ranks over {transport}, rank {}", o.rank);
+            check(o.code == Some(1), || format!("{case}: {o:?}"))?;
+            check(o.elapsed < Duration::from_secs(8), || {
+                format!("{case}: took {:?}", o.elapsed)
+            })?;
+            check(o.stderr.contains(&format!("rank {stopped}")), || {
+                format!("{case} should name rank {stopped}: {}", o.stderr)
+            })?;
+        }
+        // The stopped rank never finished: the driver killed it at its deadline.
+        check(outcomes[stopped].killed_at_deadline, || {
+            format!("{:?}", outcomes[stopped])
+        })?;
     }
     Ok(())
 }

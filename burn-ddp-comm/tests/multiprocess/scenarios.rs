@@ -12,6 +12,7 @@ pub fn run(name: &str) -> ! {
         "invalid" => invalid(),
         "twice" => twice(),
         "steady" => steady(),
+        "big_loop" => big_loop(),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -241,4 +242,16 @@ fn steady() -> Result<(), String> {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     g.destroy().map_err(|e| e.to_string())
+}
+
+/// All-reduces of 64 MiB until one fails.
+fn big_loop() -> Result<(), String> {
+    let g = group()?;
+    let mut data = vec![1.0f32; 16 << 20];
+    println!("ready");
+    loop {
+        g.all_reduce(&mut data, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        data.fill(1.0);
+    }
 }

@@ -1,5 +1,7 @@
 //! The launcher with real worker processes: collectives, failures, signals, flags.
 
+mod faults;
+
 use burn_ddp_comm::{ProcessGroup, ReduceOp};
 use burn_ddp_testkit::{check, run_cases, Case, SCENARIO_VAR};
 use std::io::Read;
@@ -46,6 +48,26 @@ fn main() {
         ("bad_flags_give_a_usage_error", bad_flags),
         ("a_port_in_use_is_a_clear_error", port_in_use),
         (
+            "the_store_refuses_strangers_and_survives_floods",
+            faults::store_refuses_strangers_and_survives_floods,
+        ),
+        (
+            "killed_set_ups_leave_no_shared_memory",
+            faults::killed_set_ups_leave_no_shared_memory,
+        ),
+        (
+            "a_rank_killed_mid_all_reduce_is_named",
+            faults::a_rank_killed_mid_all_reduce_is_named,
+        ),
+        (
+            "a_stopped_rank_is_the_root_cause",
+            faults::a_stopped_rank_is_the_root_cause,
+        ),
+        (
+            "an_extra_collective_fails_every_rank",
+            faults::an_extra_collective_fails_every_rank,
+        ),
+        (
             "cargo_ddp_builds_in_release_and_launches",
             cargo_ddp_builds_and_launches,
         ),
@@ -55,6 +77,9 @@ fn main() {
 
 /// Worker side: runs under the launcher, reading its environment.
 fn worker(name: &str) -> ! {
+    if let Some(code) = faults::worker(name) {
+        std::process::exit(code);
+    }
     let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
     match name {
         "collectives" => {
