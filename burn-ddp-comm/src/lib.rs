@@ -38,6 +38,8 @@ pub mod reducer;
 pub mod store;
 pub mod transport;
 mod watch;
+#[cfg(test)]
+mod wire_properties;
 
 pub use backend::{CollectiveBackend, BACKEND_VAR};
 pub use element::{finish_reduce, reduce_into, BufferMut, DType, Element, ReduceOp};

@@ -231,7 +231,7 @@ impl Store for C10dStoreClient {
 }
 
 /// Reads a fixed-size reply, or a `u64`-length-prefixed value.
-fn read_reply(conn: &mut impl Read, len: Option<usize>) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_reply(conn: &mut impl Read, len: Option<usize>) -> std::io::Result<Vec<u8>> {
     let len = match len {
         Some(len) => len,
         None => {

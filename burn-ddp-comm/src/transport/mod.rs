@@ -59,6 +59,8 @@ mod tcp;
 
 pub use local::SingleProcess;
 pub use shm::{remove_segments_of, segment_dir, SharedMemory};
+#[cfg(test)]
+pub(crate) use tcp::Handshake;
 pub use tcp::TcpRing;
 
 use crate::element::{BufferMut, ReduceOp};

@@ -459,13 +459,13 @@ fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStre
 }
 
 /// What a rank sends first on its connection to the next rank.
-struct Handshake;
+pub(crate) struct Handshake;
 
 impl Handshake {
     /// Magic, version, rank, world size, token length: five little-endian words.
     const HEADER: usize = 20;
 
-    fn encode(rdzv: &Rendezvous<'_>) -> Vec<u8> {
+    pub(crate) fn encode(rdzv: &Rendezvous<'_>) -> Vec<u8> {
         let token = rdzv.token_bytes();
         let mut hello = Vec::with_capacity(Self::HEADER + token.len());
         hello.extend_from_slice(HANDSHAKE_MAGIC);
@@ -483,7 +483,7 @@ impl Handshake {
 
     /// `Ok(None)` while more bytes are needed; `Err` for a connection that is
     /// not a rank of this job (dropped); `Ok(Some((rank, world)))` once whole.
-    fn decode(
+    pub(crate) fn decode(
         bytes: &[u8],
         rdzv: &Rendezvous<'_>,
     ) -> std::result::Result<Option<(usize, usize)>, String> {

@@ -1,0 +1,149 @@
+//! Property tests (a fuzzer's inputs, run briefly in CI) over everything that
+//! decodes bytes from the network: store frames and fields, the c10d client's
+//! replies, the ring handshake, and the store server itself. Any input must
+//! give a value or an error: never a panic, a hang, an allocation beyond the
+//! limits, or a store that stops serving. `PROPTEST_CASES=100000` fuzzes longer.
+
+use crate::frame::{read_frame, write_frame, FieldReader, FieldWriter, MAX_FRAME_BYTES};
+use crate::job::JobToken;
+use crate::store::{c10d::read_reply, MemoryStore, Store, StoreServer, TcpStoreClient};
+use crate::transport::{Handshake, Rendezvous};
+use proptest::prelude::*;
+use std::io::Write;
+use std::time::Duration;
+
+/// Bytes that look like frames sometimes: a plausible length, then noise.
+fn wire_bytes() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..64),
+        (0u32..64, proptest::collection::vec(any::<u8>(), 0..64)).prop_map(|(len, rest)| {
+            let mut bytes = len.to_le_bytes().to_vec();
+            bytes.extend(rest);
+            bytes
+        }),
+        (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..16)).prop_map(|(len, rest)| {
+            let mut bytes = len.to_le_bytes().to_vec();
+            bytes.extend(rest);
+            bytes
+        }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn frames_and_fields_decode_or_fail_cleanly(bytes in wire_bytes()) {
+        let mut cursor = std::io::Cursor::new(&bytes);
+        while let Ok(Some(frame)) = read_frame(&mut cursor) {
+            prop_assert!(frame.len() <= MAX_FRAME_BYTES);
+            if let Ok((_, mut fields)) = FieldReader::new(&frame) {
+                // Every field kind, in turn, on whatever follows.
+                let _ = fields.string();
+                let _ = fields.bytes();
+                let _ = fields.u64();
+                let _ = fields.i64();
+            }
+        }
+    }
+
+    #[test]
+    fn frames_round_trip(payload in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &payload).unwrap();
+        let back = read_frame(&mut std::io::Cursor::new(wire)).unwrap().unwrap();
+        prop_assert_eq!(back, payload);
+    }
+
+    #[test]
+    fn c10d_replies_decode_or_fail_cleanly(
+        bytes in wire_bytes(),
+        fixed in proptest::option::of(0usize..32),
+    ) {
+        if let Ok(reply) = read_reply(&mut std::io::Cursor::new(&bytes), fixed) {
+            prop_assert!(reply.len() <= bytes.len());
+        }
+    }
+
+    #[test]
+    fn handshakes_decode_or_fail_cleanly(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let store = MemoryStore::new();
+        let token = JobToken::new("fuzzed-job").unwrap();
+        for token in [None, Some(&token)] {
+            let rdzv = rendezvous(&store, 0, 2, token);
+            if let Ok(Some((rank, world))) = Handshake::decode(&bytes, &rdzv) {
+                // Only a handshake carrying the token can be accepted.
+                prop_assert!(token.is_none() || bytes.windows(10).any(|w| w == b"fuzzed-job"));
+                let _ = (rank, world);
+            }
+        }
+    }
+
+    #[test]
+    fn handshakes_round_trip_and_other_tokens_are_refused(
+        rank in 0usize..1024,
+        world in 1usize..1024,
+        token in "[!-~]{1,64}",
+        other in "[!-~]{1,64}",
+    ) {
+        let store = MemoryStore::new();
+        let ours = JobToken::new(token.clone()).unwrap();
+        let bytes = Handshake::encode(&rendezvous(&store, rank, world, Some(&ours)));
+        let accepted = Handshake::decode(&bytes, &rendezvous(&store, 0, world, Some(&ours)));
+        prop_assert_eq!(accepted, Ok(Some((rank, world))));
+        let theirs = JobToken::new(other.clone()).unwrap();
+        let refused = Handshake::decode(&bytes, &rendezvous(&store, 0, world, Some(&theirs)));
+        prop_assert_eq!(refused.is_err(), token != other);
+        // Every strict prefix is "more to come" or a refusal, never acceptance.
+        for cut in 0..bytes.len() {
+            let partial = Handshake::decode(&bytes[..cut], &rendezvous(&store, 0, world, Some(&ours)));
+            prop_assert!(!matches!(partial, Ok(Some(_))));
+        }
+    }
+}
+
+fn rendezvous<'a>(
+    store: &'a MemoryStore,
+    rank: usize,
+    world_size: usize,
+    token: Option<&'a JobToken>,
+) -> Rendezvous<'a> {
+    Rendezvous {
+        rank,
+        world_size,
+        store,
+        key_prefix: "p/",
+        timeout: Duration::from_secs(1),
+        token,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Garbage on one connection (with or without a hello first) leaves the
+    /// store serving its members.
+    #[test]
+    fn the_store_survives_garbage(
+        chunks in proptest::collection::vec(wire_bytes(), 1..6),
+        hello_first in any::<bool>(),
+    ) {
+        let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let member = TcpStoreClient::connect(
+            "127.0.0.1",
+            server.addr().port(),
+            Some(0),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let mut stranger = std::net::TcpStream::connect(server.addr()).unwrap();
+        if hello_first {
+            let hello = FieldWriter::new(6).bytes(b"").i64(-1).finish();
+            write_frame(&mut stranger, &hello).unwrap();
+        }
+        for chunk in &chunks {
+            let _ = stranger.write_all(chunk);
+        }
+        member.set("k", b"v").unwrap();
+        prop_assert_eq!(member.get("k", Duration::from_secs(1)).unwrap(), b"v".to_vec());
+        prop_assert_eq!(member.add("n", 2).unwrap(), 2);
+    }
+}
