@@ -5,8 +5,10 @@
 //! precision reads it too); it is first written to a temporary file beside the
 //! target, flushed to disk, then renamed over the target.
 
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
 use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor};
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -30,6 +32,18 @@ pub enum CheckpointError {
         /// What Burn's recorder said.
         message: String,
     },
+    /// The record fits the model's structure but a parameter has another
+    /// shape (a model built with other sizes): Burn would load it silently.
+    Shape {
+        /// The file involved.
+        path: PathBuf,
+        /// The parameter's path in the module (`fc1.weight`).
+        parameter: String,
+        /// Its shape in the model.
+        expected: Vec<usize>,
+        /// Its shape in the checkpoint.
+        found: Vec<usize>,
+    },
 }
 
 impl fmt::Display for CheckpointError {
@@ -42,6 +56,18 @@ impl fmt::Display for CheckpointError {
                 f,
                 "checkpoint {}: not a record of this model ({message}); was it written by a \
                  different model or configuration?",
+                path.display()
+            ),
+            CheckpointError::Shape {
+                path,
+                parameter,
+                expected,
+                found,
+            } => write!(
+                f,
+                "checkpoint {}: parameter {parameter} has shape {found:?}, the model's is \
+                 {expected:?}; it was written by a model of other sizes: build the model with \
+                 the configuration saved beside the checkpoint, or start without resuming",
                 path.display()
             ),
         }
@@ -159,6 +185,76 @@ pub fn load<B: Backend, R: Record<B>>(
         })
 }
 
+/// Loads `record` (read from `path`) into `model`, refusing a record whose
+/// parameters have other shapes than the model's.
+pub fn load_record_checked<B: Backend, M: Module<B>>(
+    model: M,
+    record: M::Record,
+    path: impl AsRef<Path>,
+) -> Result<M, CheckpointError> {
+    let expected = parameter_shapes(&model);
+    let loaded = model.load_record(record);
+    let found = parameter_shapes(&loaded);
+    for ((parameter, expected), (_, found)) in expected.into_iter().zip(found) {
+        if expected != found {
+            return Err(CheckpointError::Shape {
+                path: checkpoint_path(path),
+                parameter,
+                expected,
+                found,
+            });
+        }
+    }
+    Ok(loaded)
+}
+
+/// Reads the checkpoint at `path` into `model` ([`load`], then
+/// [`load_record_checked`]).
+pub fn load_into<B: Backend, M: Module<B>>(
+    model: M,
+    path: impl AsRef<Path>,
+    device: &B::Device,
+) -> Result<M, CheckpointError> {
+    let record = load::<B, M::Record>(&path, device)?;
+    load_record_checked(model, record, path)
+}
+
+/// Every parameter's path and shape, in the module's order.
+fn parameter_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Vec<usize>)> {
+    struct Shapes {
+        path: Vec<String>,
+        found: Vec<(String, Vec<usize>)>,
+    }
+    impl Shapes {
+        fn push(&mut self, dims: Vec<usize>) {
+            self.found.push((self.path.join("."), dims));
+        }
+    }
+    impl<B: Backend> ModuleVisitor<B> for Shapes {
+        fn enter_module(&mut self, name: &str, _container: &str) {
+            self.path.push(name.to_owned());
+        }
+        fn exit_module(&mut self, _name: &str, _container: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.push(param.lazy_shape().dims::<D>().to_vec());
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+            self.push(param.lazy_shape().dims::<D>().to_vec());
+        }
+        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+            self.push(param.lazy_shape().dims::<D>().to_vec());
+        }
+    }
+    let mut shapes = Shapes {
+        path: Vec::new(),
+        found: Vec::new(),
+    };
+    module.visit(&mut shapes);
+    shapes.found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +366,38 @@ mod tests {
             .unwrap();
         assert!(err.to_string().contains("missing.mpk"), "{err}");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_of_other_sizes_is_refused_naming_the_parameter() {
+        let dir = temp_dir("shapes");
+        let device = Default::default();
+        let small: Linear<B> = LinearConfig::new(3, 2).init(&device);
+        let weights = small.weight.val().into_data();
+        let path = save_atomic::<B, _>(small.into_record(), dir.join("small")).unwrap();
+        // Burn itself loads it into a model of other sizes without a word.
+        let record = load::<B, <Linear<B> as Module<B>>::Record>(&path, &device).unwrap();
+        let silently = LinearConfig::new(4, 2)
+            .init::<B>(&device)
+            .load_record(record);
+        assert_eq!(silently.weight.val().dims(), [3, 2]);
+        // Checked, it is an error naming the parameter and both shapes.
+        let big: Linear<B> = LinearConfig::new(4, 2).init(&device);
+        let err = load_into::<B, _>(big, &path, &device)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("weight")
+                && err.contains("[3, 2]")
+                && err.contains("[4, 2]")
+                && err.contains("small.mpk"),
+            "{err}"
+        );
+        // The same sizes load.
+        let same =
+            load_into::<B, _>(LinearConfig::new(3, 2).init::<B>(&device), &path, &device).unwrap();
+        assert_eq!(same.weight.val().into_data(), weights);
+        let _ = fs::remove_dir_all(&dir);
     }
 }

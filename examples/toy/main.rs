@@ -220,7 +220,8 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
         let (model_record, optimizer_record, epoch) =
             burn_ddp::checkpoint::load::<B, _>(&path, &device)
                 .unwrap_or_else(|e| fail(Some(rank), e));
-        model = model.load_record(model_record);
+        model = burn_ddp::checkpoint::load_record_checked(model, model_record, path)
+            .unwrap_or_else(|e| fail(Some(rank), e));
         optimizer = optimizer.load_record(optimizer_record);
         first_epoch = epoch;
         group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
