@@ -3,11 +3,13 @@
 use crate::element::{BufferMut, DType, Element, ReduceOp};
 use crate::env::{LaunchEnv, Launcher, StoreHost, DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT};
 use crate::error::{CommError, Result};
+use crate::job::JobToken;
 use crate::store::{C10dStoreClient, MemoryStore, Store, StoreServer, TcpStoreClient};
 use crate::transport::{Rendezvous, SharedMemory, SingleProcess, TcpRing, Transport};
 use crate::watch::KeyWatch;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,10 +20,18 @@ pub const BLAME_KEY: &str = "blame";
 /// How long a failing rank waits for a peer's report of whom it gave up on.
 const ORIGIN_WAIT: Duration = Duration::from_millis(500);
 
-/// Groups this process has started so far: the generation in store keys, so a
-/// group started after `destroy()` never reads the keys of the one before (every
-/// rank starts and destroys its groups in the same order).
-static GROUPS_STARTED: AtomicU64 = AtomicU64::new(0);
+/// Groups started so far in this process, per job and rank: the generation in
+/// store keys, so a group started after `destroy()` never reads the keys of the
+/// one before (every rank starts and destroys its groups in the same order).
+/// Per rank, so ranks run as threads of one process (tests) count alike.
+static GROUPS_STARTED: Mutex<BTreeMap<(String, usize), u64>> = Mutex::new(BTreeMap::new());
+
+fn next_generation(env: &LaunchEnv) -> u64 {
+    let mut started = GROUPS_STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    let count = started.entry((env.job_id.clone(), env.rank)).or_insert(0);
+    *count += 1;
+    *count - 1
+}
 
 /// Prefix of every key one group writes: other users of a shared store
 /// (torchrun's agent, a launcher), other jobs and this job's earlier groups
@@ -122,6 +132,15 @@ impl ProcessGroupBuilder {
         self
     }
 
+    /// The job this group belongs to: its id keeps its store keys apart from
+    /// other jobs' (and, per rank, counts its groups); its token, when set, is
+    /// required of every peer and presented to the store.
+    pub fn job(mut self, id: impl Into<String>, token: Option<JobToken>) -> Self {
+        self.env.job_id = id.into();
+        self.env.job_token = token;
+        self
+    }
+
     /// Checks every collective's signature across ranks first (see [`DEBUG_VAR`]).
     pub fn debug_checks(mut self, enabled: bool) -> Self {
         self.debug_checks = enabled;
@@ -188,6 +207,13 @@ impl ProcessGroup {
     }
 
     fn start(env: LaunchEnv, debug_checks: bool, choice: TransportChoice) -> Result<Self> {
+        if !crate::job::valid_job_id(&env.job_id) {
+            return Err(CommError::config(format!(
+                "rank {}: job id {:?} must be 1 to 64 characters of letters, digits, '.', '_' \
+                 and '-'",
+                env.rank, env.job_id
+            )));
+        }
         if env.world_size == 0 || env.rank >= env.world_size {
             return Err(CommError::config(format!(
                 "rank {} is outside a world of {} ranks; ranks run from 0 to world_size - 1",
@@ -213,7 +239,7 @@ impl ProcessGroup {
             StoreHost::RankZero if env.rank == 0 => Some(host_store(&host, &env)?),
             _ => None,
         };
-        let prefix = key_prefix(&env, GROUPS_STARTED.fetch_add(1, Ordering::SeqCst));
+        let prefix = key_prefix(&env, next_generation(&env));
         let (store, local_ip) = connect_store(&host, &env)?;
         log::debug!(
             "rank {}: connected to the {:?} store at {host}:{} from {local_ip}",

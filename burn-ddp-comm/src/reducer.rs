@@ -166,6 +166,18 @@ impl Reducer {
     /// whose layout changed alone running a different collective than the
     /// others, which garbles the sums instead of failing.
     pub fn prepare(&mut self, layout: &[ParamLayout]) -> Result<&BucketPlan> {
+        if self.config.cap_bytes == 0 || self.config.first_cap_bytes == 0 {
+            // Every parameter would get its own bucket (one collective each).
+            return Err(CommError::InvalidArgument {
+                rank: self.group.rank(),
+                message: format!(
+                    "bucket caps of {} bytes (first bucket {} bytes): a cap must be at least \
+                     one byte; PyTorch's defaults are 25 MiB and 1 MiB \
+                     (BucketConfig::default())",
+                    self.config.cap_bytes, self.config.first_cap_bytes
+                ),
+            });
+        }
         if self.group.world_size() > 1 {
             let mine = fingerprint(layout);
             // max(fp) and max(-fp) = -min(fp): equal to ours on every rank iff all agree.

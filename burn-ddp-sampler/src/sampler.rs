@@ -71,6 +71,14 @@ impl DistributedSampler {
         if rank >= num_replicas {
             return Err(SamplerError::InvalidRank { rank, num_replicas });
         }
+        if dataset_len == 0 {
+            // Not an error (an empty validation split can be deliberate), but
+            // training zero steps without a word is never what anyone wants.
+            log::warn!(
+                "rank {rank}: the dataset is empty, so every epoch runs zero steps; check \
+                 the data path and any filtering"
+            );
+        }
         Ok(Self {
             dataset_len,
             num_replicas,

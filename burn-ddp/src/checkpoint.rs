@@ -24,6 +24,13 @@ pub enum CheckpointError {
         /// What it said.
         source: io::Error,
     },
+    /// The folder for the checkpoint cannot be created or written into.
+    Folder {
+        /// The folder.
+        folder: PathBuf,
+        /// What the file system said.
+        source: io::Error,
+    },
     /// The record could not be encoded or decoded (a different model, a
     /// corrupt file).
     Record {
@@ -52,6 +59,13 @@ impl fmt::Display for CheckpointError {
             CheckpointError::Io { path, source } => {
                 write!(f, "checkpoint {}: {source}", path.display())
             }
+            CheckpointError::Folder { folder, source } => write!(
+                f,
+                "cannot write checkpoints into the folder {}: {source}; choose a folder this \
+                 user can write to (the trainers' --output or --checkpoint-dir), or fix its \
+                 permissions or free space",
+                folder.display()
+            ),
             CheckpointError::Record { path, message } => write!(
                 f,
                 "checkpoint {}: not a record of this model ({message}); was it written by a \
@@ -102,29 +116,25 @@ pub fn save_atomic<B: Backend, R: Record<B>>(
             path: target.clone(),
             message: err.to_string(),
         })?;
-    let io_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| CheckpointError::Io { path, source }
-    };
     let dir = match target.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    let folder_err = |source| CheckpointError::Folder {
+        folder: dir.clone(),
+        source,
+    };
+    fs::create_dir_all(&dir).map_err(folder_err)?;
     let file_name = target.file_name().unwrap_or_default().to_string_lossy();
     remove_abandoned_partials(&dir, &file_name);
     let temporary = dir.join(format!(".{file_name}.{}.partial", std::process::id()));
-    let written = (|| {
-        let mut file = File::create(&temporary)?;
-        file.write_all(&bytes)?;
-        file.sync_all()
-    })();
+    let mut file = File::create(&temporary).map_err(folder_err)?;
+    let written = file.write_all(&bytes).and_then(|()| file.sync_all());
+    drop(file);
     if let Err(source) = written {
         let _ = fs::remove_file(&temporary);
-        return Err(CheckpointError::Io {
-            path: temporary,
-            source,
-        });
+        // Mostly a full disk: the folder's problem, not the file's.
+        return Err(folder_err(source));
     }
     fs::rename(&temporary, &target).map_err(|source| {
         let _ = fs::remove_file(&temporary);
@@ -325,7 +335,11 @@ mod tests {
         fs::create_dir_all(dir.join(format!(".ckpt.mpk.{}.partial", std::process::id()))).unwrap();
         let other: Linear<B> = LinearConfig::new(3, 2).init(&device);
         let err = save_atomic::<B, _>(other.into_record(), dir.join("ckpt")).unwrap_err();
-        assert!(err.to_string().contains(".partial"), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(dir.to_str().unwrap()) && text.contains("choose a folder"),
+            "{text}"
+        );
         assert_eq!(fs::read(&path).unwrap(), before);
         fs::remove_dir_all(&dir).unwrap();
     }
