@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 /// Worker side of the scenarios below; `None` if `name` is not one of them.
 pub fn worker(name: &str) -> Option<i32> {
-    const SCENARIOS: [&str; 5] = [
-        "late_collectives",
+    const SCENARIOS: [&str; 6] = [
+        "gated_collectives",
+        "join_now",
         "mixed_transports",
         "big_all_reduce",
         "steady_all_reduce",
@@ -29,10 +30,14 @@ pub fn worker(name: &str) -> Option<i32> {
     };
     println!("pid {}", std::process::id());
     Some(match name {
-        // Forms the group late (while the driver floods the store), reduces,
-        // then lingers so the driver can count the launcher's descriptors.
-        "late_collectives" => {
-            std::thread::sleep(Duration::from_millis(1500));
+        // Forms the group when the driver opens the gate (while it floods the
+        // store), reduces, then waits for the second gate so the driver can
+        // count the launcher's descriptors.
+        "gated_collectives" => {
+            let gate = std::path::PathBuf::from(std::env::var("FAULT_GATE").ok()?);
+            if !wait_for_file(&gate.join("form")) {
+                return Some(2);
+            }
             let group = match ProcessGroup::from_env() {
                 Ok(group) => group,
                 Err(err) => return Some(fail(err)),
@@ -42,9 +47,13 @@ pub fn worker(name: &str) -> Option<i32> {
                 return Some(fail(err));
             }
             println!("sum={}", x[0]);
-            std::thread::sleep(Duration::from_millis(2500));
+            if !wait_for_file(&gate.join("finish")) {
+                return Some(2);
+            }
             group.destroy().map_or_else(fail, |()| 0)
         }
+        // A process of another job: joins at once.
+        "join_now" => ProcessGroup::from_env().map_or_else(fail, |_| 0),
         // Rank 0 waits for the others to map its shared memory; they never
         // will (they use TCP), so the segment stays in /dev/shm until killed.
         "mixed_transports" => {
@@ -93,6 +102,18 @@ pub fn worker(name: &str) -> Option<i32> {
         }
         _ => return None,
     })
+}
+
+/// Waits (up to a minute) for the driver to create `path`.
+fn wait_for_file(path: &std::path::Path) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
 }
 
 /// A launcher running this test binary, its output collected as it comes.
@@ -217,10 +238,13 @@ fn connect_when_listening(port: u16, limit: Duration) -> Result<(), String> {
 pub fn store_refuses_strangers_and_survives_floods() -> Result<(), String> {
     let port = free_port();
     let port_text = port.to_string();
+    let gate = std::env::temp_dir().join(format!("burn-ddp-gate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&gate);
+    std::fs::create_dir_all(&gate).map_err(|e| e.to_string())?;
     let mut job = LiveJob::start(
-        "late_collectives",
+        "gated_collectives",
         &["--nproc-per-node", "4", "--master-port", &port_text],
-        &[],
+        &[("FAULT_GATE", gate.to_str().unwrap())],
     );
     connect_when_listening(port, Duration::from_secs(10))?;
     let launcher_pid = job.child.id();
@@ -235,7 +259,7 @@ pub fn store_refuses_strangers_and_survives_floods() -> Result<(), String> {
     // Another job's rank, pointed at this store (it has no token).
     let intruder_started = Instant::now();
     let intruder = Command::new(std::env::current_exe().unwrap())
-        .env(SCENARIO_VAR, "late_collectives")
+        .env(SCENARIO_VAR, "join_now")
         .env("RANK", "1")
         .env("WORLD_SIZE", "4")
         .env("MASTER_ADDR", "127.0.0.1")
@@ -267,15 +291,23 @@ pub fn store_refuses_strangers_and_survives_floods() -> Result<(), String> {
         })?;
         drop(conn);
     }
+    // The job forms with the idle and stalled connections still open.
+    std::fs::write(gate.join("form"), b"").map_err(|e| e.to_string())?;
     job.wait_for("sum=6", 4, Duration::from_secs(30))?;
     drop(idle);
     drop(stalled);
-    std::thread::sleep(Duration::from_millis(300));
-    let fds_after = open_fds(launcher_pid);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut fds_after = open_fds(launcher_pid);
+    while fds_after > fds_before + 16 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        fds_after = open_fds(launcher_pid);
+    }
+    std::fs::write(gate.join("finish"), b"").map_err(|e| e.to_string())?;
     check(fds_after <= fds_before + 16, || {
         format!("launcher descriptors {fds_before} -> {fds_after}")
     })?;
     let (status, _, stdout, stderr) = job.wait(Duration::from_secs(30))?;
+    let _ = std::fs::remove_dir_all(&gate);
     check(status.success(), || {
         format!("{status:?}\n{stdout}\n{stderr}")
     })?;
