@@ -49,6 +49,10 @@ fn main() {
             "burn_ddp_backend_on_cpu_tensors",
             backend_choice_on_cpu_tensors,
         ),
+        (
+            "a_killed_checkpoint_writer_leaves_a_whole_checkpoint",
+            killed_checkpoint_writer,
+        ),
     ];
     run_cases(cases);
 }
@@ -248,5 +252,58 @@ pub fn tensor_collectives() -> Result<(), String> {
     }
     burn_ddp::destroy_process_group().map_err(e)?;
     println!("done yes");
+    Ok(())
+}
+
+/// A process saving checkpoints in a loop is SIGKILLed at five moments: the
+/// file at the checkpoint's path is always a whole checkpoint that loads, and
+/// the next save leaves no partial file behind.
+fn killed_checkpoint_writer() -> Result<(), String> {
+    use burn::module::Module;
+    use std::io::{BufRead, BufReader};
+    let dir = std::env::temp_dir().join(format!("burn-ddp-killed-writer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let path = dir.join("model.mpk");
+    type Record = (<burn::nn::Linear<B> as Module<B>>::Record, u64);
+    let device = Default::default();
+    for (attempt, delay_ms) in [0u64, 40, 90, 170, 260].into_iter().enumerate() {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(SCENARIO_VAR, "save_forever")
+            .env("CHECKPOINT", &path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .map_err(|e| e.to_string())?;
+        check(first.trim() == "saving", || {
+            format!("writer said {first:?}")
+        })?;
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        child.kill().map_err(|e| e.to_string())?; // SIGKILL
+        child.wait().map_err(|e| e.to_string())?;
+        let loaded = burn_ddp::checkpoint::load::<B, Record>(&path, &device);
+        check(loaded.is_ok(), || {
+            format!(
+                "attempt {attempt}: {:?}",
+                loaded.err().map(|e| e.to_string())
+            )
+        })?;
+        let model: burn::nn::Linear<B> = burn::nn::LinearConfig::new(1024, 1024).init(&device);
+        burn_ddp::checkpoint::save_atomic::<B, _>((model.into_record(), 0u64), &path)
+            .map_err(|e| e.to_string())?;
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .map_err(|e| e.to_string())?
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| name != "model.mpk")
+            .collect();
+        check(left.is_empty(), || {
+            format!("attempt {attempt}: left {left:?}")
+        })?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -370,6 +370,24 @@ pub fn run(name: &str) -> Res<()> {
         "memory" => memory(),
         "tensor_collectives" => crate::tensor_collectives(),
         "one_step" => one_step(),
+        "save_forever" => save_forever(),
         other => Err(format!("unknown scenario {other}")),
     }
+}
+
+/// Saves checkpoints of a 1024x1024 linear layer at `CHECKPOINT` until killed.
+fn save_forever() -> Res<()> {
+    use burn::module::Module;
+    let path = std::env::var("CHECKPOINT").map_err(e)?;
+    let device = Default::default();
+    for round in 0u64.. {
+        let model: burn::nn::Linear<NdArray> =
+            burn::nn::LinearConfig::new(1024, 1024).init(&device);
+        burn_ddp::checkpoint::save_atomic::<NdArray, _>((model.into_record(), round), &path)
+            .map_err(e)?;
+        if round == 0 {
+            println!("saving");
+        }
+    }
+    Ok(())
 }
