@@ -487,4 +487,25 @@ mod tests {
         c.set("big/0", &chunk).unwrap();
         assert_eq!(c.add("n", 1).unwrap(), 1);
     }
+
+    #[test]
+    fn the_store_listens_only_where_the_master_address_points() {
+        let local = StoreServer::bind_master("127.0.0.1", 0, None).unwrap();
+        assert!(local.addr().ip().is_loopback(), "{}", local.addr());
+        let named = StoreServer::bind_master("localhost", 0, None).unwrap();
+        assert!(named.addr().ip().is_loopback(), "{}", named.addr());
+        // An address this machine does not have (TEST-NET-3): every interface,
+        // with a warning, rather than no store at all.
+        let elsewhere = StoreServer::bind_master("203.0.113.7", 0, None).unwrap();
+        assert!(
+            elsewhere.addr().ip().is_unspecified(),
+            "{}",
+            elsewhere.addr()
+        );
+        let err = StoreServer::bind_master("no-such-host.invalid", 0, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("cannot resolve the master address"), "{err}");
+    }
 }

@@ -48,6 +48,10 @@ fn main() {
         ("bad_flags_give_a_usage_error", bad_flags),
         ("a_port_in_use_is_a_clear_error", port_in_use),
         (
+            "output_held_open_by_a_workers_child_does_not_hold_the_launcher",
+            output_held_open,
+        ),
+        (
             "the_store_refuses_strangers_and_survives_floods",
             faults::store_refuses_strangers_and_survives_floods,
         ),
@@ -564,4 +568,28 @@ fn cargo_ddp_builds_and_launches() -> Result<(), String> {
     )?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// A worker that leaves a background child holding its output pipe: the
+/// launcher copies what came, waits 2 s for the rest, says so, and exits.
+fn output_held_open() -> Result<(), String> {
+    let cmd = launcher(&[
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "--prefix-output",
+        "sh",
+        "-c",
+        "sleep 20 & echo worker done",
+    ]);
+    let (out, elapsed) = bounded(cmd, Duration::from_secs(15))?;
+    let stderr = text(&out.stderr);
+    check(out.status.success(), || format!("{out:?}"))?;
+    check(elapsed < Duration::from_secs(8), || {
+        format!("took {elapsed:?}")
+    })?;
+    check(text(&out.stdout).contains("[rank 0] worker done"), || {
+        text(&out.stdout)
+    })?;
+    check(stderr.contains("still held open"), || stderr)
 }
