@@ -8,7 +8,12 @@
 
 mod library;
 mod rendezvous;
+mod toolchain;
 mod wait;
+
+pub use toolchain::check_cuda_headers;
+#[cfg(feature = "nccl")]
+pub use toolchain::check_nvrtc;
 
 #[cfg(feature = "nccl")]
 mod communicator;
@@ -100,7 +105,7 @@ mod decide {
                 generation,
                 rank,
                 self.world_size(),
-                &machine_id(),
+                &super::gpu_uuid(ordinal).unwrap_or_else(|_| format!("{}/{ordinal}", machine_id())),
                 ordinal,
                 self.timeout(),
             );
@@ -128,6 +133,24 @@ mod decide {
 
 #[cfg(feature = "nccl")]
 pub(crate) use decide::NcclSlot;
+
+/// The UUID of the GPU this process calls `cuda:ordinal`: the same GPU has
+/// the same UUID in every process, whatever `CUDA_VISIBLE_DEVICES` renumbers.
+#[cfg(feature = "nccl")]
+fn gpu_uuid(ordinal: usize) -> crate::Result<String> {
+    use cudarc::driver::result;
+    let failed = |e: result::DriverError| {
+        crate::CommError::config(format!("cannot identify cuda:{ordinal}: {e}"))
+    };
+    result::init().map_err(failed)?;
+    let device = result::device::get(ordinal as i32).map_err(failed)?;
+    let uuid = result::device::get_uuid(device).map_err(failed)?;
+    Ok(uuid
+        .bytes
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect())
+}
 
 /// GPUs this process can see (`CUDA_VISIBLE_DEVICES` applied), with a clear
 /// error where there is no CUDA driver.

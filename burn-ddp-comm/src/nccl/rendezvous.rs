@@ -50,19 +50,22 @@ pub(crate) fn share_unique_id(
     })
 }
 
-/// Publishes where this rank's GPU is and fails (on every rank alike) when two
-/// ranks share one: NCCL refuses that, and would say so less clearly.
+/// Publishes which GPU this rank drives and fails (on every rank alike) when
+/// two ranks share one: NCCL refuses that, and would say so less clearly.
+///
+/// `gpu` identifies the physical GPU (its UUID), not its ordinal: with a
+/// per-rank `CUDA_VISIBLE_DEVICES` every rank sees its own GPU as `cuda:0`.
 pub(crate) fn check_one_gpu_per_rank(
     store: &dyn Store,
     generation: u64,
     rank: usize,
     world_size: usize,
-    machine: &str,
+    gpu: &str,
     ordinal: usize,
     timeout: Duration,
 ) -> Result<()> {
     let key = |r: usize| format!("burn-ddp/nccl/{generation}/device/{r}");
-    store.set(&key(rank), format!("{machine}#{ordinal}").as_bytes())?;
+    store.set(&key(rank), format!("{gpu}#{ordinal}").as_bytes())?;
     let places = (0..world_size)
         .map(|r| {
             store
@@ -73,22 +76,32 @@ pub(crate) fn check_one_gpu_per_rank(
     match first_shared_device(&places) {
         None => Ok(()),
         Some((a, b)) => {
-            let ordinal = places[a].rsplit('#').next().unwrap_or("?");
+            let (gpu, ordinal_a) = places[a].rsplit_once('#').unwrap_or((&places[a], "?"));
+            let ordinal_b = places[b].rsplit('#').next().unwrap_or("?");
             Err(CommError::config(format!(
-                "rank {rank}: ranks {a} and {b} both use cuda:{ordinal} on one machine, and \
-                 NCCL needs one GPU per rank; give each rank its own device (cuda:LOCAL_RANK, \
-                 with as many ranks per machine as GPUs), or set BURN_DDP_BACKEND=tcp"
+                "rank {rank}: ranks {a} and {b} both drive the GPU {gpu} (their cuda:{ordinal_a} \
+                 and cuda:{ordinal_b}), and NCCL needs one GPU per rank; give each rank its own \
+                 device (cuda:LOCAL_RANK, with as many ranks per machine as GPUs), or set \
+                 BURN_DDP_BACKEND=tcp"
             )))
         }
     }
 }
 
-/// The first two ranks with the same `machine#ordinal` entry.
+/// The first two ranks that drive the same GPU (`gpu#ordinal` entries with
+/// the same `gpu`).
 fn first_shared_device(places: &[String]) -> Option<(usize, usize)> {
-    places
-        .iter()
-        .enumerate()
-        .find_map(|(b, place)| places[..b].iter().position(|p| p == place).map(|a| (a, b)))
+    let gpu = |place: &String| {
+        place
+            .rsplit_once('#')
+            .map_or(place.clone(), |(g, _)| g.to_string())
+    };
+    places.iter().enumerate().find_map(|(b, place)| {
+        places[..b]
+            .iter()
+            .position(|p| gpu(p) == gpu(place))
+            .map(|a| (a, b))
+    })
 }
 
 #[cfg(test)]
@@ -135,26 +148,37 @@ mod tests {
     #[test]
     fn two_ranks_on_one_gpu_are_named() {
         let places = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(first_shared_device(&places(&["a#0", "a#1", "b#0"])), None);
         assert_eq!(
-            first_shared_device(&places(&["a#0", "a#1", "a#0"])),
+            first_shared_device(&places(&["gpu-a#0", "gpu-b#1", "gpu-c#0"])),
+            None
+        );
+        assert_eq!(
+            first_shared_device(&places(&["gpu-a#0", "gpu-b#1", "gpu-a#0"])),
             Some((0, 2))
         );
         let store = MemoryStore::new();
         let timeout = Duration::from_millis(100);
-        check_one_gpu_per_rank(&store, 0, 1, 2, "host", 0, timeout).unwrap_err();
+        check_one_gpu_per_rank(&store, 0, 1, 2, "gpu-a", 0, timeout).unwrap_err();
         let store = MemoryStore::new();
-        store.set("burn-ddp/nccl/0/device/0", b"host#0").unwrap();
-        let err = check_one_gpu_per_rank(&store, 0, 1, 2, "host", 0, timeout)
+        store.set("burn-ddp/nccl/0/device/0", b"gpu-a#0").unwrap();
+        let err = check_one_gpu_per_rank(&store, 0, 1, 2, "gpu-a", 1, timeout)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("rank 1") && err.contains("ranks 0 and 1 both use cuda:0"),
+            err.contains("rank 1")
+                && err.contains("ranks 0 and 1 both drive the GPU gpu-a")
+                && err.contains("cuda:0 and cuda:1"),
             "{err}"
         );
         assert!(err.contains("BURN_DDP_BACKEND=tcp"), "{err}");
+    }
+
+    #[test]
+    fn ranks_that_each_see_their_gpu_as_cuda_0_are_not_refused() {
+        // A per-rank CUDA_VISIBLE_DEVICES: every rank's GPU is its cuda:0.
         let store = MemoryStore::new();
-        store.set("burn-ddp/nccl/0/device/0", b"host#0").unwrap();
-        check_one_gpu_per_rank(&store, 0, 1, 2, "host", 1, timeout).unwrap();
+        let timeout = Duration::from_millis(100);
+        store.set("burn-ddp/nccl/0/device/0", b"gpu-a#0").unwrap();
+        check_one_gpu_per_rank(&store, 0, 1, 2, "gpu-b", 0, timeout).unwrap();
     }
 }

@@ -1,13 +1,20 @@
 //! CUDA tensors (Burn's `Cuda` backend, `CubeBackend<CudaRuntime>` without
 //! fusion) over NCCL.
 //!
-//! Ordering with cubecl: before NCCL reads or writes a buffer we wait for
-//! everything queued on cubecl's stream (so the buffer is fully written), and
-//! every NCCL call returns only after its own stream has finished, before
-//! cubecl queues anything that reads the result. The buffer's allocation is
-//! held (`get_resource`) for the whole call, so it cannot be freed or reused
-//! meanwhile. Buffers written in place are exclusively owned and contiguous.
+//! Ordering with cubecl: before NCCL reads or writes a buffer we take the
+//! buffer (`get_resource`, which makes this thread's cubecl stream wait for
+//! any other stream that wrote it) and then wait for everything queued on that
+//! stream, so the buffer is fully written; every NCCL call returns only after
+//! its own stream has finished, before cubecl queues anything that reads the
+//! result. The allocation is held for the whole call, so it cannot be freed or
+//! reused meanwhile.
+//!
+//! Layout: NCCL reads and writes `numel` packed elements, and cubecl pads the
+//! rows of tensors of rank 2 or more unless told otherwise (see
+//! [`super::layout`]). Every buffer handed to NCCL is packed, which `pin`
+//! checks; buffers written in place are also exclusively owned.
 
+use super::layout::is_packed;
 use super::TensorOp;
 use crate::{CommError, ProcessGroup, Reducer, Result};
 use burn::tensor::backend::Backend;
@@ -17,7 +24,7 @@ use burn_backend::backend::AutodiffBackend;
 use burn_backend::tensor::{FloatTensor, IntTensor};
 use burn_backend::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use burn_ddp_comm::nccl::DeviceBuffer;
@@ -33,8 +40,20 @@ type CudaInner = CubeBackend<CudaRuntime, f32, i32, u8>;
 /// its machine: `cuda:LOCAL_RANK`, wrapped around the visible GPUs. When ranks
 /// outnumber GPUs they share them, which only the host path allows (NCCL needs
 /// one GPU per rank); that is said once on stderr.
+///
+/// It also checks what Burn's CUDA backend needs to compile its kernels at run
+/// time (NVRTC and the CUDA headers), which would otherwise panic at the first
+/// kernel.
 pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Result<CudaDevice> {
     let count = burn_ddp_comm::nccl::cuda_device_count()?;
+    let who = format!("local rank {local_rank}");
+    burn_ddp_comm::nccl::check_nvrtc(&who).map_err(CommError::config)?;
+    burn_ddp_comm::nccl::check_cuda_headers(
+        &who,
+        cubecl::cuda::install::cuda_path().as_deref(),
+        std::env::var_os("CUDA_PATH").is_some(),
+    )
+    .map_err(CommError::config)?;
     if count == 0 {
         return Err(CommError::config(format!(
             "local rank {local_rank}: no CUDA device is visible (check CUDA_VISIBLE_DEVICES)"
@@ -133,20 +152,30 @@ struct Pinned<Alive> {
     _alive: Alive,
 }
 
-/// Waits for every kernel queued so far on this thread's cubecl stream (the
-/// ones writing `tensor` included), then takes its device address.
+/// Takes `tensor`'s memory (so this thread's cubecl stream waits for whatever
+/// stream wrote it), waits for every kernel queued on that stream, and hands
+/// out its device address. Only a packed buffer is handed out.
 fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized>> {
     let dtype = wire_dtype(rank, tensor.dtype)?;
     let device = |what: &str, detail: String| CommError::Device {
         rank,
         message: format!("{what} on cuda:{}: {detail}", tensor.device.index),
     };
-    cubecl::future::block_on(tensor.client.sync())
-        .map_err(|e| device("waiting for queued kernels failed", format!("{e:?}")))?;
+    let (shape, strides) = (tensor.meta.shape(), tensor.meta.strides());
+    if !is_packed(shape, strides) {
+        return Err(device(
+            "a strided buffer would have been handed to NCCL (a burn-ddp bug; please report it)",
+            format!("shape {shape:?}, strides {strides:?}"),
+        ));
+    }
+    // First the resource, then the wait: taking it is what queues the wait for
+    // another stream's writes on ours, and the host wait must cover that too.
     let resource = tensor
         .client
         .get_resource(tensor.handle.clone())
         .map_err(|e| device("cannot address a tensor's memory", format!("{e:?}")))?;
+    cubecl::future::block_on(tensor.client.sync())
+        .map_err(|e| device("waiting for queued kernels failed", format!("{e:?}")))?;
     Ok(Pinned {
         buffer: DeviceBuffer {
             ptr: resource.resource().ptr,
@@ -157,22 +186,42 @@ fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized>> {
     })
 }
 
-/// `tensor`, or a copy of it, that is contiguous and shared with nobody, so
-/// NCCL may write it in place.
+/// `tensor` itself when it is packed and shared with nobody, else a packed
+/// copy, so NCCL may write it in place. (Not `CubeTensor::is_contiguous_buffer`:
+/// it compares with the allocation's size, rounded up to the allocator's
+/// alignment, so it is false for most tensors; nor `copy()`, whose output may
+/// be pitched.)
 fn writable(tensor: CudaTensor) -> CudaTensor {
     let tensor = into_contiguous(tensor);
-    if tensor.can_mut() && tensor.is_contiguous_buffer() {
+    if tensor.can_mut() && is_packed(tensor.meta.shape(), tensor.meta.strides()) {
         tensor
     } else {
-        tensor.copy()
+        packed_copy(&tensor)
     }
 }
 
-/// A new uninitialised tensor like `like`, its first dimension resized.
+/// A copy of `tensor` in a new packed buffer (cubecl's `into_contiguous`
+/// always allocates one and copies, strided input or not).
+fn packed_copy(tensor: &CudaTensor) -> CudaTensor {
+    let output = cubecl::std::tensor::into_contiguous(
+        &tensor.client,
+        tensor.clone().binding(),
+        tensor.dtype.into(),
+    );
+    CubeTensor::new(
+        tensor.client.clone(),
+        output.handle,
+        *output.metadata,
+        tensor.device.clone(),
+        tensor.dtype,
+    )
+}
+
+/// A new uninitialised packed tensor like `like`, its first dimension resized.
 fn empty_like(like: &CudaTensor, rows: impl FnOnce(usize) -> usize) -> CudaTensor {
     let mut dims = like.meta.shape().to_vec();
     dims[0] = rows(dims[0]);
-    empty_device_dtype(
+    empty_device_contiguous_dtype(
         like.client.clone(),
         like.device.clone(),
         Shape::from(dims),

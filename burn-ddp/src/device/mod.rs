@@ -7,6 +7,7 @@
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+mod layout;
 
 #[cfg(feature = "cuda")]
 pub use cuda::cuda_device_for_rank;
