@@ -337,7 +337,7 @@ mod tests {
                 "127.0.0.1",
                 port,
                 Some(1),
-                Duration::from_secs(2),
+                Duration::from_secs(10),
                 token,
             )
         };
@@ -347,8 +347,8 @@ mod tests {
             let started = Instant::now();
             let err = connect(stranger.as_ref()).err().unwrap().to_string();
             assert!(
-                started.elapsed() < Duration::from_secs(2),
-                "refused at once"
+                started.elapsed() < Duration::from_secs(5),
+                "refused at once, not after the 10 s timeout"
             );
             assert!(
                 err.contains("rank 1") && err.contains("BURN_DDP_JOB_TOKEN"),
@@ -423,7 +423,7 @@ mod tests {
         for member in members {
             member.join().unwrap().unwrap();
         }
-        assert!(started.elapsed() < Duration::from_secs(3));
+        assert!(started.elapsed() < Duration::from_secs(8));
         // Strangers that never say hello are closed after the hello deadline.
         let mut probe = [0u8; 1];
         stalled
