@@ -106,14 +106,7 @@ fn rendezvous<'a>(
     world_size: usize,
     token: Option<&'a JobToken>,
 ) -> Rendezvous<'a> {
-    Rendezvous {
-        rank,
-        world_size,
-        store,
-        key_prefix: "p/",
-        timeout: Duration::from_secs(1),
-        token,
-    }
+    Rendezvous::for_test(rank, world_size, store, token, Duration::from_secs(1))
 }
 
 proptest! {

@@ -88,6 +88,27 @@ pub struct Rendezvous<'a> {
     pub token: Option<&'a JobToken>,
 }
 
+impl<'a> Rendezvous<'a> {
+    /// A rendezvous for tests: prefix `t/`, the given store, token and timeout.
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        rank: usize,
+        world_size: usize,
+        store: &'a dyn Store,
+        token: Option<&'a JobToken>,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            rank,
+            world_size,
+            store,
+            key_prefix: "t/",
+            timeout,
+            token,
+        }
+    }
+}
+
 impl Rendezvous<'_> {
     /// The token's bytes as they travel in handshakes (empty without one).
     pub(crate) fn token_bytes(&self) -> &[u8] {

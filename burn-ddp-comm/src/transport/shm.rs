@@ -495,14 +495,7 @@ mod tests {
         store: &'a MemoryStore,
         token: Option<&'a JobToken>,
     ) -> Rendezvous<'a> {
-        Rendezvous {
-            rank,
-            world_size: 2,
-            store,
-            key_prefix: "t/",
-            timeout: Duration::from_secs(5),
-            token,
-        }
+        Rendezvous::for_test(rank, 2, store, token, Duration::from_secs(5))
     }
 
     /// Rank 0 of a two-rank group (rank 1 maps the file on another thread, then

@@ -654,14 +654,7 @@ mod tests {
         store: &'a MemoryStore,
         token: Option<&'a JobToken>,
     ) -> Rendezvous<'a> {
-        Rendezvous {
-            rank,
-            world_size: 2,
-            store,
-            key_prefix: "t/",
-            timeout: Duration::from_secs(10),
-            token,
-        }
+        Rendezvous::for_test(rank, 2, store, token, Duration::from_secs(10))
     }
 
     /// Two ranks on threads; `meddle` runs against rank 1's listening address
