@@ -327,6 +327,12 @@ impl ProcessGroup {
         &self.nccl
     }
 
+    /// Prefix of this group's store keys (a world of one has its own store).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    pub(crate) fn key_prefix(&self) -> &str {
+        self.key_prefix.as_deref().unwrap_or("burn-ddp/")
+    }
+
     /// This process's global rank, `0..world_size`.
     pub fn rank(&self) -> usize {
         self.rank

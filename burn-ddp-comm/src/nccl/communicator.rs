@@ -1,7 +1,7 @@
 //! One NCCL communicator per process group: collectives on device buffers,
 //! each enqueued on our own CUDA stream and waited for with a deadline.
 
-use super::rendezvous::{share_unique_id, UNIQUE_ID_BYTES};
+use super::rendezvous::{share_unique_id, NcclKeys, UNIQUE_ID_BYTES};
 use super::wait::{wait_bounded, Progress, WaitError};
 use crate::element::{DType, ReduceOp};
 use crate::error::{CommError, Result};
@@ -57,11 +57,11 @@ unsafe impl Send for CommHandle {}
 
 impl NcclCommunicator {
     /// Creates the communicator on GPU `ordinal`, collectively: rank 0 makes the
-    /// unique id, the store hands it to the others (under `generation`, see
+    /// unique id, the store hands it to the others (under `keys`, see
     /// `rendezvous`), and every rank joins, bounded by `timeout`.
     pub(crate) fn connect(
         store: &dyn Store,
-        generation: u64,
+        keys: &NcclKeys,
         rank: usize,
         world_size: usize,
         ordinal: usize,
@@ -86,7 +86,7 @@ impl NcclCommunicator {
         } else {
             None
         };
-        let id = share_unique_id(store, generation, rank, mine, timeout)?;
+        let id = share_unique_id(store, keys, rank, mine, timeout)?;
         let comm = init_rank(&ctx, id, rank, world_size, timeout).map_err(|e| match e {
             WaitError::Failed(detail) => device_error("ncclCommInitRank failed", detail),
             WaitError::TimedOut(after) => CommError::Timeout {

@@ -31,7 +31,7 @@ pub use cudarc;
 mod decide {
     use super::communicator::NcclCommunicator;
     use super::library::check_nccl_loadable;
-    use super::rendezvous::{check_one_gpu_per_rank, next_generation};
+    use super::rendezvous::{check_one_gpu_per_rank, next_communicator};
     use crate::backend::CollectiveBackend;
     use crate::element::ReduceOp;
     use crate::error::{CommError, Result};
@@ -99,10 +99,10 @@ mod decide {
                 return Ok(None);
             }
             let store = self.store();
-            let generation = next_generation(store, self.world_size())?;
+            let keys = next_communicator(store, self.key_prefix(), self.world_size())?;
             let placed = check_one_gpu_per_rank(
                 store,
-                generation,
+                &keys,
                 rank,
                 self.world_size(),
                 &super::gpu_uuid(ordinal).unwrap_or_else(|_| format!("{}/{ordinal}", machine_id())),
@@ -120,7 +120,7 @@ mod decide {
             }
             let comm = NcclCommunicator::connect(
                 store,
-                generation,
+                &keys,
                 rank,
                 self.world_size(),
                 ordinal,

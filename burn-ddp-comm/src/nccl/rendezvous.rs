@@ -11,16 +11,35 @@ use std::time::Duration;
 /// Bytes in an `ncclUniqueId`.
 pub(crate) const UNIQUE_ID_BYTES: usize = 128;
 
-/// Store counter every rank bumps once per communicator it creates.
-const CREATED_KEY: &str = "burn-ddp/nccl/created";
+/// The store keys of one communicator: under its group's prefix (job id and
+/// group generation), numbered by creation within the group.
+pub(crate) struct NcclKeys {
+    base: String,
+}
 
-/// Which communicator of this store's lifetime the ranks are creating, so a
-/// store that outlives a group (the launcher's) never hands out a stale id.
-/// Creation is collective, so each generation's `world_size` increments are
-/// consecutive.
-pub(crate) fn next_generation(store: &dyn Store, world_size: usize) -> Result<u64> {
-    let counted = store.add(CREATED_KEY, 1)?;
-    Ok(generation_of(counted, world_size))
+impl NcclKeys {
+    fn unique_id(&self) -> String {
+        format!("{}unique-id", self.base)
+    }
+
+    fn device(&self, rank: usize) -> String {
+        format!("{}device/{rank}", self.base)
+    }
+}
+
+/// The keys of the communicator the ranks of the group whose keys are under
+/// `group_prefix` are creating now: each creation bumps a counter once per
+/// rank, and creation is collective, so each communicator's `world_size`
+/// increments are consecutive and no stale id is ever handed out.
+pub(crate) fn next_communicator(
+    store: &dyn Store,
+    group_prefix: &str,
+    world_size: usize,
+) -> Result<NcclKeys> {
+    let counted = store.add(&format!("{group_prefix}nccl/created"), 1)?;
+    Ok(NcclKeys {
+        base: format!("{group_prefix}nccl/{}/", generation_of(counted, world_size)),
+    })
 }
 
 fn generation_of(counted: i64, world_size: usize) -> u64 {
@@ -30,12 +49,12 @@ fn generation_of(counted: i64, world_size: usize) -> u64 {
 /// Rank 0 publishes `id` (when given); every rank returns the published id.
 pub(crate) fn share_unique_id(
     store: &dyn Store,
-    generation: u64,
+    keys: &NcclKeys,
     rank: usize,
     id: Option<[u8; UNIQUE_ID_BYTES]>,
     timeout: Duration,
 ) -> Result<[u8; UNIQUE_ID_BYTES]> {
-    let key = format!("burn-ddp/nccl/{generation}/unique-id");
+    let key = keys.unique_id();
     if let Some(id) = id {
         store.set(&key, &id)?;
         return Ok(id);
@@ -57,19 +76,18 @@ pub(crate) fn share_unique_id(
 /// per-rank `CUDA_VISIBLE_DEVICES` every rank sees its own GPU as `cuda:0`.
 pub(crate) fn check_one_gpu_per_rank(
     store: &dyn Store,
-    generation: u64,
+    keys: &NcclKeys,
     rank: usize,
     world_size: usize,
     gpu: &str,
     ordinal: usize,
     timeout: Duration,
 ) -> Result<()> {
-    let key = |r: usize| format!("burn-ddp/nccl/{generation}/device/{r}");
-    store.set(&key(rank), format!("{gpu}#{ordinal}").as_bytes())?;
+    store.set(&keys.device(rank), format!("{gpu}#{ordinal}").as_bytes())?;
     let places = (0..world_size)
         .map(|r| {
             store
-                .get(&key(r), timeout)
+                .get(&keys.device(r), timeout)
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
         })
         .collect::<Result<Vec<_>>>()?;
@@ -109,17 +127,27 @@ mod tests {
     use super::*;
     use crate::store::MemoryStore;
 
+    fn keys(generation: u64) -> NcclKeys {
+        NcclKeys {
+            base: format!("g/nccl/{generation}/"),
+        }
+    }
+
     #[test]
     fn generations_advance_once_per_collective_creation() {
         let world = 3;
         let seen: Vec<u64> = (1..=9).map(|n| generation_of(n, world)).collect();
         assert_eq!(seen, [0, 0, 0, 1, 1, 1, 2, 2, 2]);
         let store = MemoryStore::new();
-        let first: Vec<u64> = (0..world)
-            .map(|_| next_generation(&store, world).unwrap())
+        let first: Vec<String> = (0..world)
+            .map(|_| next_communicator(&store, "g/", world).unwrap().base)
             .collect();
-        let second = next_generation(&store, world).unwrap();
-        assert_eq!((first, second), (vec![0, 0, 0], 1));
+        let second = next_communicator(&store, "g/", world).unwrap().base;
+        assert_eq!(first, ["g/nccl/0/", "g/nccl/0/", "g/nccl/0/"]);
+        assert_eq!(second, "g/nccl/1/");
+        // Another group's communicators count from 0 under its own prefix.
+        let other = next_communicator(&store, "h/", world).unwrap();
+        assert_eq!(other.unique_id(), "h/nccl/0/unique-id");
     }
 
     #[test]
@@ -131,15 +159,18 @@ mod tests {
             .for_each(|(i, b)| *b = i as u8 ^ 0x5a);
         let timeout = Duration::from_millis(100);
         assert_eq!(
-            share_unique_id(&store, 4, 0, Some(id), timeout).unwrap(),
+            share_unique_id(&store, &keys(4), 0, Some(id), timeout).unwrap(),
             id
         );
-        assert_eq!(share_unique_id(&store, 4, 1, None, timeout).unwrap(), id);
+        assert_eq!(
+            share_unique_id(&store, &keys(4), 1, None, timeout).unwrap(),
+            id
+        );
         // Another generation has no id yet: a bounded wait, then a timeout.
-        let err = share_unique_id(&store, 5, 1, None, timeout).unwrap_err();
+        let err = share_unique_id(&store, &keys(5), 1, None, timeout).unwrap_err();
         assert!(err.is_timeout(), "{err}");
-        store.set("burn-ddp/nccl/6/unique-id", b"short").unwrap();
-        let err = share_unique_id(&store, 6, 2, None, timeout)
+        store.set("g/nccl/6/unique-id", b"short").unwrap();
+        let err = share_unique_id(&store, &keys(6), 2, None, timeout)
             .unwrap_err()
             .to_string();
         assert!(err.contains("rank 2") && err.contains("5 bytes"), "{err}");
@@ -158,10 +189,10 @@ mod tests {
         );
         let store = MemoryStore::new();
         let timeout = Duration::from_millis(100);
-        check_one_gpu_per_rank(&store, 0, 1, 2, "gpu-a", 0, timeout).unwrap_err();
+        check_one_gpu_per_rank(&store, &keys(0), 1, 2, "gpu-a", 0, timeout).unwrap_err();
         let store = MemoryStore::new();
-        store.set("burn-ddp/nccl/0/device/0", b"gpu-a#0").unwrap();
-        let err = check_one_gpu_per_rank(&store, 0, 1, 2, "gpu-a", 1, timeout)
+        store.set("g/nccl/0/device/0", b"gpu-a#0").unwrap();
+        let err = check_one_gpu_per_rank(&store, &keys(0), 1, 2, "gpu-a", 1, timeout)
             .unwrap_err()
             .to_string();
         assert!(
@@ -178,7 +209,7 @@ mod tests {
         // A per-rank CUDA_VISIBLE_DEVICES: every rank's GPU is its cuda:0.
         let store = MemoryStore::new();
         let timeout = Duration::from_millis(100);
-        store.set("burn-ddp/nccl/0/device/0", b"gpu-a#0").unwrap();
-        check_one_gpu_per_rank(&store, 0, 1, 2, "gpu-b", 0, timeout).unwrap();
+        store.set("g/nccl/0/device/0", b"gpu-a#0").unwrap();
+        check_one_gpu_per_rank(&store, &keys(0), 1, 2, "gpu-b", 0, timeout).unwrap();
     }
 }
