@@ -5,9 +5,11 @@
 //! wait and checks what they printed and how they exited.
 
 mod c10d_server;
+mod machines;
 mod mpirun;
 
 pub use c10d_server::C10dTestServer;
+pub use machines::{Machines, REQUIRE_NETNS_VAR};
 pub use mpirun::{mpirun_world, REQUIRE_MPIRUN_VAR};
 
 use burn_ddp_comm::job::{JobToken, JOB_TOKEN_VAR};

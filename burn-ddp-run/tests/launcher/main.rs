@@ -1,6 +1,7 @@
 //! The launcher with real worker processes: collectives, failures, signals, flags.
 
 mod faults;
+mod machines;
 
 use burn_ddp_comm::{ProcessGroup, ReduceOp};
 use burn_ddp_testkit::{check, run_cases, Case, SCENARIO_VAR};
@@ -50,6 +51,18 @@ fn main() {
         (
             "output_held_open_by_a_workers_child_does_not_hold_the_launcher",
             output_held_open,
+        ),
+        (
+            "two_machines_run_the_collectives",
+            machines::two_machines_run_the_collectives,
+        ),
+        (
+            "a_machine_that_never_starts_is_named",
+            machines::a_machine_that_never_starts_is_named,
+        ),
+        (
+            "a_killed_machine_ends_the_job_and_is_named",
+            machines::a_killed_machine_ends_the_job_and_is_named,
         ),
         (
             "the_store_refuses_strangers_and_survives_floods",

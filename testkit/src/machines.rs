@@ -1,0 +1,214 @@
+//! Several "machines" on one host: each a network namespace with its own
+//! address, and each process started in it gets its own host name (a UTS
+//! namespace) and its own `/dev/shm` (a mount namespace with a fresh tmpfs),
+//! so burn-ddp sees separate machines and uses TCP between them. The machines
+//! hang off one bridge (in a namespace of its own), and a link can be shaped
+//! with `tc` (rate, delay). Everything is torn down when the [`Machines`] is
+//! dropped, however the test ends. Needs root and iproute2.
+
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Set to 1 (as `.ci/run` does) to make missing root or iproute2 a failure,
+/// not a skip.
+pub const REQUIRE_NETNS_VAR: &str = "BURN_DDP_REQUIRE_NETNS";
+
+/// Test beds made by this process so far (for unique names).
+static MADE: AtomicUsize = AtomicUsize::new(0);
+
+/// A set of machines joined by a private bridge.
+pub struct Machines {
+    /// Namespace of each machine.
+    namespaces: Vec<String>,
+    /// Namespace holding the bridge.
+    switch: String,
+    /// Subnet `10.<a>.<b>.0/24`, unique to this test bed.
+    subnet: [u8; 2],
+}
+
+fn run(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Machines {
+    /// Makes `count` machines, or `Ok(None)` (a skip, said on stderr) where
+    /// this host cannot and [`REQUIRE_NETNS_VAR`] is not set.
+    pub fn create(count: usize) -> Result<Option<Self>, String> {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let has_ip = Command::new("ip")
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !root || !has_ip {
+            let why = if root {
+                "iproute2 is not installed"
+            } else {
+                "not root"
+            };
+            if std::env::var(REQUIRE_NETNS_VAR).is_ok_and(|v| v == "1") {
+                return Err(format!(
+                    "cannot make machines: {why}, but {REQUIRE_NETNS_VAR}=1"
+                ));
+            }
+            eprintln!("    skipped: cannot make machines here ({why})");
+            return Ok(None);
+        }
+        let serial = MADE.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        let tag = format!("{}{serial}", pid % 100_000);
+        let subnet = [100 + (pid % 100) as u8, (serial % 250) as u8];
+        let mut machines = Self {
+            namespaces: Vec::new(),
+            switch: format!("bddp{tag}sw"),
+            subnet,
+        };
+        // Built step by step: a failure half-way still tears down what exists.
+        run(&["ip", "netns", "add", &machines.switch])?;
+        run(&[
+            "ip",
+            "-n",
+            &machines.switch,
+            "link",
+            "add",
+            "br0",
+            "type",
+            "bridge",
+        ])?;
+        run(&["ip", "-n", &machines.switch, "link", "set", "br0", "up"])?;
+        for i in 0..count {
+            let ns = format!("bddp{tag}m{i}");
+            run(&["ip", "netns", "add", &ns])?;
+            machines.namespaces.push(ns.clone());
+            let (inside, outside) = (format!("bd{tag}i{i}"), format!("bd{tag}o{i}"));
+            run(&[
+                "ip", "link", "add", &inside, "type", "veth", "peer", "name", &outside,
+            ])?;
+            run(&["ip", "link", "set", &inside, "netns", &ns])?;
+            run(&["ip", "link", "set", &outside, "netns", &machines.switch])?;
+            run(&["ip", "-n", &ns, "link", "set", &inside, "name", "eth0"])?;
+            let cidr = format!("{}/24", machines.addr(i));
+            run(&["ip", "-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
+            run(&["ip", "-n", &ns, "link", "set", "eth0", "up"])?;
+            run(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
+            run(&[
+                "ip",
+                "-n",
+                &machines.switch,
+                "link",
+                "set",
+                &outside,
+                "master",
+                "br0",
+            ])?;
+            run(&["ip", "-n", &machines.switch, "link", "set", &outside, "up"])?;
+        }
+        Ok(Some(machines))
+    }
+
+    /// Number of machines.
+    pub fn len(&self) -> usize {
+        self.namespaces.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty()
+    }
+
+    /// Machine `i`'s address on the bridge.
+    pub fn addr(&self, i: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.subnet[0], self.subnet[1], 1 + i as u8)
+    }
+
+    /// Machine `i`'s host name.
+    pub fn hostname(&self, i: usize) -> String {
+        format!("machine-{i}")
+    }
+
+    /// A command that runs `program` on machine `i`: in its network namespace,
+    /// with its host name and a `/dev/shm` of its own.
+    pub fn command(&self, i: usize, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.namespaces[i]])
+            .args(["unshare", "--uts", "--mount", "--propagation", "private"])
+            .args([
+                "sh",
+                "-c",
+                "hostname \"$1\" && mount -t tmpfs tmpfs /dev/shm && shift && exec \"$@\"",
+                "sh",
+            ])
+            .arg(self.hostname(i))
+            .arg(program);
+        cmd
+    }
+
+    /// Shapes machine `i`'s link (both directions through its end): a rate
+    /// such as `1gbit` and a one-way delay such as `1ms`.
+    pub fn shape(&self, i: usize, rate: &str, delay: &str) -> Result<(), String> {
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            &self.namespaces[i],
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            "eth0",
+            "root",
+            "netem",
+            "rate",
+            rate,
+            "delay",
+            delay,
+        ])
+    }
+
+    /// Kills every process on machine `i` with SIGKILL: the machine is gone.
+    pub fn kill_all(&self, i: usize) -> usize {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &self.namespaces[i]])
+            .output();
+        let pids: Vec<i32> = out
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for pid in &pids {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        pids.len()
+    }
+}
+
+impl Drop for Machines {
+    fn drop(&mut self) {
+        for i in 0..self.namespaces.len() {
+            self.kill_all(i);
+        }
+        for ns in self.namespaces.iter().chain([&self.switch]) {
+            let _ = run(&["ip", "netns", "del", ns]);
+        }
+    }
+}
