@@ -808,6 +808,24 @@ fn duplicate_error(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> CommErro
     }
 }
 
+/// The machines (launcher node ranks) whose ranks are all among `missing`,
+/// as " (all of node rank [1])", when the launcher says how ranks map to
+/// machines (a node rank, and the same number of ranks on every machine).
+fn missing_machines(env: &LaunchEnv, missing: &[usize]) -> String {
+    let per_node = env.local_world_size;
+    if env.node_rank.is_none() || per_node == 0 || env.world_size % per_node != 0 {
+        return String::new();
+    }
+    let mut nodes: Vec<usize> = missing.iter().map(|r| r / per_node).collect();
+    nodes.dedup();
+    nodes.retain(|node| (node * per_node..(node + 1) * per_node).all(|r| missing.contains(&r)));
+    if nodes.is_empty() {
+        String::new()
+    } else {
+        format!(" (all of node rank {nodes:?}: did its machine start?)")
+    }
+}
+
 /// Announces this rank and waits for all the others, naming any that never come.
 fn join(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<()> {
     claim_rank(store, env, prefix)?;
@@ -837,9 +855,10 @@ fn join(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<()> {
             rank: env.rank,
             peer: Some(first_missing),
             what: format!(
-                "rank(s) {missing:?} to join a group of {} at {}:{} (check that they \
+                "rank(s) {missing:?}{} to join a group of {} at {}:{} (check that they \
                  started, and that every rank has the same WORLD_SIZE, MASTER_ADDR and \
                  MASTER_PORT){cause}",
+                missing_machines(env, &missing),
                 env.world_size,
                 env.master_addr.as_deref().unwrap_or("?"),
                 env.master_port

@@ -57,6 +57,10 @@ fn main() {
             machines::two_machines_run_the_collectives,
         ),
         (
+            "a_machine_started_late_still_forms_the_job",
+            machines::a_machine_started_late_still_forms_the_job,
+        ),
+        (
             "a_machine_that_never_starts_is_named",
             machines::a_machine_that_never_starts_is_named,
         ),
@@ -108,6 +112,14 @@ fn worker(name: &str) -> ! {
             g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
             let gathered = g.all_gather(&[rank as i64]).unwrap();
             println!("sum={:?} gathered={gathered:?}", x[0]);
+            // The other two, as collectives_lab.py: rank 0's value everywhere,
+            // and this rank's chunk of the sum of every rank's 0..2n + 100 r.
+            let mut root = [if rank == 0 { 2026i64 } else { -1 }];
+            g.broadcast(&mut root, 0).unwrap();
+            let n = g.world_size();
+            let input: Vec<f64> = (0..2 * n).map(|i| (i + 100 * rank) as f64).collect();
+            let mine = g.reduce_scatter(&input, ReduceOp::Sum).unwrap();
+            println!("broadcast={} reduce_scatter={mine:?}", root[0]);
             g.destroy().unwrap();
         }
         "env" => {
