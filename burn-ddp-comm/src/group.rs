@@ -813,7 +813,7 @@ fn duplicate_error(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> CommErro
 /// machines (a node rank, and the same number of ranks on every machine).
 fn missing_machines(env: &LaunchEnv, missing: &[usize]) -> String {
     let per_node = env.local_world_size;
-    if env.node_rank.is_none() || per_node == 0 || env.world_size % per_node != 0 {
+    if env.node_rank.is_none() || per_node == 0 || !env.world_size.is_multiple_of(per_node) {
         return String::new();
     }
     let mut nodes: Vec<usize> = missing.iter().map(|r| r / per_node).collect();
