@@ -5,7 +5,9 @@ use crate::env::{LaunchEnv, Launcher, StoreHost, DEFAULT_MASTER_PORT, DEFAULT_TI
 use crate::error::{CommError, Result};
 use crate::job::JobToken;
 use crate::store::{C10dStoreClient, MemoryStore, Store, StoreServer, TcpStoreClient};
-use crate::transport::{Rendezvous, SharedMemory, SingleProcess, TcpRing, Transport};
+use crate::transport::{
+    Hierarchical, Rendezvous, SharedMemory, SingleProcess, TcpRing, Topology, Transport,
+};
 use crate::watch::KeyWatch;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -72,12 +74,43 @@ impl TransportChoice {
     }
 }
 
+/// `ring` or `hierarchical` forces the all-reduce algorithm across machines;
+/// unset, several machines with several ranks each (the same number on each)
+/// use the hierarchical one.
+pub const ALGORITHM_VAR: &str = "BURN_DDP_ALGORITHM";
+
+/// How all-reduce runs when the ranks span several machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Hierarchical where the topology suits it, else the flat ring.
+    Auto,
+    /// One ring over all ranks.
+    Ring,
+    /// Shared memory within machines, TCP across (an error where the topology
+    /// does not suit it).
+    Hierarchical,
+}
+
+impl Algorithm {
+    fn from_env(rank: usize) -> Result<Self> {
+        match std::env::var(ALGORITHM_VAR).ok().as_deref() {
+            None | Some("") | Some("auto") => Ok(Self::Auto),
+            Some("ring") => Ok(Self::Ring),
+            Some("hierarchical") => Ok(Self::Hierarchical),
+            Some(other) => Err(CommError::config(format!(
+                "rank {rank}: {ALGORITHM_VAR}={other:?}; expected ring, hierarchical or auto"
+            ))),
+        }
+    }
+}
+
 /// How to start a [`ProcessGroup`] without reading the environment.
 #[derive(Debug, Clone)]
 pub struct ProcessGroupBuilder {
     env: LaunchEnv,
     debug_checks: bool,
     transport: TransportChoice,
+    algorithm: Algorithm,
 }
 
 impl ProcessGroupBuilder {
@@ -93,12 +126,20 @@ impl ProcessGroupBuilder {
             env,
             debug_checks: false,
             transport: TransportChoice::Auto,
+            algorithm: Algorithm::Auto,
         }
     }
 
     /// Forces a host transport (default: shared memory on one machine, else TCP).
     pub fn transport(mut self, choice: TransportChoice) -> Self {
         self.transport = choice;
+        self
+    }
+
+    /// The all-reduce algorithm across machines (default: hierarchical where
+    /// the topology suits it).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
         self
     }
 
@@ -150,7 +191,7 @@ impl ProcessGroupBuilder {
     /// Joins the group: starts or reaches the store, waits for every rank and
     /// connects the transport. Fails within the timeout if a rank never comes.
     pub fn build(self) -> Result<ProcessGroup> {
-        ProcessGroup::start(self.env, self.debug_checks, self.transport)
+        ProcessGroup::start(self.env, self.debug_checks, self.transport, self.algorithm)
     }
 }
 
@@ -198,7 +239,8 @@ impl ProcessGroup {
         let env = LaunchEnv::from_env()?;
         let debug = std::env::var(DEBUG_VAR).is_ok_and(|v| v.eq_ignore_ascii_case("detail"));
         let transport = TransportChoice::from_env(env.rank)?;
-        Self::start(env, debug, transport)
+        let algorithm = Algorithm::from_env(env.rank)?;
+        Self::start(env, debug, transport, algorithm)
     }
 
     /// Starts configuring a group by hand.
@@ -206,7 +248,12 @@ impl ProcessGroup {
         ProcessGroupBuilder::new(rank, world_size)
     }
 
-    fn start(env: LaunchEnv, debug_checks: bool, choice: TransportChoice) -> Result<Self> {
+    fn start(
+        env: LaunchEnv,
+        debug_checks: bool,
+        choice: TransportChoice,
+        algorithm: Algorithm,
+    ) -> Result<Self> {
         if !crate::job::valid_job_id(&env.job_id) {
             return Err(CommError::config(format!(
                 "rank {}: job id {:?} must be 1 to 64 characters of letters, digits, '.', '_' \
@@ -240,17 +287,12 @@ impl ProcessGroup {
             _ => None,
         };
         let prefix = key_prefix(&env, next_generation(&env));
-        let (store, local_ip) = connect_store(&host, &env)?;
-        log::debug!(
-            "rank {}: connected to the {:?} store at {host}:{} from {local_ip}",
-            env.rank,
-            env.store_host,
-            env.master_port
-        );
+        let (store, local_ip) = connect_and_join(&host, &env, &prefix)?;
         let client = &*store;
-        join(client, &env, &prefix)?;
         log::debug!("rank {}: all {} ranks joined", env.rank, env.world_size);
-        let one_machine = all_on_one_machine(client, &env, &prefix)?;
+        let machine_ids = machine_ids(client, &env, &prefix)?;
+        let one_machine =
+            machine_ids.iter().all(|id| *id == machine_ids[0]) && machine_ids[0] != "/";
         let rdzv = Rendezvous {
             rank: env.rank,
             world_size: env.world_size,
@@ -258,6 +300,7 @@ impl ProcessGroup {
             key_prefix: &prefix,
             timeout: env.timeout,
             token: env.job_token.as_ref(),
+            members: None,
         };
         let transport: Box<dyn Transport> = match (choice, one_machine) {
             (TransportChoice::SharedMemory, false) => {
@@ -270,7 +313,39 @@ impl ProcessGroup {
             (TransportChoice::SharedMemory, true) | (TransportChoice::Auto, true) => {
                 Box::new(SharedMemory::connect(rdzv)?)
             }
-            _ => Box::new(TcpRing::connect(rdzv, local_ip)?),
+            (TransportChoice::Tcp, _) if algorithm == Algorithm::Hierarchical => {
+                return Err(CommError::config(format!(
+                    "rank {}: {ALGORITHM_VAR}=hierarchical uses shared memory within each \
+                     machine, but {TRANSPORT_VAR}=tcp; unset one of them",
+                    env.rank
+                )))
+            }
+            (TransportChoice::Tcp, _) => Box::new(TcpRing::connect(rdzv, local_ip)?),
+            (TransportChoice::Auto, false) => {
+                let topology = Topology::from_machine_ids(&machine_ids);
+                match (algorithm, topology.suits_hierarchy()) {
+                    (Algorithm::Hierarchical, false) => {
+                        return Err(CommError::config(format!(
+                            "rank {}: {ALGORITHM_VAR}=hierarchical needs several machines \
+                             with the same number (two or more) of ranks each; these ranks \
+                             run on {}; unset it to use the ring",
+                            env.rank,
+                            topology.describe()
+                        )))
+                    }
+                    (Algorithm::Ring, _) | (Algorithm::Auto, false) => {
+                        Box::new(TcpRing::connect(rdzv, local_ip)?)
+                    }
+                    (_, true) => {
+                        log::debug!(
+                            "rank {}: hierarchical all-reduce over {}",
+                            env.rank,
+                            topology.describe()
+                        );
+                        Box::new(Hierarchical::connect(rdzv, &topology, local_ip)?)
+                    }
+                }
+            }
         };
         // Whether a second claimant of a rank came while we connected.
         let saw_duplicate = client.check(&[&format!("{prefix}duplicate")])?;
@@ -684,6 +759,40 @@ fn connect_store(host: &str, env: &LaunchEnv) -> Result<(Box<dyn Store>, IpAddr)
     Ok((Box::new(client), ip))
 }
 
+/// Reaches the store and joins the group. Where rank 0 hosts the store, a rank
+/// starting a new group right after `destroy()` can reach rank 0's previous
+/// store in its last moments, and lose it during the join: it then reconnects
+/// (to the new one) until the timeout.
+fn connect_and_join(host: &str, env: &LaunchEnv, prefix: &str) -> Result<(Box<dyn Store>, IpAddr)> {
+    let deadline = std::time::Instant::now() + env.timeout;
+    loop {
+        let joined = connect_store(host, env).and_then(|(store, local_ip)| {
+            log::debug!(
+                "rank {}: connected to the {:?} store at {host}:{} from {local_ip}",
+                env.rank,
+                env.store_host,
+                env.master_port
+            );
+            join(&*store, env, prefix).map(|()| (store, local_ip))
+        });
+        match joined {
+            Ok(joined) => return Ok(joined),
+            Err(CommError::Store { message, .. })
+                if env.store_host == StoreHost::RankZero
+                    && env.rank != 0
+                    && std::time::Instant::now() < deadline =>
+            {
+                log::debug!(
+                    "rank {}: the store went away while joining ({message}); reconnecting",
+                    env.rank
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
 /// Says which torchrun job could not be reached, and what usually causes it.
 fn torchrun_context(err: CommError, env: &LaunchEnv) -> CommError {
     match err {
@@ -712,7 +821,6 @@ fn host_store(host: &str, env: &LaunchEnv) -> Result<StoreServer> {
     )
 }
 
-/// Whether every rank runs on this machine (same host name and boot).
 /// This machine, as ranks compare it: host name and boot id (`"/"` when
 /// neither can be read).
 pub(crate) fn machine_id() -> String {
@@ -724,15 +832,19 @@ pub(crate) fn machine_id() -> String {
     )
 }
 
-fn all_on_one_machine(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<bool> {
-    let me = machine_id();
-    store.set(&format!("{prefix}host/{}", env.rank), me.as_bytes())?;
-    for rank in 0..env.world_size {
-        if store.get(&format!("{prefix}host/{rank}"), env.timeout)? != me.as_bytes() {
-            return Ok(false);
-        }
-    }
-    Ok(me != "/")
+/// Every rank's machine ([`machine_id`]), by rank, exchanged through the store.
+fn machine_ids(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<Vec<String>> {
+    store.set(
+        &format!("{prefix}host/{}", env.rank),
+        machine_id().as_bytes(),
+    )?;
+    (0..env.world_size)
+        .map(|rank| {
+            store
+                .get(&format!("{prefix}host/{rank}"), env.timeout)
+                .map(|id| String::from_utf8_lossy(&id).into_owned())
+        })
+        .collect()
 }
 
 /// How this process describes itself when two claim one rank.
@@ -758,6 +870,9 @@ fn claim_rank(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<()> {
         .get(&format!("{prefix}claimant/{}/1", env.rank), env.timeout)
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
         .unwrap_or_else(|_| "another process".into());
+    if first == me {
+        return Ok(()); // our own claim, from before a reconnection
+    }
     let message = format!(
         "rank {} was claimed by two processes: {first} (first) and {me}; give every process \
          its own RANK, 0 to {} (check the launcher's --node-rank on each machine)",

@@ -46,7 +46,8 @@ pub use element::{finish_reduce, reduce_into, BufferMut, DType, Element, ReduceO
 pub use env::{LaunchEnv, Launcher, StoreHost};
 pub use error::{CommError, Result};
 pub use group::{
-    ProcessGroup, ProcessGroupBuilder, TransportChoice, BLAME_KEY, DEBUG_VAR, TRANSPORT_VAR,
+    Algorithm, ProcessGroup, ProcessGroupBuilder, TransportChoice, ALGORITHM_VAR, BLAME_KEY,
+    DEBUG_VAR, TRANSPORT_VAR,
 };
 pub use job::JobToken;
 pub use reducer::{BucketConfig, BucketPlan, ParamLayout, Reducer};

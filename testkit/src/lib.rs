@@ -80,6 +80,9 @@ pub struct World {
     /// Sends a signal to the process at this index of `started` once it has
     /// printed a line starting with the given text (a fault injected for real).
     pub signal_when: Option<(usize, &'static str, i32)>,
+    /// Runs the ranks on these machines, this many on each (rank r on machine
+    /// r / n); rank 0 then hosts the store at machine 0's address.
+    pub machines: Option<(std::sync::Arc<Machines>, usize)>,
 }
 
 impl World {
@@ -94,6 +97,7 @@ impl World {
             deadline: Duration::from_secs(120),
             start_delay: None,
             signal_when: None,
+            machines: None,
         }
     }
 
@@ -111,12 +115,13 @@ impl World {
     pub fn run(&self, scenario: &str) -> Vec<RankOutcome> {
         // The driver's store admits only ranks with its token, as the launcher's does.
         let token = JobToken::generate().unwrap();
-        let ours = match self.hosting {
-            Hosting::Driver => Some(
+        let ours = match (self.hosting, &self.machines) {
+            (_, Some(_)) => None, // the driver is not on the machines' network
+            (Hosting::Driver, None) => Some(
                 StoreServer::bind_with_token("127.0.0.1:0".parse().unwrap(), Some(token.clone()))
                     .unwrap(),
             ),
-            _ => None,
+            (_, None) => None,
         };
         let agent = match self.hosting {
             Hosting::TorchrunAgent => Some(C10dTestServer::start()),
@@ -137,13 +142,26 @@ impl World {
                 if let Some((_, pause)) = self.start_delay.filter(|(at, _)| *at == index) {
                     std::thread::sleep(pause);
                 }
-                let mut cmd = Command::new(&exe);
+                let (mut cmd, local_rank, local_world, master) = match &self.machines {
+                    Some((machines, per)) => (
+                        machines.command(rank / per, exe.to_str().unwrap()),
+                        rank % per,
+                        *per,
+                        machines.addr(0).to_string(),
+                    ),
+                    None => (
+                        Command::new(&exe),
+                        rank,
+                        self.world_size,
+                        "127.0.0.1".to_string(),
+                    ),
+                };
                 cmd.env(SCENARIO_VAR, scenario)
                     .env("RANK", rank.to_string())
                     .env("WORLD_SIZE", self.world_size.to_string())
-                    .env("LOCAL_RANK", rank.to_string())
-                    .env("LOCAL_WORLD_SIZE", self.world_size.to_string())
-                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("LOCAL_RANK", local_rank.to_string())
+                    .env("LOCAL_WORLD_SIZE", local_world.to_string())
+                    .env("MASTER_ADDR", master)
                     .env("MASTER_PORT", port.to_string())
                     .env("BURN_DDP_TIMEOUT_SECS", self.timeout_secs.to_string())
                     .env_remove("BURN_DDP_LAUNCHER_STORE")

@@ -1,7 +1,8 @@
 //! Several "machines" on one host: each a network namespace with its own
-//! address, and each process started in it gets its own host name (a UTS
-//! namespace) and its own `/dev/shm` (a mount namespace with a fresh tmpfs),
-//! so burn-ddp sees separate machines and uses TCP between them. The machines
+//! address, plus a host name (a UTS namespace) and a `/dev/shm` (a mount
+//! namespace with a fresh tmpfs) that every process started on the machine
+//! shares (a holder process keeps them; processes join them with nsenter), so
+//! burn-ddp sees separate machines, shared memory within each, TCP between. The machines
 //! hang off one bridge (in a namespace of its own), and a link can be shaped
 //! with `tc` (rate, delay). Everything is torn down when the [`Machines`] is
 //! dropped, however the test ends. Needs root and iproute2.
@@ -21,6 +22,8 @@ static MADE: AtomicUsize = AtomicUsize::new(0);
 pub struct Machines {
     /// Namespace of each machine.
     namespaces: Vec<String>,
+    /// The process holding each machine's host name and `/dev/shm`.
+    holders: Vec<std::process::Child>,
     /// Namespace holding the bridge.
     switch: String,
     /// Subnet `10.<a>.<b>.0/24`, unique to this test bed.
@@ -76,6 +79,7 @@ impl Machines {
         let subnet = [100 + (pid % 100) as u8, (serial % 250) as u8];
         let mut machines = Self {
             namespaces: Vec::new(),
+            holders: Vec::new(),
             switch: format!("bddp{tag}sw"),
             subnet,
         };
@@ -118,8 +122,41 @@ impl Machines {
                 "br0",
             ])?;
             run(&["ip", "-n", &machines.switch, "link", "set", &outside, "up"])?;
+            let holder = Command::new("ip")
+                .args(["netns", "exec", &ns, "unshare", "--uts", "--mount"])
+                .args(["--propagation", "private", "sh", "-c"])
+                .arg("hostname \"$1\" && mount -t tmpfs tmpfs /dev/shm && exec sleep 100000")
+                .args(["sh", &machines.hostname(i)])
+                .stdin(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("cannot start machine {i}'s holder: {e}"))?;
+            machines.holders.push(holder);
+            machines.wait_until_ready(i)?;
         }
         Ok(Some(machines))
+    }
+
+    /// Waits (up to 5 s) until machine `i`'s holder has its host name set.
+    fn wait_until_ready(&self, i: usize) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let out = Command::new("nsenter")
+                .args(["-t", &self.holders[i].id().to_string(), "--uts", "hostname"])
+                .output()
+                .map_err(|e| format!("nsenter: {e}"))?;
+            let mounted = Command::new("nsenter")
+                .args(["-t", &self.holders[i].id().to_string(), "--mount"])
+                .args(["sh", "-c", "grep -q ' /dev/shm tmpfs' /proc/self/mounts"])
+                .status()
+                .is_ok_and(|s| s.success());
+            if mounted && String::from_utf8_lossy(&out.stdout).trim() == self.hostname(i) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!("machine {i} did not come up"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// Number of machines.
@@ -142,19 +179,12 @@ impl Machines {
         format!("machine-{i}")
     }
 
-    /// A command that runs `program` on machine `i`: in its network namespace,
-    /// with its host name and a `/dev/shm` of its own.
+    /// A command that runs `program` on machine `i`: in its network
+    /// namespace, with its host name and its `/dev/shm`.
     pub fn command(&self, i: usize, program: &str) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.namespaces[i]])
-            .args(["unshare", "--uts", "--mount", "--propagation", "private"])
-            .args([
-                "sh",
-                "-c",
-                "hostname \"$1\" && mount -t tmpfs tmpfs /dev/shm && shift && exec \"$@\"",
-                "sh",
-            ])
-            .arg(self.hostname(i))
+        let mut cmd = Command::new("nsenter");
+        cmd.args(["-t", &self.holders[i].id().to_string()])
+            .args(["--net", "--uts", "--mount", "--"])
             .arg(program);
         cmd
     }
@@ -206,6 +236,10 @@ impl Drop for Machines {
     fn drop(&mut self) {
         for i in 0..self.namespaces.len() {
             self.kill_all(i);
+        }
+        for holder in &mut self.holders {
+            let _ = holder.kill();
+            let _ = holder.wait();
         }
         for ns in self.namespaces.iter().chain([&self.switch]) {
             let _ = run(&["ip", "netns", "del", ns]);

@@ -29,4 +29,6 @@ impl Transport for SingleProcess {
     fn broadcast(&mut self, _data: BufferMut<'_>, _root: usize) -> Result<()> {
         Ok(())
     }
+
+    fn abort(&mut self) {}
 }

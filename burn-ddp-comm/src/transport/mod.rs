@@ -8,10 +8,14 @@
 /// `reduce_scatter_typed`, `all_gather_typed` and `broadcast_typed` methods, by
 /// dispatching on the buffer's element type.
 macro_rules! typed_transport {
-    ($ty:ty, $name:literal) => {
+    ($ty:ty, $name:literal, $abort:ident) => {
         impl $crate::transport::Transport for $ty {
             fn name(&self) -> &'static str {
                 $name
+            }
+
+            fn abort(&mut self) {
+                self.$abort()
             }
 
             fn all_reduce(
@@ -53,10 +57,12 @@ macro_rules! typed_transport {
     };
 }
 
+mod hierarchical;
 mod local;
 mod shm;
 mod tcp;
 
+pub use hierarchical::{Hierarchical, Topology};
 pub use local::SingleProcess;
 pub use shm::{remove_segments_of, segment_dir, SharedMemory};
 #[cfg(test)]
@@ -86,6 +92,9 @@ pub struct Rendezvous<'a> {
     pub timeout: Duration,
     /// The job's token, required of every peer when set.
     pub token: Option<&'a JobToken>,
+    /// For a sub-group (the ranks of one machine, say): the group rank of each
+    /// member, by index, so errors name group ranks; `None`: the whole group.
+    pub members: Option<&'a [usize]>,
 }
 
 impl<'a> Rendezvous<'a> {
@@ -105,6 +114,7 @@ impl<'a> Rendezvous<'a> {
             key_prefix: "t/",
             timeout,
             token,
+            members: None,
         }
     }
 }
@@ -113,6 +123,14 @@ impl Rendezvous<'_> {
     /// The token's bytes as they travel in handshakes (empty without one).
     pub(crate) fn token_bytes(&self) -> &[u8] {
         self.token.map_or(&[], |t| t.as_str().as_bytes())
+    }
+
+    /// The group ranks of the members, by index.
+    pub(crate) fn member_ranks(&self) -> Vec<usize> {
+        match self.members {
+            Some(members) => members.to_vec(),
+            None => (0..self.world_size).collect(),
+        }
     }
 
     /// Whether a peer's presented token admits it.
@@ -142,6 +160,10 @@ pub trait Transport: Send {
 
     /// Copies `data` of rank `root` to every rank.
     fn broadcast(&mut self, data: BufferMut<'_>, root: usize) -> Result<()>;
+
+    /// Gives up: marks the transport unusable and tells the peers at once (a
+    /// closed connection, a failed counter), so none waits out its timeout.
+    fn abort(&mut self);
 }
 
 /// The `index`-th of `parts` near-equal contiguous ranges of `0..len`.

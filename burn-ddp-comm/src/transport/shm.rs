@@ -191,8 +191,11 @@ fn open_segment(
 
 /// Shared-memory collectives between the ranks of one machine.
 pub struct SharedMemory {
+    /// This rank's index among the machine's ranks in the group.
     rank: usize,
     world_size: usize,
+    /// Group rank of each index, for messages.
+    members: Vec<usize>,
     timeout: Duration,
     map: MmapMut,
     /// Barriers passed so far; every rank passes the same sequence.
@@ -221,9 +224,10 @@ impl SharedMemory {
             ..
         } = rdzv;
         let size = segment_size(world_size);
+        let members = rdzv.member_ranks();
         let setup = |detail: String| CommError::Peer {
-            rank,
-            peer: rank,
+            rank: members[rank],
+            peer: members[rank],
             op: "shared-memory transport setup".into(),
             detail,
         };
@@ -242,6 +246,7 @@ impl SharedMemory {
         let mut transport = Self {
             rank,
             world_size,
+            members,
             timeout,
             map,
             phase: 0,
@@ -301,8 +306,9 @@ impl SharedMemory {
             if let Some(peer) = (0..self.world_size)
                 .find(|&q| q != self.rank && self.counter(q).load(Ordering::Acquire) == FAILED)
             {
+                let peer = self.members[peer];
                 return Err(CommError::Peer {
-                    rank: self.rank,
+                    rank: self.members[self.rank],
                     peer,
                     op: op.into(),
                     detail: format!("rank {peer} failed an earlier collective"),
@@ -329,18 +335,19 @@ impl SharedMemory {
                     && self.counter(peer).load(Ordering::Acquire) < phase
                 {
                     return Err(CommError::Peer {
-                        rank: self.rank,
-                        peer,
+                        rank: self.members[self.rank],
+                        peer: self.members[peer],
                         op: op.into(),
                         detail: format!(
-                            "rank {peer} (pid {}) exited, crashed or failed earlier",
-                            self.pids[peer]
+                            "rank {} (pid {}) exited, crashed or failed earlier",
+                            self.members[peer], self.pids[peer]
                         ),
                     });
                 }
                 if now >= deadline {
+                    let peer = self.members[peer];
                     return Err(CommError::Timeout {
-                        rank: self.rank,
+                        rank: self.members[self.rank],
                         peer: Some(peer),
                         what: format!("rank {peer} to reach {op}"),
                         after: self.timeout,
@@ -350,11 +357,18 @@ impl SharedMemory {
         }
     }
 
+    /// Marks this rank failed, so the others fail at once, and stays unusable.
+    fn fail(&mut self) {
+        self.broken
+            .get_or_insert_with(|| "it was aborted after another level failed".into());
+        self.counter(self.rank).store(FAILED, Ordering::Release);
+    }
+
     fn guarded(&mut self, op: &str, body: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
         if let Some(reason) = &self.broken {
             return Err(CommError::Peer {
-                rank: self.rank,
-                peer: self.rank,
+                rank: self.members[self.rank],
+                peer: self.members[self.rank],
                 op: op.into(),
                 detail: format!(
                     "shared-memory transport unusable after an earlier error: {reason}"
@@ -481,7 +495,7 @@ fn process_alive(pid: u32) -> bool {
     }
 }
 
-typed_transport!(SharedMemory, "shm");
+typed_transport!(SharedMemory, "shm", fail);
 
 #[cfg(test)]
 mod tests {

@@ -29,8 +29,11 @@ const PROTOCOL_VERSION: u32 = 2;
 
 /// A ring of TCP connections between the ranks of one group.
 pub struct TcpRing {
+    /// This rank's index in the ring (its group rank unless a sub-group's).
     rank: usize,
     world_size: usize,
+    /// Group rank of each index, for messages.
+    members: Vec<usize>,
     timeout: Duration,
     next: TcpStream,
     prev: TcpStream,
@@ -63,10 +66,12 @@ impl TcpRing {
             ..
         } = rdzv;
         assert!(world_size >= 2, "a ring needs at least two ranks");
+        let members = rdzv.member_ranks();
+        let name = |index: usize| members[index];
         let deadline = Instant::now() + timeout;
         let setup_err = |what: String| CommError::Peer {
-            rank,
-            peer: rank,
+            rank: name(rank),
+            peer: name(rank),
             op: "TCP transport setup".into(),
             detail: what,
         };
@@ -86,30 +91,32 @@ impl TcpRing {
         let next_addr: SocketAddr = std::str::from_utf8(&next_addr)
             .ok()
             .and_then(|text| text.parse().ok())
-            .ok_or_else(|| setup_err(format!("rank {next_rank} published a bad address")))?;
+            .ok_or_else(|| {
+                setup_err(format!("rank {} published a bad address", name(next_rank)))
+            })?;
 
         let next = connect_with_retry(next_addr, deadline).map_err(|err| CommError::Peer {
-            rank,
-            peer: next_rank,
+            rank: name(rank),
+            peer: name(next_rank),
             op: "connecting the TCP ring".into(),
             detail: format!("cannot connect to {next_addr}: {err}"),
         })?;
         (&next)
             .write_all(&Handshake::encode(&rdzv))
-            .map_err(|err| setup_err(format!("handshake with rank {next_rank}: {err}")))?;
+            .map_err(|err| setup_err(format!("handshake with rank {}: {err}", name(next_rank))))?;
 
         let prev = accept_from(&listener, &rdzv, prev_rank, deadline).map_err(|detail| {
             if detail.contains("timed out") {
                 CommError::Timeout {
-                    rank,
-                    peer: Some(prev_rank),
-                    what: format!("rank {prev_rank} to connect to the TCP ring"),
+                    rank: name(rank),
+                    peer: Some(name(prev_rank)),
+                    what: format!("rank {} to connect to the TCP ring", name(prev_rank)),
                     after: timeout,
                 }
             } else {
                 CommError::Peer {
-                    rank,
-                    peer: prev_rank,
+                    rank: name(rank),
+                    peer: name(prev_rank),
                     op: "accepting the TCP ring connection".into(),
                     detail,
                 }
@@ -126,6 +133,7 @@ impl TcpRing {
         Ok(Self {
             rank,
             world_size,
+            members,
             timeout,
             next,
             prev,
@@ -141,11 +149,16 @@ impl TcpRing {
         (self.rank + self.world_size - 1) % self.world_size
     }
 
+    /// The group rank of ring index `index`.
+    fn name(&self, index: usize) -> usize {
+        self.members[index]
+    }
+
     fn check_usable(&self, op: &str) -> Result<()> {
         match &self.broken {
             Some(reason) => Err(CommError::Peer {
-                rank: self.rank,
-                peer: self.rank,
+                rank: self.name(self.rank),
+                peer: self.name(self.rank),
                 op: op.into(),
                 detail: format!("the TCP ring is unusable after an earlier error: {reason}"),
             }),
@@ -160,16 +173,25 @@ impl TcpRing {
         let result = body(self);
         if let Err(err) = &result {
             self.broken = Some(err.to_string());
-            let _ = self.next.shutdown(Shutdown::Both);
-            let _ = self.prev.shutdown(Shutdown::Both);
+            self.break_ring();
         }
         result
     }
 
+    /// Closes both connections (the neighbours see them close) and keeps the
+    /// ring unusable.
+    fn break_ring(&mut self) {
+        self.broken
+            .get_or_insert_with(|| "it was aborted after another level failed".into());
+        let _ = self.next.shutdown(Shutdown::Both);
+        let _ = self.prev.shutdown(Shutdown::Both);
+    }
+
     fn io_error(&self, err: io::Error, peer: usize, op: &str, direction: &str) -> CommError {
+        let (rank, peer) = (self.name(self.rank), self.name(peer));
         if io_is_timeout(&err) {
             CommError::Timeout {
-                rank: self.rank,
+                rank,
                 peer: Some(peer),
                 what: format!("{direction} rank {peer} during {op}"),
                 after: self.timeout,
@@ -185,7 +207,7 @@ impl TcpRing {
                 _ => err.to_string(),
             };
             CommError::Peer {
-                rank: self.rank,
+                rank,
                 peer,
                 op: op.into(),
                 detail,
@@ -226,8 +248,8 @@ impl TcpRing {
                     sent.map_err(|err| self.io_error(err, self.next_rank(), op, "sending to"))
                 }
                 Err(_) => Err(CommError::Peer {
-                    rank: self.rank,
-                    peer: self.next_rank(),
+                    rank: self.name(self.rank),
+                    peer: self.name(self.next_rank()),
                     op: op.into(),
                     detail: "the sending thread panicked".into(),
                 }),
@@ -354,7 +376,7 @@ impl TcpRing {
     }
 }
 
-typed_transport!(TcpRing, "tcp");
+typed_transport!(TcpRing, "tcp", break_ring);
 
 /// Borrows two disjoint ranges of one slice, one shared and one mutable.
 fn split_disjoint<T>(
@@ -581,17 +603,22 @@ fn accept_from(
                     progressed = true;
                 }
                 Ok(Some((rank, world))) => {
+                    let members = rdzv.member_ranks();
+                    let name = |index: usize| members.get(index).copied().unwrap_or(index);
                     if world != rdzv.world_size {
                         return Err(format!(
-                            "rank {rank} believes WORLD_SIZE is {world}, this rank {}; \
+                            "rank {} believes WORLD_SIZE is {world}, this rank {}; \
                              start every rank with the same WORLD_SIZE",
+                            name(rank),
                             rdzv.world_size
                         ));
                     }
                     if rank != expected_rank {
                         return Err(format!(
-                            "expected rank {expected_rank} to connect, got rank {rank}; \
-                             two processes may share a RANK"
+                            "expected rank {} to connect, got rank {}; two processes may \
+                             share a RANK",
+                            name(expected_rank),
+                            name(rank)
                         ));
                     }
                     let conn = pending.swap_remove(index);

@@ -54,6 +54,14 @@ fn main() {
             killed_mid_all_reduce,
         ),
         ("a_stopped_rank_is_named_by_every_other_rank", stopped_rank),
+        (
+            "two_machines_hierarchical_equals_the_ring",
+            hierarchical_equals_ring,
+        ),
+        (
+            "two_machines_every_op_and_size_both_algorithms",
+            two_machines_sizes,
+        ),
     ];
     run_cases(cases);
 }
@@ -411,6 +419,55 @@ fn stopped_rank() -> Result<(), String> {
         check(outcomes[stopped].killed_at_deadline, || {
             format!("{:?}", outcomes[stopped])
         })?;
+    }
+    Ok(())
+}
+
+/// 2 machines x 2 ranks (network namespaces): the hierarchical all-reduce
+/// gives the ring's results (integers exactly, floats to 1e-5, the same bits
+/// on every rank), and is what the group picks by itself.
+fn hierarchical_equals_ring() -> Result<(), String> {
+    let Some(machines) = burn_ddp_testkit::Machines::create(2)? else {
+        return Ok(());
+    };
+    let mut world = World::new(4);
+    world.machines = Some((std::sync::Arc::new(machines), 2));
+    world.deadline = Duration::from_secs(120);
+    let outcomes = world.run("compare_algorithms");
+    all_ok(&outcomes)?;
+    for o in &outcomes {
+        check(
+            o.value("ring transport") == Some("tcp")
+                && o.value("hierarchical transport") == Some("hierarchical"),
+            || format!("rank {}: {}", o.rank, o.stdout),
+        )?;
+    }
+    // Left to itself, a 2 x 2 group goes hierarchical.
+    let Some(machines) = burn_ddp_testkit::Machines::create(2)? else {
+        return Ok(());
+    };
+    let mut world = World::new(4);
+    world.machines = Some((std::sync::Arc::new(machines), 2));
+    for o in world.run("lab") {
+        o.ok()?;
+        check(o.value("transport") == Some("hierarchical"), || {
+            o.stdout.clone()
+        })?;
+    }
+    Ok(())
+}
+
+/// Every op, dtype and the lengths 0, 1, 7 and ~1M+3 on 2 machines x 2 ranks,
+/// with each algorithm.
+fn two_machines_sizes() -> Result<(), String> {
+    for algorithm in ["ring", "hierarchical"] {
+        let Some(machines) = burn_ddp_testkit::Machines::create(2)? else {
+            return Ok(());
+        };
+        let mut world = World::new(4).env("BURN_DDP_ALGORITHM", algorithm);
+        world.machines = Some((std::sync::Arc::new(machines), 2));
+        world.deadline = Duration::from_secs(120);
+        all_ok(&world.run("sizes"))?;
     }
     Ok(())
 }

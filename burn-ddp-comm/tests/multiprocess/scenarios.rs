@@ -13,6 +13,7 @@ pub fn run(name: &str) -> ! {
         "twice" => twice(),
         "steady" => steady(),
         "big_loop" => big_loop(),
+        "compare_algorithms" => compare_algorithms(),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -254,4 +255,66 @@ fn big_loop() -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         data.fill(1.0);
     }
+}
+
+/// The same all-reduces under the ring and then the hierarchical algorithm
+/// (two groups one after the other): integers equal exactly, floats to the
+/// reassociation error, and every rank holds the same bits.
+fn compare_algorithms() -> Result<(), String> {
+    let e = |e: burn_ddp_comm::CommError| e.to_string();
+    let mut results = Vec::new();
+    for algorithm in ["ring", "hierarchical"] {
+        // Single-threaded here: no other thread reads the environment.
+        std::env::set_var("BURN_DDP_ALGORITHM", algorithm);
+        let g = group()?;
+        println!("{algorithm} transport {}", g.transport_name());
+        let (rank, n) = (g.rank(), g.world_size());
+        // Lengths that do and do not split into equal shards per machine.
+        let mut floats: Vec<f32> = (0..(1 << 20) + 3)
+            .map(|i| ((i * 7 + rank * 13) % 1000) as f32 * 0.001 + 0.1)
+            .collect();
+        g.all_reduce(&mut floats, ReduceOp::Sum).map_err(e)?;
+        let mut means: Vec<f64> = (0..1001).map(|i| (i + rank) as f64).collect();
+        g.all_reduce(&mut means, ReduceOp::Mean).map_err(e)?;
+        let mut ints: Vec<i64> = (0..4099).map(|i| (i * (rank + 1)) as i64).collect();
+        g.all_reduce(&mut ints, ReduceOp::Sum).map_err(e)?;
+        let mut maxes: Vec<i32> = (0..17).map(|i| ((i + rank) % 5) as i32).collect();
+        g.all_reduce(&mut maxes, ReduceOp::Max).map_err(e)?;
+        // The same bits everywhere: gather a checksum of this rank's result.
+        let checksum = floats
+            .iter()
+            .fold(0u64, |acc, x| acc.rotate_left(5) ^ x.to_bits() as u64);
+        let sums = g.all_gather(&[checksum as i64]).map_err(e)?;
+        if sums.iter().any(|s| *s != sums[0]) {
+            return Err(format!(
+                "{algorithm}: ranks hold different results: {sums:?}"
+            ));
+        }
+        let expect_ints: Vec<i64> = (0..4099)
+            .map(|i| i as i64 * (1..=n as i64).sum::<i64>())
+            .collect();
+        expect(&format!("{algorithm} i64 sum"), &ints, &expect_ints)?;
+        let expect_max: Vec<i32> = (0..17)
+            .map(|i| (0..n).map(|r| ((i + r) % 5) as i32).max().unwrap())
+            .collect();
+        expect(&format!("{algorithm} i32 max"), &maxes, &expect_max)?;
+        let expect_means: Vec<f64> = (0..1001)
+            .map(|i| (0..n).map(|r| (i + r) as f64).sum::<f64>() / n as f64)
+            .collect();
+        expect(&format!("{algorithm} f64 mean"), &means, &expect_means)?;
+        results.push(floats);
+        g.destroy().map_err(e)?;
+    }
+    let worst = results[0]
+        .iter()
+        .zip(&results[1])
+        .map(|(a, b)| ((a - b).abs() / a.abs().max(1e-6)) as f64)
+        .fold(0.0, f64::max);
+    if worst > 1e-5 {
+        return Err(format!(
+            "f32 sums differ by up to {worst:e} between the algorithms"
+        ));
+    }
+    println!("worst relative difference {worst:e}");
+    Ok(())
 }
