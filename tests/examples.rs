@@ -471,7 +471,7 @@ fn toy_on_two_machines_equals_one_big_batch() {
     ];
     let runs: Vec<_> = (0..2)
         .map(|node| {
-            let mut cmd = machines.command(node, launcher().to_str().unwrap());
+            let mut cmd = machines.command_in(node, &dir, launcher().to_str().unwrap());
             cmd.args(["--nnodes", "2", "--node-rank", &node.to_string()])
                 .args(["--nproc-per-node", "2", "--master-port", "29500"])
                 .args(["--master-addr", &machines.addr(0).to_string()])

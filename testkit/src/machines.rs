@@ -3,8 +3,8 @@
 //! namespace with a fresh tmpfs) that every process started on the machine
 //! shares (a holder process keeps them; processes join them with nsenter), so
 //! burn-ddp sees separate machines, shared memory within each, TCP between. The machines
-//! hang off one bridge (in a namespace of its own), and a link can be shaped
-//! with `tc` (rate, delay). Everything is torn down when the [`Machines`] is
+//! hang off one bridge (in a namespace of its own), and a link's rate can be
+//! limited with `tc`. Everything is torn down when the [`Machines`] is
 //! dropped, however the test ends. Needs root and iproute2.
 
 use std::net::Ipv4Addr;
@@ -180,34 +180,32 @@ impl Machines {
     }
 
     /// A command that runs `program` on machine `i`: in its network
-    /// namespace, with its host name and its `/dev/shm`.
+    /// namespace, with its host name and its `/dev/shm`, in this process's
+    /// current directory.
     pub fn command(&self, i: usize, program: &str) -> Command {
+        let here = std::env::current_dir().unwrap_or_else(|_| "/".into());
+        self.command_in(i, &here, program)
+    }
+
+    /// As [`Self::command`], in `dir` (entering a mount namespace resets the
+    /// working directory, so a `Command::current_dir` would be lost).
+    pub fn command_in(&self, i: usize, dir: &std::path::Path, program: &str) -> Command {
         let mut cmd = Command::new("nsenter");
         cmd.args(["-t", &self.holders[i].id().to_string()])
-            .args(["--net", "--uts", "--mount", "--"])
+            .args(["--net", "--uts", "--mount"])
+            .arg(format!("--wd={}", dir.display()))
+            .arg("--")
             .arg(program);
         cmd
     }
 
-    /// Shapes machine `i`'s link (both directions through its end): a rate
-    /// such as `1gbit` and a one-way delay such as `1ms`.
-    pub fn shape(&self, i: usize, rate: &str, delay: &str) -> Result<(), String> {
+    /// Limits what machine `i` sends to `rate` (`1gbit`), with tc's token
+    /// bucket (netem, for delays, is not in every kernel).
+    pub fn shape(&self, i: usize, rate: &str) -> Result<(), String> {
+        let ns = &self.namespaces[i];
         run(&[
-            "ip",
-            "netns",
-            "exec",
-            &self.namespaces[i],
-            "tc",
-            "qdisc",
-            "replace",
-            "dev",
-            "eth0",
-            "root",
-            "netem",
-            "rate",
-            rate,
-            "delay",
-            delay,
+            "ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+            "rate", rate, "burst", "256kb", "latency", "50ms",
         ])
     }
 

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# All-reduce across two "machines" (network namespaces with their own host name
+# and /dev/shm, joined by a bridge, each link shaped with tc), 2 ranks each:
+# burn-ddp's flat ring, its hierarchical all-reduce, and PyTorch's gloo, in
+# one invocation. Needs root, iproute2, release builds of burn-ddp-run and the
+# allreduce_bench example, and (for the gloo row) a Python with torch.
+#
+#   cargo build --release -p burn-ddp-run -p burn-ddp-comm --bins --example allreduce_bench
+#   sudo scripts/two-machine-bench.sh [--rate 1gbit] [--sizes 16M,64M] [--iters 5]
+#                                     [--python PATH]
+# (tc's token bucket shapes the rate; netem, for delay, is not in every kernel.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rate) RATE=$2; shift 2 ;;
+    --sizes) SIZES=$2; shift 2 ;;
+    --iters) ITERS=$2; shift 2 ;;
+    --python) PYTHON=$2; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+LAUNCHER=$PWD/target/release/burn-ddp-run
+BENCH=$PWD/target/release/examples/allreduce_bench
+for f in "$LAUNCHER" "$BENCH"; do
+  [ -x "$f" ] || { echo "$f is missing: build it first (see --help)" >&2; exit 2; }
+done
+
+TAG="bb$$"
+NS=("${TAG}m0" "${TAG}m1")
+SW="${TAG}sw"
+ADDR=("10.99.0.1" "10.99.0.2")
+HOLDERS=()
+cleanup() {
+  for ns in "${NS[@]}"; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  ip netns del "$SW" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+ip netns add "$SW"
+ip -n "$SW" link add br0 type bridge
+ip -n "$SW" link set br0 up
+for i in 0 1; do
+  ns=${NS[$i]}
+  ip netns add "$ns"
+  ip link add "${TAG}i$i" type veth peer name "${TAG}o$i"
+  ip link set "${TAG}i$i" netns "$ns"
+  ip link set "${TAG}o$i" netns "$SW"
+  ip -n "$ns" link set "${TAG}i$i" name eth0
+  ip -n "$ns" addr add "${ADDR[$i]}/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip -n "$SW" link set "${TAG}o$i" master br0
+  ip -n "$SW" link set "${TAG}o$i" up
+  # Each machine's outgoing traffic limited: a full-duplex link of RATE.
+  ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$RATE" burst 256kb latency 50ms
+  # A holder keeps the machine's host name and /dev/shm for its processes.
+  ip netns exec "$ns" unshare --uts --mount --propagation private \
+    sh -c "hostname machine-$i && mount -t tmpfs tmpfs /dev/shm && exec sleep 100000" \
+    </dev/null >/dev/null 2>&1 &
+  HOLDERS[$i]=$!
+done
+sleep 0.5
+on() { local i=$1; shift; nsenter -t "${HOLDERS[$i]}" --net --uts --mount --wd=/tmp -- "$@"; }
+
+echo "# two machines x 2 ranks, links $RATE each way, f32 sum, median of $ITERS"
+echo
+run_burn_ddp() {
+  local algorithm=$1 port=$2 pids=()
+  for i in 0 1; do
+    on "$i" env BURN_DDP_ALGORITHM="$algorithm" BURN_DDP_JOB_TOKEN=bench \
+      "$LAUNCHER" --nnodes 2 --node-rank "$i" --nproc-per-node 2 \
+      --master-addr "${ADDR[0]}" --master-port "$port" \
+      "$BENCH" --sizes "$SIZES" --iters "$ITERS" --warmup 1 > "/tmp/$TAG-$algorithm-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  echo "## burn-ddp, $algorithm"
+  grep -E '^\|' "/tmp/$TAG-$algorithm-0.log" || cat "/tmp/$TAG-$algorithm-0.log"
+  echo
+}
+run_burn_ddp ring 29501
+run_burn_ddp hierarchical 29502
+
+if "$PYTHON" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null; then
+  cat > "/tmp/$TAG-gloo.py" <<'PY'
+import os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+iters = int(sys.argv[2])
+if dist.get_rank() == 0:
+    print("| size | median latency | algbw |")
+    print("| ---: | ---: | ---: |")
+for text in sys.argv[1].split(","):
+    n = int(text[:-1]) << {"K": 10, "M": 20, "G": 30}[text[-1]]
+    t = torch.ones(n // 4)
+    times = []
+    for i in range(iters + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        if i:
+            times.append(time.perf_counter() - start)
+    times.sort()
+    median = times[len(times) // 2]
+    if dist.get_rank() == 0:
+        print(f"| {n >> 20} MiB | {median * 1e3:.3f} ms | {n / median / 1e9:.2f} GB/s |")
+dist.destroy_process_group()
+PY
+  pids=()
+  for i in 0 1; do
+    for l in 0 1; do
+      rank=$((2 * i + l))
+      on "$i" env RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$l MASTER_ADDR="${ADDR[0]}" \
+        MASTER_PORT=29503 GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
+        "$PYTHON" "/tmp/$TAG-gloo.py" "$SIZES" "$ITERS" > "/tmp/$TAG-gloo-$rank.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  wait "${pids[@]}"
+  echo "## PyTorch gloo ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"
+  grep -E '^\|' "/tmp/$TAG-gloo-0.log" || cat "/tmp/$TAG-gloo-0.log"
+else
+  echo "## PyTorch gloo: skipped ($PYTHON has no torch with gloo; pass --python)"
+fi
+rm -f /tmp/$TAG-*
