@@ -88,6 +88,23 @@ run_burn_ddp() {
 run_burn_ddp ring 29501
 run_burn_ddp hierarchical 29502
 
+# The same job started by PyTorch's torchrun on both machines (its agent hosts
+# a c10d store; burn-ddp's ranks use it), when the Python has torch.
+TORCHRUN="$(dirname "$PYTHON")/torchrun"
+if [ -x "$TORCHRUN" ]; then
+  pids=()
+  for i in 0 1; do
+    on "$i" env BURN_DDP_JOB_TOKEN=bench "$TORCHRUN" --nnodes 2 --node-rank "$i" \
+      --nproc-per-node 2 --master-addr "${ADDR[0]}" --master-port 29504 --no-python \
+      "$BENCH" --sizes "$SIZES" --iters "$ITERS" --warmup 1 > "/tmp/$TAG-torchrun-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  echo "## burn-ddp under torchrun (hierarchical)"
+  grep -E '^\|' "/tmp/$TAG-torchrun-0.log" || cat "/tmp/$TAG-torchrun-0.log"
+  echo
+fi
+
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null; then
   cat > "/tmp/$TAG-gloo.py" <<'PY'
 import os, sys, time, torch, torch.distributed as dist
