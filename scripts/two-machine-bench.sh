@@ -72,21 +72,23 @@ on() { local i=$1; shift; nsenter -t "${HOLDERS[$i]}" --net --uts --mount --wd=/
 echo "# two machines x 2 ranks, links $RATE each way, f32 sum, median of $ITERS"
 echo
 run_burn_ddp() {
-  local algorithm=$1 port=$2 pids=()
+  local algorithm=$1 port=$2 compression=${3:-none} pids=()
   for i in 0 1; do
-    on "$i" env BURN_DDP_ALGORITHM="$algorithm" BURN_DDP_JOB_TOKEN=bench \
+    on "$i" env BURN_DDP_ALGORITHM="$algorithm" BURN_DDP_COMPRESSION="$compression" \
+      BURN_DDP_JOB_TOKEN=bench \
       "$LAUNCHER" --nnodes 2 --node-rank "$i" --nproc-per-node 2 \
       --master-addr "${ADDR[0]}" --master-port "$port" \
       "$BENCH" --sizes "$SIZES" --iters "$ITERS" --warmup 1 > "/tmp/$TAG-$algorithm-$i.log" 2>&1 &
     pids+=($!)
   done
   wait "${pids[@]}"
-  echo "## burn-ddp, $algorithm"
+  echo "## burn-ddp, $algorithm, compression $compression"
   grep -E '^\|' "/tmp/$TAG-$algorithm-0.log" || cat "/tmp/$TAG-$algorithm-0.log"
   echo
 }
 run_burn_ddp ring 29501
 run_burn_ddp hierarchical 29502
+run_burn_ddp hierarchical 29505 bf16
 
 # The same job started by PyTorch's torchrun on both machines (its agent hosts
 # a c10d store; burn-ddp's ranks use it), when the Python has torch.

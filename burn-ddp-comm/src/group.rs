@@ -7,6 +7,7 @@ use crate::job::JobToken;
 use crate::store::{C10dStoreClient, MemoryStore, Store, StoreServer, TcpStoreClient};
 use crate::transport::{
     Hierarchical, Rendezvous, SharedMemory, SingleProcess, TcpRing, Topology, Transport,
+    WireCompression,
 };
 use crate::watch::KeyWatch;
 use std::collections::BTreeMap;
@@ -111,6 +112,7 @@ pub struct ProcessGroupBuilder {
     debug_checks: bool,
     transport: TransportChoice,
     algorithm: Algorithm,
+    compression: WireCompression,
 }
 
 impl ProcessGroupBuilder {
@@ -127,12 +129,20 @@ impl ProcessGroupBuilder {
             debug_checks: false,
             transport: TransportChoice::Auto,
             algorithm: Algorithm::Auto,
+            compression: WireCompression::None,
         }
     }
 
     /// Forces a host transport (default: shared memory on one machine, else TCP).
     pub fn transport(mut self, choice: TransportChoice) -> Self {
         self.transport = choice;
+        self
+    }
+
+    /// Sends f32 all-reduces across machines in 16 bits (default: as they are;
+    /// under [`ProcessGroup::from_env`], what `BURN_DDP_COMPRESSION` says).
+    pub fn compression(mut self, compression: WireCompression) -> Self {
+        self.compression = compression;
         self
     }
 
@@ -191,7 +201,10 @@ impl ProcessGroupBuilder {
     /// Joins the group: starts or reaches the store, waits for every rank and
     /// connects the transport. Fails within the timeout if a rank never comes.
     pub fn build(self) -> Result<ProcessGroup> {
-        ProcessGroup::start(self.env, self.debug_checks, self.transport, self.algorithm)
+        let group =
+            ProcessGroup::start(self.env, self.debug_checks, self.transport, self.algorithm)?;
+        group.set_wire_compression(self.compression);
+        Ok(group)
     }
 }
 
@@ -213,6 +226,8 @@ pub struct ProcessGroup {
     duplicate_watch: Option<KeyWatch>,
     /// Prefix of this group's store keys (`None` for a world of one).
     key_prefix: Option<String>,
+    /// Whether the ranks run on several machines.
+    spans_machines: bool,
     /// Whether this rank has recorded whom its first failure points at.
     blamed: std::sync::atomic::AtomicBool,
     #[cfg(feature = "nccl")]
@@ -240,7 +255,10 @@ impl ProcessGroup {
         let debug = std::env::var(DEBUG_VAR).is_ok_and(|v| v.eq_ignore_ascii_case("detail"));
         let transport = TransportChoice::from_env(env.rank)?;
         let algorithm = Algorithm::from_env(env.rank)?;
-        Self::start(env, debug, transport, algorithm)
+        let compression = WireCompression::from_env(env.rank)?;
+        let group = Self::start(env, debug, transport, algorithm)?;
+        group.set_wire_compression(compression);
+        Ok(group)
     }
 
     /// Starts configuring a group by hand.
@@ -360,6 +378,7 @@ impl ProcessGroup {
         }
         group.duplicate_watch = watch_for_duplicates(&host, &env, &prefix);
         group.key_prefix = Some(prefix);
+        group.spans_machines = !one_machine;
         log::debug!(
             "rank {}: process group of {} ready over {} (launcher {:?}, timeout {:?})",
             env.rank,
@@ -390,6 +409,7 @@ impl ProcessGroup {
             transport: Mutex::new(transport),
             duplicate_watch: None,
             key_prefix: None,
+            spans_machines: false,
             blamed: Default::default(),
             #[cfg(feature = "nccl")]
             nccl: Default::default(),
@@ -451,6 +471,26 @@ impl ProcessGroup {
     /// The rendezvous store (for exchanging small values at start-up).
     pub fn store(&self) -> &dyn Store {
         self.store.as_ref()
+    }
+
+    /// Sends this group's f32 all-reduces (sums and means) across machines as
+    /// 16-bit floats, accumulated in f32 (PyTorch's `bf16_compress_hook`, with
+    /// f32 additions); returns whether it applies (ranks on several machines
+    /// and a transport between them). Every rank must set the same.
+    pub fn set_wire_compression(&self, compression: WireCompression) -> bool {
+        let applies = self.spans_machines
+            && self
+                .transport
+                .lock()
+                .unwrap()
+                .compress_across_machines(compression);
+        if applies && compression != WireCompression::None {
+            log::debug!(
+                "rank {}: f32 all-reduces cross machines as {compression:?}",
+                self.rank
+            );
+        }
+        applies
     }
 
     /// The transport, unless the group was found unable to stand.

@@ -51,3 +51,4 @@ pub use group::{
 };
 pub use job::JobToken;
 pub use reducer::{BucketConfig, BucketPlan, ParamLayout, Reducer};
+pub use transport::{WireCompression, COMPRESSION_VAR};

@@ -64,7 +64,7 @@ pub use sync::{
     no_sync, reset_sync_stats, sync_enabled, sync_gradients, sync_stats, NoSyncGuard, SyncStats,
 };
 pub use tracking::TrackedAutodiff;
-pub use wrap::{wrap, BucketConfig, DdpConfig};
+pub use wrap::{wrap, BucketConfig, DdpConfig, GradientCompression};
 
 /// docs/training.md's code blocks, compiled (and the first one run) as doctests.
 #[cfg(doctest)]

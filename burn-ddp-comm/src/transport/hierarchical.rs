@@ -140,6 +140,11 @@ impl Hierarchical {
         })
     }
 
+    /// Compresses what crosses machines: the ring across them.
+    fn compress_across(&mut self, compression: super::WireCompression) -> bool {
+        self.across.compress_across_machines(compression)
+    }
+
     /// Fails every level, so the peers waiting in any of them fail at once.
     fn abort_all(&mut self) {
         self.within.abort();
@@ -202,7 +207,7 @@ impl Hierarchical {
     }
 }
 
-typed_transport!(Hierarchical, "hierarchical", abort_all);
+typed_transport!(Hierarchical, "hierarchical", abort_all, compress_across);
 
 #[cfg(test)]
 mod tests {

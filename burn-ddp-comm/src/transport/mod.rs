@@ -9,6 +9,19 @@
 /// dispatching on the buffer's element type.
 macro_rules! typed_transport {
     ($ty:ty, $name:literal, $abort:ident) => {
+        typed_transport!($ty, $name, $abort, {});
+    };
+    ($ty:ty, $name:literal, $abort:ident, $compress:ident) => {
+        typed_transport!($ty, $name, $abort, {
+            fn compress_across_machines(
+                &mut self,
+                compression: $crate::transport::WireCompression,
+            ) -> bool {
+                self.$compress(compression)
+            }
+        });
+    };
+    ($ty:ty, $name:literal, $abort:ident, { $($extra:tt)* }) => {
         impl $crate::transport::Transport for $ty {
             fn name(&self) -> &'static str {
                 $name
@@ -17,6 +30,8 @@ macro_rules! typed_transport {
             fn abort(&mut self) {
                 self.$abort()
             }
+
+            $($extra)*
 
             fn all_reduce(
                 &mut self,
@@ -57,11 +72,13 @@ macro_rules! typed_transport {
     };
 }
 
+mod compress;
 mod hierarchical;
 mod local;
 mod shm;
 mod tcp;
 
+pub use compress::{WireCompression, COMPRESSION_VAR};
 pub use hierarchical::{Hierarchical, Topology};
 pub use local::SingleProcess;
 pub use shm::{remove_segments_of, segment_dir, SharedMemory};
@@ -164,6 +181,13 @@ pub trait Transport: Send {
     /// Gives up: marks the transport unusable and tells the peers at once (a
     /// closed connection, a failed counter), so none waits out its timeout.
     fn abort(&mut self);
+
+    /// Sends f32 all-reduces that cross machines in 16 bits (see
+    /// [`WireCompression`]); returns whether this transport does (one within
+    /// a machine does not).
+    fn compress_across_machines(&mut self, _compression: WireCompression) -> bool {
+        false
+    }
 }
 
 /// The `index`-th of `parts` near-equal contiguous ranges of `0..len`.

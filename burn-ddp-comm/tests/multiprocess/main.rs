@@ -62,6 +62,10 @@ fn main() {
             "two_machines_every_op_and_size_both_algorithms",
             two_machines_sizes,
         ),
+        (
+            "two_machines_compressed_all_reduce_both_algorithms",
+            two_machines_compressed,
+        ),
     ];
     run_cases(cases);
 }
@@ -468,6 +472,28 @@ fn two_machines_sizes() -> Result<(), String> {
         world.machines = Some((std::sync::Arc::new(machines), 2));
         world.deadline = Duration::from_secs(120);
         all_ok(&world.run("sizes"))?;
+    }
+    Ok(())
+}
+
+/// `BURN_DDP_COMPRESSION=bf16` and `f16` on 2 machines x 2 ranks, with each
+/// algorithm: sums within 16-bit rounding, the same bits on every rank.
+fn two_machines_compressed() -> Result<(), String> {
+    for (algorithm, codec) in [
+        ("ring", "bf16"),
+        ("hierarchical", "bf16"),
+        ("hierarchical", "f16"),
+    ] {
+        let Some(machines) = burn_ddp_testkit::Machines::create(2)? else {
+            return Ok(());
+        };
+        let mut world = World::new(4)
+            .env("BURN_DDP_ALGORITHM", algorithm)
+            .env("BURN_DDP_COMPRESSION", codec);
+        world.machines = Some((std::sync::Arc::new(machines), 2));
+        world.deadline = Duration::from_secs(120);
+        let outcomes = world.run("compressed");
+        all_ok(&outcomes).map_err(|e| format!("{algorithm} {codec}: {e}"))?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ pub fn run(name: &str) -> ! {
         "steady" => steady(),
         "big_loop" => big_loop(),
         "compare_algorithms" => compare_algorithms(),
+        "compressed" => compressed(),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -317,4 +318,46 @@ fn compare_algorithms() -> Result<(), String> {
     }
     println!("worst relative difference {worst:e}");
     Ok(())
+}
+
+/// An f32 sum with `BURN_DDP_COMPRESSION` set: close to the exact sum (bf16
+/// rounding), visibly rounded (it did travel in 16 bits), the same bits on
+/// every rank; integers exact.
+fn compressed() -> Result<(), String> {
+    let e = |e: burn_ddp_comm::CommError| e.to_string();
+    let g = group()?;
+    println!("transport {}", g.transport_name());
+    let (rank, n) = (g.rank(), g.world_size());
+    let value = |i: usize, r: usize| ((i * 7 + r * 13) % 1000) as f64 * 0.001 + 0.1;
+    let len = (1 << 20) + 3;
+    let mut x: Vec<f32> = (0..len).map(|i| value(i, rank) as f32).collect();
+    g.all_reduce(&mut x, ReduceOp::Sum).map_err(e)?;
+    let mut rounded = 0;
+    for (i, got) in x.iter().enumerate() {
+        let exact: f64 = (0..n).map(|r| value(i, r)).sum();
+        let error = (*got as f64 - exact).abs() / exact;
+        if error > 1.0 / 64.0 {
+            return Err(format!("[{i}] = {got}, exact {exact}: off by {error:e}"));
+        }
+        rounded += usize::from(error > 1e-6);
+    }
+    if rounded < len / 2 {
+        return Err(format!(
+            "only {rounded} of {len} sums were rounded: not compressed?"
+        ));
+    }
+    let checksum = x
+        .iter()
+        .fold(0u64, |acc, v| acc.rotate_left(5) ^ v.to_bits() as u64);
+    let sums = g.all_gather(&[checksum as i64]).map_err(e)?;
+    if sums.iter().any(|s| *s != sums[0]) {
+        return Err(format!("ranks hold different results: {sums:?}"));
+    }
+    let mut ints: Vec<i64> = (0..999).map(|i| (i * (rank + 1)) as i64).collect();
+    g.all_reduce(&mut ints, ReduceOp::Sum).map_err(e)?;
+    let expect_ints: Vec<i64> = (0..999)
+        .map(|i| i as i64 * (1..=n as i64).sum::<i64>())
+        .collect();
+    expect("i64 sum", &ints, &expect_ints)?;
+    g.destroy().map_err(e)
 }
