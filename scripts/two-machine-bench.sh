@@ -8,18 +8,22 @@
 #   cargo build --release -p burn-ddp-run -p burn-ddp-comm --bins --example allreduce_bench
 #   sudo scripts/two-machine-bench.sh [--rate 1gbit] [--sizes 16M,64M] [--iters 5]
 #                                     [--python PATH]
+#   sudo scripts/two-machine-bench.sh [--rate 1gbit] -- PROGRAM ARGS...
+#       (instead of the benchmarks: PROGRAM on 2 machines x 2 ranks under
+#       burn-ddp-run, with this environment; machine 0's output is printed)
 # (tc's token bucket shapes the rate; netem, for delay, is not in every kernel.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3}
+RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3} PROGRAM=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --) shift; PROGRAM=("$@"); break ;;
     --rate) RATE=$2; shift 2 ;;
     --sizes) SIZES=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -67,7 +71,23 @@ for i in 0 1; do
   HOLDERS[$i]=$!
 done
 sleep 0.5
-on() { local i=$1; shift; nsenter -t "${HOLDERS[$i]}" --net --uts --mount --wd=/tmp -- "$@"; }
+on() { local i=$1; shift; nsenter -t "${HOLDERS[$i]}" --net --uts --mount --wd="$PWD" -- "$@"; }
+
+if [ ${#PROGRAM[@]} -gt 0 ]; then
+  pids=()
+  for i in 0 1; do
+    on "$i" env BURN_DDP_JOB_TOKEN=job "$LAUNCHER" --nnodes 2 --node-rank "$i" \
+      --nproc-per-node 2 --master-addr "${ADDR[0]}" --master-port 29506 \
+      "${PROGRAM[@]}" > "/tmp/$TAG-program-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  status=0
+  wait "${pids[@]}" || status=$?
+  echo "# ${PROGRAM[*]} on two machines x 2 ranks, links $RATE each way (machine 0's output)"
+  cat "/tmp/$TAG-program-0.log"
+  rm -f /tmp/$TAG-*
+  exit $status
+fi
 
 echo "# two machines x 2 ranks, links $RATE each way, f32 sum, median of $ITERS"
 echo
