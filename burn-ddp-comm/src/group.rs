@@ -817,9 +817,13 @@ fn connect_and_join(host: &str, env: &LaunchEnv, prefix: &str) -> Result<(Box<dy
         });
         match joined {
             Ok(joined) => return Ok(joined),
+            // Only a store that was reached and then went away: one that cannot
+            // be reached at all has already been waited for.
             Err(CommError::Store { message, .. })
                 if env.store_host == StoreHost::RankZero
                     && env.rank != 0
+                    && (message.contains("closed the connection")
+                        || message.contains("lost the connection"))
                     && std::time::Instant::now() < deadline =>
             {
                 log::debug!(
