@@ -66,6 +66,10 @@ fn main() {
             "two_machines_compressed_all_reduce_both_algorithms",
             two_machines_compressed,
         ),
+        (
+            "a_machine_that_never_starts_is_named_by_every_rank",
+            machine_never_starts,
+        ),
     ];
     run_cases(cases);
 }
@@ -494,6 +498,38 @@ fn two_machines_compressed() -> Result<(), String> {
         world.deadline = Duration::from_secs(120);
         let outcomes = world.run("compressed");
         all_ok(&outcomes).map_err(|e| format!("{algorithm} {codec}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Only the first of two machines starts its ranks (no launcher to stop them
+/// early): every one of them names the missing ranks and their machine within
+/// the (3 s) timeout.
+fn machine_never_starts() -> Result<(), String> {
+    let Some(machines) = burn_ddp_testkit::Machines::create(2)? else {
+        return Ok(());
+    };
+    let mut world = World::new(4).env("GROUP_RANK", "0");
+    world.machines = Some((std::sync::Arc::new(machines), 2));
+    world.started = vec![0, 1];
+    world.timeout_secs = 3.0;
+    world.deadline = Duration::from_secs(30);
+    for o in world.run("lab") {
+        check(o.code == Some(1), || {
+            format!("rank {} should fail: {o:?}", o.rank)
+        })?;
+        check(o.elapsed < Duration::from_secs(15), || {
+            format!("rank {} took {:?}", o.rank, o.elapsed)
+        })?;
+        check(
+            o.stderr.contains("rank(s) [2, 3] (all of node rank [1]"),
+            || {
+                format!(
+                    "rank {} should name ranks 2, 3 and node rank 1: {}",
+                    o.rank, o.stderr
+                )
+            },
+        )?;
     }
     Ok(())
 }
