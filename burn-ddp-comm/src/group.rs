@@ -805,7 +805,9 @@ fn connect_store(host: &str, env: &LaunchEnv) -> Result<(Box<dyn Store>, IpAddr)
 /// (to the new one) until the timeout.
 fn connect_and_join(host: &str, env: &LaunchEnv, prefix: &str) -> Result<(Box<dyn Store>, IpAddr)> {
     let deadline = std::time::Instant::now() + env.timeout;
+    let mut attempt = env.clone();
     loop {
+        let env = &attempt;
         let joined = connect_store(host, env).and_then(|(store, local_ip)| {
             log::debug!(
                 "rank {}: connected to the {:?} store at {host}:{} from {local_ip}",
@@ -831,6 +833,10 @@ fn connect_and_join(host: &str, env: &LaunchEnv, prefix: &str) -> Result<(Box<dy
                     env.rank
                 );
                 std::thread::sleep(Duration::from_millis(100));
+                // The next attempt gets what is left of the timeout, not all of it.
+                attempt.timeout = deadline
+                    .saturating_duration_since(std::time::Instant::now())
+                    .max(Duration::from_secs(1));
             }
             Err(err) => return Err(err),
         }
