@@ -45,6 +45,8 @@ mod device;
 mod global;
 mod sync;
 pub mod tracking;
+#[cfg(feature = "train")]
+pub mod train;
 mod wrap;
 
 pub use backend::Ddp;

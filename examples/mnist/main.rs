@@ -13,7 +13,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod idx;
+mod learner;
 mod net;
+mod source;
 
 use burn::config::Config;
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
@@ -42,7 +44,7 @@ use std::time::Instant;
     version,
     about = "DDP training of the document's MNIST CNN."
 )]
-struct MnistArgs {
+pub struct MnistArgs {
     /// Training epochs.
     #[arg(long, default_value_t = 2)]
     epochs: usize,
@@ -53,13 +55,10 @@ struct MnistArgs {
     /// AdamW learning rate.
     #[arg(long, default_value_t = 0.001)]
     lr: f64,
-    /// Folder with the four MNIST IDX files (.gz or not).
-    #[arg(
-        long = "data-dir",
-        visible_alias = "data_dir",
-        default_value = "data/mnist"
-    )]
-    data_dir: PathBuf,
+    /// Folder with the four MNIST IDX files (.gz or not). Without it, burn-dataset's
+    /// MnistDataset (downloaded once per machine into ~/.cache/burn-dataset/mnist).
+    #[arg(long = "data-dir", visible_alias = "data_dir")]
+    data_dir: Option<PathBuf>,
     /// Use only the first N training images.
     #[arg(
         long = "train-samples",
@@ -90,11 +89,25 @@ struct MnistArgs {
     /// Backend: flex (fast CPU), ndarray (slow convolutions), or cuda with the cuda feature.
     #[arg(long, value_enum, default_value = "flex")]
     backend: BackendChoice,
+    /// Train through Burn's Learner (SupervisedTraining) instead of the hand-written loop.
+    #[arg(long)]
+    learner: bool,
+    /// With --learner: the experiment folder (logs, metrics, checkpoints, the model).
+    #[arg(
+        long = "artifact-dir",
+        visible_alias = "artifact_dir",
+        default_value = "mnist_learner",
+        requires = "learner"
+    )]
+    artifact_dir: PathBuf,
+    /// With --learner: resume after this epoch from the experiment's checkpoints.
+    #[arg(long, value_name = "EPOCH", requires = "learner")]
+    resume: Option<usize>,
 }
 
 /// The hyper-parameters of a run, saved next to the model it produced.
 #[derive(Config, Debug)]
-struct MnistTrainingConfig {
+pub struct MnistTrainingConfig {
     /// Training epochs.
     epochs: usize,
     /// Batch size per process.
@@ -113,12 +126,12 @@ struct MnistTrainingConfig {
 
 /// One split of MNIST as a Burn dataset of indices into shared pixel buffers.
 #[derive(Clone)]
-struct Mnist {
+pub struct Mnist {
     split: Arc<idx::Split>,
 }
 
 #[derive(Clone, Debug)]
-struct MnistItem {
+pub struct MnistItem {
     split: Arc<[u8]>,
     label: u8,
 }
@@ -143,7 +156,7 @@ impl Dataset<MnistItem> for Mnist {
 
 /// `ToTensor()` then `Normalize((0.1307,), (0.3081,))`.
 #[derive(Clone)]
-struct MnistBatcher;
+pub struct MnistBatcher;
 
 impl<B: Backend> Batcher<B, MnistItem, (Tensor<B, 4>, Tensor<B, 1, Int>)> for MnistBatcher {
     fn batch(
@@ -169,15 +182,29 @@ impl<B: Backend> Batcher<B, MnistItem, (Tensor<B, 4>, Tensor<B, 1, Int>)> for Mn
 }
 
 fn main() {
-    common::cli::init_logger();
     let args = MnistArgs::parse();
-    run_on_backend!(args, train);
+    if args.learner {
+        // Burn's Learner sends rank 0's messages to experiment.log; the other
+        // ranks print warnings and errors.
+        if burn_ddp::LaunchEnv::from_env().is_ok_and(|env| env.rank != 0) {
+            common::cli::init_logger();
+        }
+        run_on_backend!(args, train_learner);
+    } else {
+        common::cli::init_logger();
+        run_on_backend!(args, train);
+    }
 }
 
-fn load(args: &MnistArgs, rank: usize) -> (Mnist, Mnist) {
-    let dir = &args.data_dir;
-    let mut train = idx::load_split(dir, "train").unwrap_or_else(|e| fail(Some(rank), e));
-    let mut test = idx::load_split(dir, "t10k").unwrap_or_else(|e| fail(Some(rank), e));
+fn train_learner<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
+    learner::train::<B>(args, device)
+}
+
+/// This rank's copy of both splits, limited by --train-samples/--test-samples.
+fn load(args: &MnistArgs, group: &burn_ddp::ProcessGroup) -> (Mnist, Mnist) {
+    let rank = group.rank();
+    let (mut train, mut test) =
+        source::load(args.data_dir.as_deref(), group).unwrap_or_else(|e| fail(Some(rank), e));
     if let Some(n) = args.train_samples {
         train.truncate(n);
     }
@@ -206,7 +233,7 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
 
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e));
     let (rank, world_size) = (group.rank(), group.world_size());
-    let (train_set, test_set) = load(args, rank);
+    let (train_set, test_set) = load(args, &group);
     let config =
         MnistTrainingConfig::new(epochs, batch_size, world_size, lr, seed, train_set.len())
             .with_max_steps(max_steps);

@@ -1,0 +1,210 @@
+//! Burn's Learner on several processes (feature `train`).
+//!
+//! A single-process `SupervisedTraining` program becomes a DDP program with a
+//! handful of lines: join the group, shard the datasets through a
+//! [`DdpTraining`] handle, and call [`DdpSupervisedTraining::ddp`] last on the
+//! builder.
+//!
+//! ```no_run
+//! use burn::data::dataset::{Dataset, InMemDataset};
+//! # use burn::backend::{Autodiff, NdArray};
+//! use burn_ddp::train::{DdpSupervisedTraining, DdpTraining};
+//! # fn program(train: InMemDataset<f32>, test: InMemDataset<f32>) -> burn_ddp::Result<()> {
+//! let group = burn_ddp::init_process_group()?;              // + RANK, WORLD_SIZE, ...
+//! let ddp = DdpTraining::new(&group, "/tmp/artifacts");     // + the experiment folder
+//! let train = ddp.shard(train)?;                            // + this rank's shard, reshuffled each epoch
+//! let test = ddp.shard_eval(test)?;                         // + each item on exactly one rank
+//! // ... DataLoaderBuilder::new(batcher).batch_size(64).build(train) as before, without .shuffle():
+//! // the sampler shuffles, identically on every rank.
+//! // SupervisedTraining::new(dir, loader_train, loader_valid)
+//! //     .metrics((AccuracyMetric::new(), LossMetric::new()))
+//! //     .num_epochs(10)
+//! //     .ddp(&ddp)                                         // + last
+//! //     .launch(Learner::new(model, optim, lr));
+//! burn_ddp::destroy_process_group()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! What each rank does, and why:
+//! - **Data**: every shard registered here gets its epoch set before each epoch
+//!   (Burn's epochs are 1-based; the sampler sees `epoch - 1`, as a PyTorch loop
+//!   calls `set_epoch(0)` first), so a resumed run sees exactly the order an
+//!   uninterrupted one would.
+//! - **Gradients**: every backward pass runs under [`no_sync`](crate::no_sync);
+//!   the strategy averages once per optimizer step with
+//!   [`sync_gradients`](crate::sync_gradients), walking the model. Gradient
+//!   accumulation therefore communicates once per `k` micro-batches, and which
+//!   parameter tensors happen to be alive (rank 0's asynchronous checkpointer
+//!   holds clones of old ones) cannot change what is reduced. Works with
+//!   `Ddp<Autodiff<B>>` and with a plain `Autodiff<B>`.
+//! - **Agreement**: the ranks vote at every training iteration, so an interrupt
+//!   on any rank stops all of them at the same iteration and a rank whose loader
+//!   ran out early is an error on every rank (the loaders' lengths are compared
+//!   before each epoch too). Early stopping is decided by rank 0 and broadcast.
+//! - **Files**: rank 0 writes what a single-process Learner writes; the other
+//!   ranks write nothing and print only errors (no renderer, no experiment log,
+//!   no metric files, no checkpoints) but load checkpoints themselves, onto
+//!   their own device.
+//! - **Metrics**: at the end of each epoch every rank's numeric metrics are
+//!   summed over the ranks; rank 0's epoch figures (the `global-metrics.csv`
+//!   file, its log line, early stopping, best-checkpoint choice) are global.
+//!   Per-iteration files and the live display stay rank 0's own batches.
+//!
+//! Burn's own `ExecutionStrategy::ddp` (feature `distributed`) is one process
+//! with a thread per GPU and cannot be combined with `Ddp<B>`; Burn's
+//! `MultiDevice` with `Ddp<B>` would run several backward passes in one
+//! process. Use this strategy (or `SingleDevice` in a world of one).
+
+mod metrics;
+mod quiet;
+mod strategy;
+
+pub use metrics::{GlobalMetric, GLOBAL_METRICS_FILE};
+pub use quiet::{NeverCheckpoint, SilentRenderer};
+pub use strategy::DdpLearningStrategy;
+
+use crate::data::{DistributedDataset, DistributedSampler, EpochHandle};
+use crate::{ProcessGroup, Result};
+use burn::data::dataset::Dataset;
+use burn::train::{LearningComponentsTypes, SupervisedTraining, TrainingStrategy};
+use metrics::{GlobalMetricLogger, MetricTotals};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One rank's part in a Learner run: the group, the experiment folder and the
+/// shards whose epochs the strategy advances.
+#[derive(Clone)]
+pub struct DdpTraining {
+    group: Arc<ProcessGroup>,
+    directory: PathBuf,
+    shards: Arc<Mutex<Vec<EpochHandle>>>,
+    totals: Arc<MetricTotals>,
+    metrics_wait: Duration,
+    on_epoch_end: Option<Arc<EpochCallback>>,
+}
+
+type EpochCallback = dyn Fn(&EpochReport) + Send + Sync;
+
+/// What rank 0 knows at the end of an epoch, for [`DdpTraining::on_epoch_end`].
+#[derive(Debug, Clone)]
+pub struct EpochReport {
+    /// Burn's 1-based epoch.
+    pub epoch: usize,
+    /// Epochs in the run.
+    pub num_epochs: usize,
+    /// Every numeric metric of both splits, summed over the ranks.
+    pub figures: Vec<GlobalMetric>,
+    /// Wall time of the training part of the epoch (all ranks move together).
+    pub train_time: Duration,
+    /// Wall time of the validation part.
+    pub valid_time: Duration,
+}
+
+impl DdpTraining {
+    /// For `group` (the one [`init_process_group`](crate::init_process_group)
+    /// returned) and the experiment folder given to `SupervisedTraining::new`.
+    pub fn new(group: &Arc<ProcessGroup>, directory: impl AsRef<Path>) -> Self {
+        Self {
+            group: Arc::clone(group),
+            directory: directory.as_ref().to_path_buf(),
+            shards: Arc::default(),
+            totals: Arc::default(),
+            metrics_wait: Duration::from_secs(120),
+            on_epoch_end: None,
+        }
+    }
+
+    /// Calls `report` on rank 0 after each epoch's figures are summed (to print
+    /// one line per epoch, feed a dashboard, ...).
+    pub fn on_epoch_end(mut self, report: impl Fn(&EpochReport) + Send + Sync + 'static) -> Self {
+        self.on_epoch_end = Some(Arc::new(report));
+        self
+    }
+
+    /// How long the end of an epoch waits for this rank's metric threads to
+    /// catch up before its figures are summed (default 120 s).
+    pub fn with_metrics_wait(mut self, wait: Duration) -> Self {
+        self.metrics_wait = wait;
+        self
+    }
+
+    /// This rank's shard of a training set: PyTorch's `DistributedSampler`
+    /// (shuffled with seed 0, padded to equal lengths), advanced every epoch.
+    pub fn shard<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
+        let sampler = crate::distributed_sampler(&self.group, dataset.len())?;
+        Ok(self.shard_with(dataset, sampler))
+    }
+
+    /// This rank's shard of an evaluation set: every item on exactly one rank,
+    /// unshuffled, so summed figures are exact.
+    pub fn shard_eval<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
+        let sampler = crate::evaluation_sampler(&self.group, dataset.len())?;
+        Ok(self.shard_with(dataset, sampler))
+    }
+
+    /// A shard with a sampler of your own (another seed, `drop_last`, no shuffle).
+    pub fn shard_with<D: Dataset<I>, I>(
+        &self,
+        dataset: D,
+        sampler: DistributedSampler,
+    ) -> DistributedDataset<D, I> {
+        let shard = DistributedDataset::new(dataset, sampler);
+        self.shards.lock().unwrap().push(shard.epoch_handle());
+        shard
+    }
+
+    /// The group.
+    pub fn group(&self) -> &Arc<ProcessGroup> {
+        &self.group
+    }
+
+    /// Whether this is rank 0, the rank that writes files and reports.
+    pub fn is_main(&self) -> bool {
+        self.group.rank() == 0
+    }
+
+    /// The experiment folder.
+    pub fn directory(&self) -> &Path {
+        &self.directory
+    }
+
+    /// Sets every registered shard to Burn's 1-based `epoch`.
+    pub(crate) fn set_epoch(&self, epoch: usize) {
+        for shard in self.shards.lock().unwrap().iter() {
+            shard.set_epoch(epoch.saturating_sub(1));
+        }
+    }
+}
+
+/// Installs burn-ddp's strategy on a `SupervisedTraining` builder.
+pub trait DdpSupervisedTraining: Sized {
+    /// Trains with [`DdpLearningStrategy`] and, on every rank but 0, silences the
+    /// renderer, the experiment log, the metric files and checkpoint saving.
+    /// Call it last: a later `.renderer(...)` or `.with_checkpointing_strategy(...)`
+    /// would apply to every rank.
+    fn ddp(self, ddp: &DdpTraining) -> Self;
+}
+
+impl<LC> DdpSupervisedTraining for SupervisedTraining<LC>
+where
+    LC: LearningComponentsTypes + Send + 'static,
+{
+    fn ddp(self, ddp: &DdpTraining) -> Self {
+        let strategy = Arc::new(DdpLearningStrategy::new(ddp.clone()));
+        // Registered first, so the store asks it (global figures) before the files.
+        let training = self
+            .with_training_strategy(TrainingStrategy::Custom(strategy))
+            .with_metric_logger(GlobalMetricLogger::new(Arc::clone(&ddp.totals)));
+        if ddp.is_main() {
+            // Registering any logger replaces Burn's default file logger: put it back.
+            training.with_metric_logger(burn::train::logger::FileMetricLogger::new(&ddp.directory))
+        } else {
+            training
+                .renderer(SilentRenderer)
+                .with_application_logger(None)
+                .with_checkpointing_strategy(NeverCheckpoint)
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! `mnist --learner`: the same CNN and hyper-parameters trained through Burn's
+//! Learner (`SupervisedTraining`), the shape of Burn's own MNIST example, made
+//! multi-process by burn-ddp's strategy. The lines marked `burn-ddp` are all
+//! that differ from a single-process Learner program.
+
+use crate::common::{fail, run_config};
+use crate::net::Net;
+use crate::{MnistArgs, MnistBatcher, MnistTrainingConfig};
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataset::Dataset;
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::AdamWConfig;
+use burn::record::CompactRecorder;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor};
+use burn::train::metric::{AccuracyMetric, LossMetric};
+use burn::train::{
+    ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
+};
+use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, EpochReport, SilentRenderer};
+
+type MnistBatch<B> = (Tensor<B, 4>, Tensor<B, 1, Int>);
+
+impl<B: Backend> Net<B> {
+    fn forward_classification(
+        &self,
+        images: Tensor<B, 4>,
+        targets: Tensor<B, 1, Int>,
+    ) -> ClassificationOutput<B> {
+        let output = self.forward(images);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&output.device())
+            .forward(output.clone(), targets.clone());
+        ClassificationOutput::new(loss, output, targets)
+    }
+}
+
+impl<B: AutodiffBackend> TrainStep for Net<B> {
+    type Input = MnistBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    fn step(&self, (images, targets): MnistBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        let item = self.forward_classification(images, targets);
+        TrainOutput::new(self, item.loss.backward(), item)
+    }
+}
+
+impl<B: Backend> InferenceStep for Net<B> {
+    type Input = MnistBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    fn step(&self, (images, targets): MnistBatch<B>) -> ClassificationOutput<B> {
+        self.forward_classification(images, targets)
+    }
+}
+
+/// The hand-written trainer's line, from the global epoch figures.
+fn print_epoch(report: &EpochReport) {
+    let figure = |split: &str, name: &str| {
+        report
+            .figures
+            .iter()
+            .find(|f| f.split == split && f.name == name)
+            .map_or(f64::NAN, |f| f.value)
+    };
+    println!(
+        "epoch={} train_loss={:.4} valid_loss={:.4} test_acc={:.2}% epoch_time={:.1}s",
+        report.epoch,
+        figure("train", "Loss"),
+        figure("valid", "Loss"),
+        figure("valid", "Accuracy"),
+        report.train_time.as_secs_f64()
+    );
+}
+
+pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
+    let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e)); // burn-ddp
+    let rank = group.rank();
+    let (train_set, test_set) = crate::load(args, &group);
+    let directory = &args.artifact_dir;
+    let config = MnistTrainingConfig::new(
+        args.epochs,
+        args.batch_size,
+        group.world_size(),
+        args.lr,
+        args.seed,
+        train_set.len(),
+    );
+    if group.is_main() {
+        std::fs::create_dir_all(directory).unwrap_or_else(|e| fail(Some(rank), e));
+        run_config::save(&config, &directory.join("config.json"))
+            .unwrap_or_else(|e| fail(Some(rank), e));
+    }
+
+    let ddp = DdpTraining::new(&group, directory).on_epoch_end(print_epoch); // burn-ddp
+    let train_shard = ddp // burn-ddp
+        .shard_with(
+            train_set.clone(),
+            burn_ddp::distributed_sampler(&group, train_set.len())
+                .unwrap_or_else(|e| fail(Some(rank), e))
+                .seed(args.seed),
+        );
+    let test_shard = ddp
+        .shard_eval(test_set)
+        .unwrap_or_else(|e| fail(Some(rank), e)); // burn-ddp
+    let loader_train = DataLoaderBuilder::<B, _, _>::new(MnistBatcher)
+        .batch_size(args.batch_size)
+        .set_device(device.clone())
+        .build(train_shard);
+    let loader_valid = DataLoaderBuilder::<B::InnerBackend, _, _>::new(MnistBatcher)
+        .batch_size(args.test_batch_size)
+        .set_device(device.clone())
+        .build(test_shard);
+
+    B::seed(&device, args.seed);
+    let model = Net::<B>::new(&device);
+    let optimizer = AdamWConfig::new().init();
+    let mut training = SupervisedTraining::new(directory, loader_train, loader_valid)
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .with_file_checkpointer(CompactRecorder::new())
+        .num_epochs(args.epochs)
+        // One line per epoch (print_epoch) instead of a line per iteration.
+        .renderer(SilentRenderer);
+    if let Some(epoch) = args.resume {
+        training = training.checkpoint(epoch);
+    }
+    let training = training.ddp(&ddp); // burn-ddp
+    let result = training.launch(Learner::new(model, optimizer, args.lr));
+    if group.is_main() {
+        // Burn's MNIST example saves the trained model beside the experiment; atomically here.
+        let path = burn_ddp::checkpoint::save_atomic::<B::InnerBackend, _>(
+            result.model.into_record(),
+            directory.join("model"),
+        )
+        .unwrap_or_else(|e| fail(Some(rank), e));
+        println!("saved {}", path.display());
+    }
+    burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e)); // burn-ddp
+}

@@ -1,0 +1,90 @@
+//! Where the trainers' MNIST comes from: IDX files in `--data-dir`, or
+//! burn-dataset's `MnistDataset` (downloaded once into its cache folder).
+
+use crate::idx::{self, Split};
+use burn::data::dataset::Dataset;
+use burn_dataset::vision::MnistDataset;
+use burn_ddp::ProcessGroup;
+use std::path::{Path, PathBuf};
+
+/// burn-dataset's MNIST cache: `dirs::cache_dir()/burn-dataset/mnist`, that is
+/// `$XDG_CACHE_HOME` (when absolute) or `$HOME/.cache` on Linux.
+pub fn burn_dataset_cache() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|path| path.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    base.join("burn-dataset").join("mnist")
+}
+
+/// The training and test splits, each rank's full copy.
+///
+/// Without `data_dir`, the first rank of each machine fills burn-dataset's cache
+/// (downloading at most once per machine) while the others wait at a barrier;
+/// then every rank reads the cached files.
+pub fn load(data_dir: Option<&Path>, group: &ProcessGroup) -> Result<(Split, Split), String> {
+    if let Some(dir) = data_dir {
+        let train = idx::load_split(dir, "train").map_err(|e| e.to_string())?;
+        let test = idx::load_split(dir, "t10k").map_err(|e| e.to_string())?;
+        return Ok((train, test));
+    }
+    let local_rank = burn_ddp::LaunchEnv::from_env()
+        .map(|env| env.local_rank)
+        .unwrap_or(0);
+    let first = if local_rank == 0 {
+        Some(from_burn_dataset()?)
+    } else {
+        None
+    };
+    group
+        .barrier()
+        .map_err(|e| format!("waiting for the first rank of this machine to prepare MNIST: {e}"))?;
+    match first {
+        Some(splits) => Ok(splits),
+        None => from_burn_dataset(),
+    }
+}
+
+/// `MnistDataset::{train,test}()`, whose failures (offline, a broken cache) are
+/// panics inside burn-dataset: turned into one error that says what to do.
+fn from_burn_dataset() -> Result<(Split, Split), String> {
+    let cache = burn_dataset_cache();
+    let previous_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let loaded = std::panic::catch_unwind(|| (MnistDataset::train(), MnistDataset::test()));
+    std::panic::set_hook(previous_hook);
+    match loaded {
+        Ok((train, test)) => Ok((to_split(&train), to_split(&test))),
+        Err(panic) => {
+            let reason = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown failure".into());
+            Err(format!(
+                "MNIST is not in burn-dataset's cache ({}) and could not be downloaded \
+                 ({reason}); pass --data-dir with a folder holding the four MNIST IDX files \
+                 (.gz or not), or run once with network access to fill the cache",
+                cache.display()
+            ))
+        }
+    }
+}
+
+/// burn-dataset's items (pixels as 0-255 floats) back into bytes, so both
+/// sources feed the same dataset type and batcher.
+fn to_split(dataset: &MnistDataset) -> Split {
+    let mut images = Vec::with_capacity(dataset.len() * 28 * 28);
+    let mut labels = Vec::with_capacity(dataset.len());
+    for item in dataset.iter() {
+        images.extend(item.image.iter().flatten().map(|&p| p as u8));
+        labels.push(item.label);
+    }
+    Split {
+        images,
+        labels,
+        rows: 28,
+        cols: 28,
+    }
+}
