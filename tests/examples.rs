@@ -509,3 +509,139 @@ fn toy_on_two_machines_equals_one_big_batch() {
         );
     }
 }
+
+/// `mnist --learner` through the launcher: Burn's Learner on 2 ranks. Rank 0
+/// prints one line per epoch and writes the experiment; rank 1 prints nothing.
+#[test]
+fn mnist_learner_on_two_ranks_writes_one_experiment() {
+    let dir = scratch("mnist-learner");
+    let mut cmd = Command::new(launcher());
+    cmd.args(["--standalone", "--nproc-per-node", "2", "--prefix-output"])
+        .arg(example("mnist"))
+        .arg("--learner")
+        .arg("--data-dir")
+        .arg(mnist_data())
+        .args(["--train-samples", "512", "--test-samples", "256"])
+        .args([
+            "--epochs",
+            "2",
+            "--batch-size",
+            "32",
+            "--artifact-dir",
+            "art",
+        ]);
+    let out = run(cmd, &dir, Duration::from_secs(600));
+    assert_success(&out);
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    let rank1: Vec<&str> = text.lines().filter(|l| l.starts_with("[rank 1]")).collect();
+    assert!(rank1.is_empty(), "rank 1 printed {rank1:?}");
+    let epochs: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("[rank 0] epoch="))
+        .collect();
+    assert_eq!(epochs.len(), 2, "{text}");
+    assert!(epochs[1].contains("test_acc="), "{}", epochs[1]);
+    let art = dir.join("art");
+    for file in [
+        "experiment.log",
+        "global-metrics.csv",
+        "config.json",
+        "model.mpk",
+        "checkpoint/model-2.mpk",
+        "checkpoint/optim-2.mpk",
+        "train/epoch-2/Loss.log",
+        "valid/epoch-2/Accuracy.log",
+    ] {
+        assert!(art.join(file).is_file(), "{file} missing");
+    }
+    let csv = std::fs::read_to_string(art.join("global-metrics.csv")).unwrap();
+    // 256 test images over 2 ranks: the global accuracy counts all of them.
+    assert!(
+        csv.contains("2,valid,Accuracy,") && csv.contains(",256\n"),
+        "{csv}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// burn-dataset's MNIST cache (`$XDG_CACHE_HOME/burn-dataset/mnist/{train,test}`),
+/// filled from the shared files, so no download happens.
+fn fill_burn_dataset_cache(cache_home: &Path) {
+    use std::io::Read;
+    for (split, files) in [
+        (
+            "train",
+            ["train-images-idx3-ubyte", "train-labels-idx1-ubyte"],
+        ),
+        ("test", ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]),
+    ] {
+        let folder = cache_home.join("burn-dataset").join("mnist").join(split);
+        std::fs::create_dir_all(&folder).unwrap();
+        for name in files {
+            let gz = std::fs::File::open(mnist_data().join(format!("{name}.gz"))).unwrap();
+            let mut bytes = Vec::new();
+            flate2::read::GzDecoder::new(gz)
+                .read_to_end(&mut bytes)
+                .unwrap();
+            std::fs::write(folder.join(name), bytes).unwrap();
+        }
+    }
+}
+
+/// Without --data-dir both trainers take MNIST from burn-dataset's
+/// `MnistDataset` (its cache, filled here; rank 0 first, the other after a barrier).
+#[test]
+fn mnist_without_data_dir_reads_burn_datasets_cache() {
+    let dir = scratch("mnist-burn-dataset");
+    let cache = dir.join("cache");
+    fill_burn_dataset_cache(&cache);
+    for learner in [false, true] {
+        let mut cmd = Command::new(launcher());
+        cmd.env("XDG_CACHE_HOME", &cache)
+            // Nothing may be downloaded: any attempt fails at once.
+            .env("HTTPS_PROXY", "http://127.0.0.1:9")
+            .env("https_proxy", "http://127.0.0.1:9")
+            .args(["--standalone", "--nproc-per-node", "2"])
+            .arg(example("mnist"))
+            .args(["--train-samples", "256", "--test-samples", "128"])
+            .args(["--epochs", "1", "--batch-size", "32"]);
+        if learner {
+            cmd.arg("--learner");
+        }
+        let out = run(cmd, &dir, Duration::from_secs(600));
+        assert_success(&out);
+        let text = stdout(&out);
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("epoch=")).count(),
+            1,
+            "learner {learner}: {text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Offline with an empty cache: one clear error naming --data-dir and the cache.
+#[test]
+fn mnist_offline_without_cache_names_data_dir_and_the_cache() {
+    let dir = scratch("mnist-offline");
+    let cache = dir.join("empty-cache");
+    let mut cmd = Command::new(example("mnist"));
+    cmd.env("XDG_CACHE_HOME", &cache)
+        .env("HTTPS_PROXY", "http://127.0.0.1:9")
+        .env("https_proxy", "http://127.0.0.1:9")
+        .args(["--epochs", "1"]);
+    let out = run(cmd, &dir, Duration::from_secs(120));
+    assert!(!out.status.success(), "{}", stdout(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let folder = cache.join("burn-dataset").join("mnist");
+    for needle in [
+        "--data-dir",
+        &folder.display().to_string(),
+        "could not be downloaded",
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "{needle:?} missing from:\n{stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,530 @@
+//! One rank of a learner test: a small classifier trained by Burn's Learner
+//! with burn-ddp's strategy, and the single-process references it must equal.
+
+use crate::models::{flat_params, load_params, max_relative_difference, value};
+use burn::backend::{Autodiff, NdArray};
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
+use burn::data::dataset::InMemDataset;
+use burn::module::{AutodiffModule, Module};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer, SgdConfig};
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::train::metric::store::EventStoreClient;
+use burn::train::metric::{AccuracyMetric, LossMetric};
+use burn::train::{
+    ClassificationOutput, EarlyStoppingStrategy, ExecutionStrategy, InferenceStep, Interrupter,
+    Learner, SupervisedTraining, TrainOutput, TrainStep, TrainingStrategy,
+};
+use burn_ddp::data::DistributedSampler;
+use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
+use burn_ddp::Ddp;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+pub const DIR_VAR: &str = "LEARNER_TEST_DIR";
+/// Set: every rank uses the folder itself (resume); unset: `rank<N>` below it.
+pub const SHARED_DIR_VAR: &str = "LEARNER_TEST_SHARED_DIR";
+pub const OPTIMIZER_VAR: &str = "LEARNER_TEST_OPTIMIZER";
+pub const EPOCHS_VAR: &str = "LEARNER_TEST_EPOCHS";
+pub const RESUME_VAR: &str = "LEARNER_TEST_RESUME";
+pub const EPOCHS: usize = 2;
+
+const TRAIN_ITEMS: usize = 64;
+const VALID_ITEMS: usize = 40;
+const BATCH: usize = 8;
+const VALID_BATCH: usize = 16;
+const LR: f64 = 0.05;
+const INIT_SEED: u64 = 100;
+
+type Plain = Autodiff<NdArray>;
+type Res<T> = Result<T, String>;
+
+#[derive(Module, Debug)]
+pub struct Classifier<B: Backend> {
+    hidden: Linear<B>,
+    out: Linear<B>,
+    relu: Relu,
+}
+
+impl<B: Backend> Classifier<B> {
+    fn new(device: &B::Device) -> Self {
+        Self {
+            hidden: LinearConfig::new(6, 16).init(device),
+            out: LinearConfig::new(16, 3).init(device),
+            relu: Relu::new(),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.out.forward(self.relu.forward(self.hidden.forward(x)))
+    }
+
+    fn classify(&self, (x, targets): Batch<B>) -> ClassificationOutput<B> {
+        let output = self.forward(x);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&output.device())
+            .forward(output.clone(), targets.clone());
+        ClassificationOutput::new(loss, output, targets)
+    }
+}
+
+type Batch<B> = (Tensor<B, 2>, Tensor<B, 1, Int>);
+
+impl<B: AutodiffBackend> TrainStep for Classifier<B> {
+    type Input = Batch<B>;
+    type Output = ClassificationOutput<B>;
+    fn step(&self, batch: Batch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        let item = self.classify(batch);
+        TrainOutput::new(self, item.loss.backward(), item)
+    }
+}
+
+impl<B: Backend> InferenceStep for Classifier<B> {
+    type Input = Batch<B>;
+    type Output = ClassificationOutput<B>;
+    fn step(&self, batch: Batch<B>) -> ClassificationOutput<B> {
+        self.classify(batch)
+    }
+}
+
+/// Item `i` of the synthetic set: six features and one of three classes that
+/// depends on them (so accuracy moves).
+fn points(offset: usize, n: usize) -> InMemDataset<usize> {
+    InMemDataset::new((offset..offset + n).collect())
+}
+
+fn batch_of<B: Backend>(items: &[usize], device: &B::Device) -> Batch<B> {
+    let x: Vec<f32> = items
+        .iter()
+        .flat_map(|&i| (0..6).map(move |f| value(i, f)))
+        .collect();
+    let y: Vec<i64> = items
+        .iter()
+        .map(|&i| {
+            if value(i, 0) + value(i, 1) > 0.3 {
+                0
+            } else if value(i, 2) > 0.0 {
+                1
+            } else {
+                2
+            }
+        })
+        .collect();
+    (
+        Tensor::from_data(TensorData::new(x, [items.len(), 6]), device),
+        Tensor::from_data(TensorData::new(y, [items.len()]), device),
+    )
+}
+
+/// Counts batches; on the rank named by `INTERRUPT`, stops the interrupter while
+/// fetching batch number `INTERRUPT_AT` (1-based).
+#[derive(Clone)]
+struct PointBatcher;
+
+static BATCHES: AtomicUsize = AtomicUsize::new(0);
+static INTERRUPT: OnceLock<(Interrupter, usize)> = OnceLock::new();
+
+impl<B: Backend> Batcher<B, usize, Batch<B>> for PointBatcher {
+    fn batch(&self, items: Vec<usize>, device: &B::Device) -> Batch<B> {
+        let n = BATCHES.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some((interrupter, at)) = INTERRUPT.get() {
+            if n == *at {
+                interrupter.stop(Some("test interrupt"));
+            }
+        }
+        batch_of(&items, device)
+    }
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn print_params<B: Backend, M: Module<B>>(model: &M) {
+    let bits: Vec<String> = flat_params(model)
+        .iter()
+        .map(|v| format!("{:08x}", v.to_bits()))
+        .collect();
+    println!("params {}", bits.join(","));
+}
+
+/// The rank's model: rank 0 starts from the reference's initial parameters, the
+/// others from another seed (the strategy must broadcast rank 0's).
+fn initial<B: AutodiffBackend>(rank: usize, device: &B::Device) -> Classifier<B> {
+    let start = reference_start();
+    let model = Classifier::<B>::new(device);
+    if rank == 0 {
+        load_params(model, &flat_params(&start))
+    } else {
+        model
+    }
+}
+
+fn reference_start() -> Classifier<Plain> {
+    let device = Default::default();
+    Plain::seed(&device, INIT_SEED);
+    Classifier::new(&device)
+}
+
+struct Run {
+    ddp: DdpTraining,
+    rank: usize,
+    dir: PathBuf,
+}
+
+fn setup() -> Res<Run> {
+    let group = burn_ddp::init_process_group().map_err(|e| e.to_string())?;
+    let base = PathBuf::from(std::env::var(DIR_VAR).map_err(|_| "no test dir")?);
+    let rank = group.rank();
+    let dir = if std::env::var_os(SHARED_DIR_VAR).is_some() {
+        base
+    } else {
+        base.join(format!("rank{rank}"))
+    };
+    Ok(Run {
+        ddp: DdpTraining::new(&group, &dir),
+        rank,
+        dir,
+    })
+}
+
+type Loaders<B> = (
+    Arc<dyn DataLoader<B, Batch<B>>>,
+    Arc<
+        dyn DataLoader<
+            <B as AutodiffBackend>::InnerBackend,
+            Batch<<B as AutodiffBackend>::InnerBackend>,
+        >,
+    >,
+);
+
+fn loaders<B: AutodiffBackend>(run: &Run, batch: usize) -> Res<Loaders<B>> {
+    let train = run
+        .ddp
+        .shard(points(0, TRAIN_ITEMS))
+        .map_err(|e| e.to_string())?;
+    let valid = run
+        .ddp
+        .shard_eval(points(1000, VALID_ITEMS))
+        .map_err(|e| e.to_string())?;
+    Ok((
+        DataLoaderBuilder::new(PointBatcher)
+            .batch_size(batch)
+            .build(train),
+        DataLoaderBuilder::new(PointBatcher)
+            .batch_size(VALID_BATCH)
+            .build(valid),
+    ))
+}
+
+pub fn run(name: &str) -> Res<()> {
+    match name {
+        "against_reference" => against_reference(),
+        "train" => train_and_resume(),
+        "early_stop" => early_stop(),
+        "interrupt_rank_1" => interrupt_rank_1(),
+        "accumulation" => accumulation(),
+        "unequal" => unequal(),
+        "single_device_parity" => single_device_parity(),
+        other => Err(format!("unknown scenario {other}")),
+    }
+}
+
+/// One process with batch `world * batch` (sums of `accumulate` micro-batches)
+/// over the order the ranks' samplers give, epoch by epoch.
+fn reference<O: Optimizer<Classifier<Plain>, Plain>>(
+    world: usize,
+    batch: usize,
+    accumulate: usize,
+    epochs: usize,
+    mut optimizer: O,
+) -> Classifier<Plain> {
+    let device = Default::default();
+    let mut model = reference_start();
+    for epoch in 1..=epochs {
+        let shards: Vec<Vec<usize>> = (0..world)
+            .map(|rank| {
+                let mut sampler = DistributedSampler::new(TRAIN_ITEMS, world, rank).unwrap();
+                sampler.set_epoch(epoch - 1);
+                sampler.indices()
+            })
+            .collect();
+        let mut accumulator = GradientsAccumulator::new();
+        let mut pending = 0;
+        for step in 0..shards[0].len() / batch {
+            let items: Vec<usize> = shards
+                .iter()
+                .flat_map(|shard| shard[step * batch..(step + 1) * batch].iter().copied())
+                .collect();
+            let output = model.classify(batch_of::<Plain>(&items, &device));
+            let grads = GradientsParams::from_grads(output.loss.backward(), &model);
+            accumulator.accumulate(&model, grads);
+            pending += 1;
+            if pending == accumulate {
+                pending = 0;
+                model = optimizer.step(LR, model, accumulator.grads());
+            }
+        }
+    }
+    model
+}
+
+fn valid_accuracy(model: &Classifier<NdArray>) -> f64 {
+    let items: Vec<usize> = (1000..1000 + VALID_ITEMS).collect();
+    let (x, targets) = batch_of::<NdArray>(&items, &Default::default());
+    let correct = model
+        .forward(x)
+        .argmax(1)
+        .flatten::<1>(0, 1)
+        .equal(targets)
+        .int()
+        .sum()
+        .into_scalar()
+        .elem::<i64>();
+    100.0 * correct as f64 / VALID_ITEMS as f64
+}
+
+fn launch<O: Optimizer<Classifier<Plain>, Plain> + 'static>(
+    run: &Run,
+    optimizer: O,
+) -> Res<Classifier<NdArray>> {
+    let (train, valid) = loaders::<Plain>(run, BATCH)?;
+    let result = SupervisedTraining::new(&run.dir, train, valid)
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .with_file_checkpointer(NamedMpkFileRecorder::<FullPrecisionSettings>::new())
+        .num_epochs(EPOCHS)
+        .renderer(SilentRenderer)
+        .ddp(&run.ddp)
+        .launch(Learner::new(
+            initial::<Plain>(run.rank, &Default::default()),
+            optimizer,
+            LR,
+        ));
+    Ok(result.model)
+}
+
+fn against_reference() -> Res<()> {
+    let run = setup()?;
+    let world = run.ddp.group().world_size();
+    let optimizer = std::env::var(OPTIMIZER_VAR).unwrap_or_else(|_| "sgd".into());
+    let (trained, reference) = if optimizer == "adamw" {
+        let trained = launch(&run, AdamWConfig::new().init())?;
+        (
+            trained,
+            reference(world, BATCH, 1, EPOCHS, AdamWConfig::new().init()),
+        )
+    } else {
+        let trained = launch(&run, SgdConfig::new().init())?;
+        (
+            trained,
+            reference(world, BATCH, 1, EPOCHS, SgdConfig::new().init()),
+        )
+    };
+    let reference = reference.valid();
+    print_params(&trained);
+    println!(
+        "max_rel_diff {}",
+        max_relative_difference(&flat_params(&trained), &flat_params(&reference))
+    );
+    println!("reference_valid_accuracy {}", valid_accuracy(&reference));
+    burn_ddp::destroy_process_group().map_err(|e| e.to_string())
+}
+
+fn train_and_resume() -> Res<()> {
+    let run = setup()?;
+    let device = Default::default();
+    let (train, valid) = loaders::<Plain>(&run, BATCH)?;
+    let mut training = SupervisedTraining::new(&run.dir, train, valid)
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .with_file_checkpointer(NamedMpkFileRecorder::<FullPrecisionSettings>::new())
+        .num_epochs(env_usize(EPOCHS_VAR, EPOCHS))
+        .renderer(SilentRenderer);
+    if let Some(epoch) = std::env::var(RESUME_VAR).ok().and_then(|v| v.parse().ok()) {
+        training = training.checkpoint(epoch);
+    }
+    let model = initial::<Plain>(run.rank, &device);
+    let result = training
+        .ddp(&run.ddp)
+        .launch(Learner::new(model, AdamWConfig::new().init(), LR));
+    print_params(&result.model);
+    burn_ddp::destroy_process_group().map_err(|e| e.to_string())
+}
+
+/// Says stop after epoch 2, but only where it runs on rank 0.
+#[derive(Clone)]
+struct StopOnRankZero {
+    rank: usize,
+}
+
+impl EarlyStoppingStrategy for StopOnRankZero {
+    fn should_stop(&mut self, epoch: usize, _store: &EventStoreClient) -> bool {
+        self.rank == 0 && epoch >= 2
+    }
+}
+
+fn steps_per_epoch(world: usize, batch: usize) -> usize {
+    TRAIN_ITEMS.div_ceil(world) / batch
+}
+
+fn early_stop() -> Res<()> {
+    let run = setup()?;
+    let world = run.ddp.group().world_size();
+    let (train, valid) = loaders::<Plain>(&run, BATCH)?;
+    burn_ddp::reset_sync_stats();
+    let result = SupervisedTraining::new(&run.dir, train, valid)
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .num_epochs(env_usize(EPOCHS_VAR, 10))
+        .early_stopping(StopOnRankZero { rank: run.rank })
+        .renderer(SilentRenderer)
+        .ddp(&run.ddp)
+        .launch(Learner::new(
+            initial::<Plain>(run.rank, &Default::default()),
+            SgdConfig::new().init(),
+            LR,
+        ));
+    drop(result);
+    let syncs = burn_ddp::sync_stats().syncs as usize;
+    println!("epochs_run {}", syncs / steps_per_epoch(world, BATCH));
+    burn_ddp::destroy_process_group().map_err(|e| e.to_string())
+}
+
+fn interrupt_rank_1() -> Res<()> {
+    let run = setup()?;
+    let (train, valid) = loaders::<Plain>(&run, BATCH)?;
+    burn_ddp::reset_sync_stats();
+    let training = SupervisedTraining::new(&run.dir, train, valid)
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .num_epochs(env_usize(EPOCHS_VAR, 3))
+        .renderer(SilentRenderer);
+    if run.rank == 1 {
+        let _ = INTERRUPT.set((training.interrupter(), 5));
+    }
+    let result = training.ddp(&run.ddp).launch(Learner::new(
+        initial::<Plain>(run.rank, &Default::default()),
+        SgdConfig::new().init(),
+        LR,
+    ));
+    drop(result);
+    println!("optimizer_steps {}", burn_ddp::sync_stats().syncs);
+    burn_ddp::destroy_process_group().map_err(|e| e.to_string())
+}
+
+fn accumulation() -> Res<()> {
+    type B = Ddp<Autodiff<NdArray>>;
+    const MICRO: usize = 4;
+    const K: usize = 4;
+    let run = setup()?;
+    let world = run.ddp.group().world_size();
+    let (train, valid) = loaders::<B>(&run, MICRO)?;
+    burn_ddp::reset_sync_stats();
+    let result = SupervisedTraining::new(&run.dir, train, valid)
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .num_epochs(EPOCHS)
+        .grads_accumulation(K)
+        .renderer(SilentRenderer)
+        .ddp(&run.ddp)
+        .launch(Learner::new(
+            initial::<B>(run.rank, &Default::default()),
+            SgdConfig::new().init(),
+            LR,
+        ));
+    println!("syncs {}", burn_ddp::sync_stats().syncs);
+    println!(
+        "optimizer_steps {}",
+        EPOCHS * (steps_per_epoch(world, MICRO) / K)
+    );
+    print_params(&result.model);
+    let reference = reference(world, MICRO, K, EPOCHS, SgdConfig::new().init()).valid();
+    println!(
+        "max_rel_diff {}",
+        max_relative_difference(&flat_params(&result.model), &flat_params(&reference))
+    );
+    burn_ddp::destroy_process_group().map_err(|e| e.to_string())
+}
+
+fn unequal() -> Res<()> {
+    let run = setup()?;
+    // Not sharded: each rank keeps a set of its own length.
+    let len = if run.rank == 0 { 64 } else { 48 };
+    let train = run
+        .ddp
+        .shard_with(points(0, len), DistributedSampler::new(len, 1, 0).unwrap());
+    let valid = run
+        .ddp
+        .shard_eval(points(1000, VALID_ITEMS))
+        .map_err(|e| e.to_string())?;
+    let result = SupervisedTraining::new(
+        &run.dir,
+        DataLoaderBuilder::<Plain, _, _>::new(PointBatcher)
+            .batch_size(BATCH)
+            .build(train),
+        DataLoaderBuilder::<NdArray, _, _>::new(PointBatcher)
+            .batch_size(VALID_BATCH)
+            .build(valid),
+    )
+    .num_epochs(1)
+    .renderer(SilentRenderer)
+    .ddp(&run.ddp)
+    .launch(Learner::new(
+        initial::<Plain>(run.rank, &Default::default()),
+        SgdConfig::new().init(),
+        LR,
+    ));
+    drop(result);
+    Err("training with unequal loaders finished".into())
+}
+
+fn single_device_parity() -> Res<()> {
+    let run = setup()?;
+    let device: burn::tensor::Device<Plain> = Default::default();
+    let fit = |strategy: Option<&DdpTraining>, dir: PathBuf| {
+        let sampler = || {
+            DistributedSampler::new(TRAIN_ITEMS, 1, 0)
+                .unwrap()
+                .shuffle(false)
+        };
+        let ddp = DdpTraining::new(run.ddp.group(), &dir);
+        let train = ddp.shard_with(points(0, TRAIN_ITEMS), sampler());
+        let valid = ddp.shard_eval(points(1000, VALID_ITEMS)).unwrap();
+        let training = SupervisedTraining::new(
+            &dir,
+            DataLoaderBuilder::<Plain, _, _>::new(PointBatcher)
+                .batch_size(BATCH)
+                .build(train),
+            DataLoaderBuilder::<NdArray, _, _>::new(PointBatcher)
+                .batch_size(VALID_BATCH)
+                .build(valid),
+        )
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .num_epochs(EPOCHS)
+        .renderer(SilentRenderer);
+        let training = match strategy {
+            Some(_) => training.ddp(&ddp),
+            None => training.with_training_strategy(TrainingStrategy::Default(
+                ExecutionStrategy::SingleDevice(device),
+            )),
+        };
+        let model = load_params(
+            Classifier::<Plain>::new(&device),
+            &flat_params(&reference_start()),
+        );
+        training
+            .launch(Learner::new(model, AdamWConfig::new().init(), LR))
+            .model
+    };
+    let ours = fit(Some(&run.ddp), run.dir.join("ddp"));
+    let burns = fit(None, run.dir.join("single"));
+    let (a, b) = (flat_params(&ours), flat_params(&burns));
+    let equal = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()) && a.len() == b.len();
+    println!("bitwise_equal {equal}");
+    println!("max_rel_diff {}", max_relative_difference(&a, &b));
+    burn_ddp::destroy_process_group().map_err(|e| e.to_string())
+}
