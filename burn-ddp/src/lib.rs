@@ -72,3 +72,8 @@ pub use wrap::{wrap, BucketConfig, DdpConfig, GradientCompression};
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/training.md")]
 struct TrainingGuide;
+
+/// docs/learner.md's code blocks, compiled as doctests.
+#[cfg(all(doctest, feature = "train"))]
+#[doc = include_str!("../../docs/learner.md")]
+struct LearnerGuide;
