@@ -292,8 +292,9 @@ fn interrupt() -> Result<(), String> {
     Ok(())
 }
 
-/// grads_accumulation(4) on Ddp<Autodiff<NdArray>>: one gradient sync per
-/// optimizer step, and the parameters of averaging every micro-batch.
+/// grads_accumulation(4) on Ddp<Autodiff<NdArray>> with rank 0 checkpointing:
+/// one gradient sync per optimizer step, and the parameters of averaging every
+/// micro-batch.
 fn accumulation() -> Result<(), String> {
     let dir = scratch("accumulation");
     let outcomes = learner_world(&dir, &[]).run("accumulation");

@@ -428,6 +428,9 @@ fn accumulation() -> Res<()> {
     let result = SupervisedTraining::new(&run.dir, train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .num_epochs(EPOCHS)
+        // Rank 0's asynchronous checkpointer holds clones of Ddp<B> parameters
+        // while the next epoch trains: they must not change what is reduced.
+        .with_file_checkpointer(NamedMpkFileRecorder::<FullPrecisionSettings>::new())
         .grads_accumulation(K)
         .renderer(SilentRenderer)
         .ddp(&run.ddp)
