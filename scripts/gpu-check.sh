@@ -2,20 +2,40 @@
 # burn-ddp GPU check: NCCL correctness, the toy trainer on CUDA, and bucket
 # all-reduce timings, ending in a verdict table.
 #
-#   scripts/gpu-check.sh [BIN_DIR]
+#   scripts/gpu-check.sh [--out DIR] [BIN_DIR]
 #
 # BIN_DIR (default target/release) must hold burn-ddp-run and
 # examples/gpu_check built with `--features cuda`; gpu_check links the toy
 # trainer's own code (`gpu_check toy` is examples/toy on Ddp<Autodiff<Cuda>>).
-# Where cargo is available and they are missing, the script builds them; a GPU
-# machine without Rust runs the binaries carried from a build machine (see
-# docs/gpu.md). Nothing here needs network access.
+# The script never builds: a GPU machine without Rust runs binaries carried
+# from a build machine (docs/gpu.md). Nothing here needs network access.
+#
+# It ends within GPU_CHECK_BUDGET seconds (default 330, under 6 minutes): each
+# step gets at most its own limit and never more than what is left; a step
+# that no longer fits is reported as SKIP. With --out DIR (or $OUT set) the
+# whole log (gpu-check.log), the verdict table (verdict.md) and every step's
+# log are written there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-BIN="${1:-target/release}"
+OUT_DIR="${OUT:-}"
+BIN=target/release
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) OUT_DIR=$2; shift 2;;
+    --out=*) OUT_DIR=${1#--out=}; shift;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0;;
+    *) BIN=$1; shift;;
+  esac
+done
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+if [ -n "$OUT_DIR" ]; then
+  mkdir -p "$OUT_DIR" || { echo "cannot create $OUT_DIR"; exit 2; }
+  exec > >(tee "$OUT_DIR/gpu-check.log") 2>&1
+fi
+BUDGET=${GPU_CHECK_BUDGET:-330}
+DEADLINE=$((SECONDS + BUDGET))
 ROWS=()
 FAILED=0
 
@@ -25,18 +45,9 @@ row() { # name verdict detail
   printf '== %-34s %s  %s\n' "$1" "$2" "$3"
 }
 
-have_binaries() {
-  [ -x "$BIN/burn-ddp-run" ] && [ -x "$BIN/examples/gpu_check" ]
-}
-
-if ! have_binaries && command -v cargo >/dev/null 2>&1 && [ "$BIN" = target/release ]; then
-  echo "building the release binaries with --features cuda ..."
-  cargo build --release --features cuda -p burn-ddp-run -p burn-ddp-examples \
-    --bins --example gpu_check || { echo "build failed"; exit 2; }
-fi
-if ! have_binaries; then
+if ! [ -x "$BIN/burn-ddp-run" ] || ! [ -x "$BIN/examples/gpu_check" ]; then
   echo "missing binaries in $BIN (burn-ddp-run, examples/gpu_check);"
-  echo "build them with: cargo build --release --features cuda -p burn-ddp-run -p burn-ddp-examples --bins --example gpu_check"
+  echo "build them on a machine with Rust: cargo build --release --features cuda -p burn-ddp-run -p burn-ddp-examples --bins --example gpu_check"
   exit 2
 fi
 
@@ -46,19 +57,36 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
   nvidia-smi -L 2>/dev/null | sed 's/^/   /'
 fi
-row "gpus visible" "$([ "$GPUS" -gt 0 ] && echo PASS || echo FAIL)" "$GPUS (nvidia-smi -L)"
+row "gpus visible" "$([ "$GPUS" -gt 0 ] && echo PASS || echo FAIL)" \
+  "$GPUS (nvidia-smi -L)${CUDA_VISIBLE_DEVICES:+, CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES kept}"
 [ "$GPUS" -gt 0 ] || { echo "no GPU: nothing more to check"; }
 
-find_lib() { # name -> path of the first match on the loader's paths, pip wheels included
+# Where a bare GPU machine keeps CUDA's pieces: the loader's paths, the CUDA
+# toolkit, and pip's wheels (nvidia/<package>/lib, and nvidia/cu13 for CUDA 13)
+# in any Python environment, /opt/torch/.venv included.
+SITE_DIRS=$( { python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null
+  ls -d /opt/torch/.venv/lib/python3*/site-packages ${VIRTUAL_ENV:+$VIRTUAL_ENV/lib/python3*/site-packages} 2>/dev/null
+  echo "${GPU_CHECK_SITE_PACKAGES:-}"; } | grep . | sort -u)
+lib_dirs() {
+  local path="${LD_LIBRARY_PATH:-}" site
+  for d in ${path//:/ }; do echo "$d"; done
+  echo /usr/local/cuda/lib64
+  echo /usr/local/cuda/targets/x86_64-linux/lib
+  echo /usr/lib/x86_64-linux-gnu
+  for site in $SITE_DIRS; do
+    ls -d "$site"/nvidia/*/lib "$site"/nvidia/cu1*/lib 2>/dev/null
+  done
+}
+find_lib() { # name -> path of the first match
   local name=$1 dir
   ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n { print $NF; exit }' | grep . && return 0
-  local path="${LD_LIBRARY_PATH:-}"
-  for dir in ${path//:/ } /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu \
-    $(python3 -c 'import site,sys; print(" ".join(site.getsitepackages()))' 2>/dev/null | \
-      xargs -I{} sh -c 'ls -d {}/nvidia/*/lib 2>/dev/null'); do
+  for dir in $(lib_dirs); do
     [ -e "$dir/$name" ] && { echo "$dir/$name"; return 0; }
   done
   return 1
+}
+use_dir() { # a folder the binaries must load from: put it on LD_LIBRARY_PATH
+  case ":${LD_LIBRARY_PATH:-}:" in *":$1:"*) ;; *) export LD_LIBRARY_PATH="$1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}";; esac
 }
 
 NCCL=$(find_lib libnccl.so || true)
@@ -67,21 +95,72 @@ if [ -z "$NCCL" ]; then
   if [ -n "$NCCL2" ]; then
     # pip's nvidia-nccl wheels ship only libnccl.so.2; cudarc opens libnccl.so.
     mkdir -p "$WORK/lib" && ln -s "$NCCL2" "$WORK/lib/libnccl.so"
-    export LD_LIBRARY_PATH="$WORK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    use_dir "$WORK/lib"
+    use_dir "$(dirname "$NCCL2")"
     NCCL="$NCCL2 (linked as libnccl.so for this run)"
   fi
+else
+  use_dir "$(dirname "$NCCL")"
 fi
-row "libnccl" "$([ -n "$NCCL" ] && echo PASS || echo FAIL)" "${NCCL:-not found; install NCCL 2.18+}"
-NVRTC=$(find_lib libnvrtc.so || find_lib libnvrtc.so.12 || find_lib libnvrtc.so.13 || true)
-row "libnvrtc (Burn's kernels)" "$([ -n "$NVRTC" ] && echo PASS || echo FAIL)" "${NVRTC:-not found; install NVRTC from the CUDA toolkit}"
+row "libnccl" "$([ -n "$NCCL" ] && echo PASS || echo FAIL)" "${NCCL:-not found; install NCCL 2.18+ (pip: nvidia-nccl-cu13)}"
+
+# NCCL's version from the library itself (ncclAvg, used for averaging, needs 2.10).
+if [ -n "$NCCL" ]; then
+  NCCL_CODE=$(python3 -c '
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1]); v = ctypes.c_int()
+print(v.value if lib.ncclGetVersion(ctypes.byref(v)) == 0 else "")' "${NCCL%% *}" 2>/dev/null)
+  if [ -n "$NCCL_CODE" ]; then
+    major=$((NCCL_CODE / 10000)); minor=$((NCCL_CODE / 100 % 100)); patch=$((NCCL_CODE % 100))
+    if [ "$NCCL_CODE" -lt 10000 ]; then major=$((NCCL_CODE / 1000)); minor=$((NCCL_CODE / 100 % 10)); fi
+    ok=$([ "$major" -gt 2 ] || { [ "$major" -eq 2 ] && [ "$minor" -ge 10 ]; } && echo PASS || echo FAIL)
+    row "nccl version (>= 2.10)" "$ok" "$major.$minor.$patch"
+  else
+    row "nccl version (>= 2.10)" SKIP "could not read it from the library (python3 ctypes, ncclGetVersion)"
+  fi
+fi
+
+NVRTC=$(find_lib libnvrtc.so || find_lib libnvrtc.so.13 || find_lib libnvrtc.so.12 || true)
+if [ -n "$NVRTC" ]; then
+  use_dir "$(dirname "$NVRTC")"
+  if [ "$(basename "$NVRTC")" != libnvrtc.so ]; then
+    # cudarc opens libnvrtc.so; wheels ship only the versioned name.
+    mkdir -p "$WORK/lib" && ln -sf "$NVRTC" "$WORK/lib/libnvrtc.so" && use_dir "$WORK/lib"
+    NVRTC="$NVRTC (linked as libnvrtc.so for this run)"
+  fi
+fi
+row "libnvrtc (Burn's kernels)" "$([ -n "$NVRTC" ] && echo PASS || echo FAIL)" "${NVRTC:-not found; install NVRTC (pip: nvidia-cuda-nvrtc)}"
+
+# The CUDA headers cubecl compiles kernels against: CUDA_PATH, /usr/local/cuda,
+# or a wheel's include folder (then CUDA_PATH points at it for this run).
+HEADERS=""
+for root in ${CUDA_PATH:-} /usr/local/cuda /opt/cuda $(for site in $SITE_DIRS; do ls -d "$site"/nvidia/cu1* "$site"/nvidia/cuda_runtime 2>/dev/null; done); do
+  if [ -f "$root/include/cuda_runtime.h" ]; then HEADERS=$root; break; fi
+done
+if [ -n "$HEADERS" ] && [ "$HEADERS" != "${CUDA_PATH:-}" ]; then export CUDA_PATH=$HEADERS; fi
+row "cuda headers (cuda_runtime.h)" "$([ -n "$HEADERS" ] && echo PASS || echo FAIL)" \
+  "${HEADERS:+CUDA_PATH=$HEADERS}${HEADERS:-not found under CUDA_PATH, /usr/local/cuda, /opt/cuda or the pip wheels (nvidia/cu13)}"
 
 # --- Checks ------------------------------------------------------------------
 last_lines() { tail -2 "$1" | tr '\n' ' ' | cut -c1-200; }
 
-run() { # log-name timeout command...
-  local log="$WORK/$1.log" limit=$2; shift 2
-  timeout "$limit" "$@" >"$log" 2>&1
-  echo $?
+left() { echo $((DEADLINE - SECONDS)); }
+
+fits() { # row-name: whether a step still has 20 s of the budget; SKIP row if not
+  if [ "$(left)" -ge 20 ]; then return 0; fi
+  row "$1" SKIP "no time left in the ${BUDGET} s budget"
+  return 1
+}
+
+run() { # log-name limit command...: at most `limit` s, never past the deadline
+  local log="$WORK/$1.log" limit=$2 rest; shift 2
+  rest=$(( $(left) - 5 ))
+  [ "$rest" -lt "$limit" ] && limit=$rest
+  [ "$limit" -lt 1 ] && limit=1
+  timeout -k 5 "$limit" "$@" >"$log" 2>&1
+  local code=$?
+  [ "$code" -eq 124 ] && echo "(stopped after $limit s)" >>"$log"
+  echo $code
 }
 
 results_of() { # log -> verdict detail from RESULT lines
@@ -113,37 +192,50 @@ toy_verdict() { # log code expect(gpu|host)
 }
 
 if [ "$GPUS" -gt 0 ]; then
-  code=$(BURN_DDP_BACKEND=nccl run nccl1 120 "$BIN/examples/gpu_check" nccl)
+  if fits "nccl world=1 collectives"; then
+  code=$(BURN_DDP_BACKEND=nccl run nccl1 45 "$BIN/examples/gpu_check" nccl)
   read -r verdict detail <<<"$(results_of "$WORK/nccl1.log")"
   [ "$code" -ne 0 ] && verdict=FAIL
   row "nccl world=1 collectives" "$verdict" "$detail"
+  fi
 
-  code=$(BURN_DDP_BACKEND=nccl run toy1 600 "$BIN/burn-ddp-run" --standalone --nproc-per-node 1 \
+  if fits "toy cuda world=1 over nccl"; then
+  code=$(BURN_DDP_BACKEND=nccl run toy1 75 "$BIN/burn-ddp-run" --standalone --nproc-per-node 1 \
     "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy1.log" "$code" gpu)"
   row "toy cuda world=1 over nccl" "$verdict" "$detail"
+  fi
 
-  code=$(CUDA_VISIBLE_DEVICES=0 BURN_DDP_BACKEND=tcp run toy2 600 "$BIN/burn-ddp-run" --standalone \
-    --nproc-per-node 2 "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
+  if fits "toy cuda world=2 one gpu over tcp"; then
+  # Both ranks on the first visible GPU (of an existing CUDA_VISIBLE_DEVICES, if set).
+  first_gpu=${CUDA_VISIBLE_DEVICES:-0}
+  code=$(CUDA_VISIBLE_DEVICES=${first_gpu%%,*} BURN_DDP_BACKEND=tcp run toy2 75 \
+    "$BIN/burn-ddp-run" --standalone --nproc-per-node 2 "$BIN/examples/gpu_check" toy \
+    --epochs 2 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy2.log" "$code" host)"
   row "toy cuda world=2 one gpu over tcp" "$verdict" "$detail"
+  fi
 
   if [ "$GPUS" -ge 2 ]; then
-    code=$(BURN_DDP_BACKEND=nccl run ncclN 300 "$BIN/burn-ddp-run" --standalone \
+    fits "nccl world=$GPUS collectives" && {
+    code=$(BURN_DDP_BACKEND=nccl run ncclN 45 "$BIN/burn-ddp-run" --standalone \
       --nproc-per-node "$GPUS" "$BIN/examples/gpu_check" nccl)
     read -r verdict detail <<<"$(results_of "$WORK/ncclN.log")"
     [ "$code" -ne 0 ] && verdict=FAIL
     row "nccl world=$GPUS collectives" "$verdict" "$detail"
-
-    code=$(run toyN 600 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$GPUS" \
+    }
+    fits "toy cuda world=$GPUS over nccl" && {
+    code=$(run toyN 75 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$GPUS" \
       "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
     read -r verdict detail <<<"$(toy_verdict "$WORK/toyN.log" "$code" gpu)"
     row "toy cuda world=$GPUS over nccl" "$verdict" "$detail"
+    }
   else
     row "multi-rank nccl" "SKIP" "one GPU: NCCL refuses two ranks on one device"
   fi
 
-  code=$(run overhead 600 "$BIN/examples/gpu_check" overhead)
+  if fits "ddp overhead world=1"; then
+  code=$(run overhead 45 "$BIN/examples/gpu_check" overhead)
   ratio=$(awk '/^OVERHEAD/ { print $2 }' "$WORK/overhead.log")
   if [ "$code" -ne 0 ] || [ -z "$ratio" ]; then
     row "ddp overhead world=1" FAIL "exit $code; $(last_lines "$WORK/overhead.log")"
@@ -152,9 +244,11 @@ if [ "$GPUS" -gt 0 ]; then
     goal=$(awk -v r="$ratio" 'BEGIN { print (r <= 1.03) ? "PASS" : "MISS" }')
     row "ddp overhead world=1 (goal <= 1.03)" "$goal" "$(grep '^OVERHEAD' "$WORK/overhead.log" | cut -d' ' -f2-)"
   fi
+  fi
 
   BENCH_RANKS=$GPUS
-  code=$(BURN_DDP_BACKEND=nccl run bench 600 "$BIN/burn-ddp-run" --standalone \
+  if fits "bucket all-reduce timings"; then
+  code=$(BURN_DDP_BACKEND=nccl run bench 60 "$BIN/burn-ddp-run" --standalone \
     --nproc-per-node "$BENCH_RANKS" "$BIN/examples/gpu_check" bench)
   if [ "$code" -eq 0 ] && grep -q '^TABLE | 256 MiB' "$WORK/bench.log"; then
     row "bucket all-reduce timings" PASS "world=$BENCH_RANKS, table below"
@@ -170,6 +264,7 @@ if [ "$GPUS" -gt 0 ]; then
   else
     row "bucket all-reduce timings" FAIL "exit $code; $(last_lines "$WORK/bench.log")"
   fi
+  fi
 fi
 
 # --- Verdict -----------------------------------------------------------------
@@ -184,6 +279,19 @@ if [ -f "$WORK/bench.log" ]; then
   echo
   echo "Bucket all-reduce (mean), world=${BENCH_RANKS:-0}; busbw = bytes/time x 2(n-1)/n:"
   grep '^TABLE' "$WORK/bench.log" | sed 's/^TABLE //' | sed '1a| --- | --- | --- | --- | --- | --- |'
+fi
+echo
+echo "Took $SECONDS s of the ${BUDGET} s budget."
+if [ -n "$OUT_DIR" ]; then
+  {
+    echo "| check | verdict | detail |"
+    echo "| --- | --- | --- |"
+    for r in "${ROWS[@]}"; do
+      IFS='|' read -r name verdict detail <<<"$r"
+      echo "| $name | $verdict | $detail |"
+    done
+  } >"$OUT_DIR/verdict.md"
+  cp "$WORK"/*.log "$OUT_DIR"/ 2>/dev/null || true
 fi
 for log in "$WORK"/*.log; do
   [ -e "$log" ] || continue

@@ -37,7 +37,8 @@ fn stand_ins(name: &str, gpus: usize, gpu_check: &str) -> PathBuf {
 /// the real trainer does (all over NCCL unless BURN_DDP_BACKEND=tcp).
 const HEALTHY: &str = r#"#!/bin/bash
 case "$1" in
-nccl) echo "RESULT nccl_all_reduce_sum PASS rank 0: ok"; echo "RESULT tensor_all_gather PASS rank 0: ok";;
+nccl) echo "RESULT nccl_all_reduce_sum PASS rank 0: ok"; echo "RESULT tensor_all_gather PASS rank 0: ok"
+  echo "ENV LD_LIBRARY_PATH=$LD_LIBRARY_PATH CUDA_PATH=${CUDA_PATH:-} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}";;
 overhead) echo "OVERHEAD 1.010 Autodiff<Cuda> 3.00 ms, Ddp<Autodiff<Cuda>> 3.03 ms";;
 bench)
   [ "$RANK" = 0 ] || exit 0
@@ -56,19 +57,32 @@ esac
 
 /// Runs the script on the stand-ins; returns (exit code, verdict rows).
 fn run_script(dir: &Path) -> (i32, Vec<(String, String)>, String) {
+    run_script_with(dir, &[], &[])
+}
+
+fn run_script_with(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, Vec<(String, String)>, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-check.sh");
     let path = format!(
         "{}:{}",
         dir.join("path").display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let out = Command::new("bash")
-        .arg(&script)
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
+        .args(args)
         .arg(dir.join("bin"))
         .env("PATH", path)
         .env_remove("BURN_DDP_BACKEND")
-        .output()
-        .unwrap();
+        .env_remove("OUT")
+        .env_remove("CUDA_VISIBLE_DEVICES");
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let out = cmd.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let rows = text
         .lines()
@@ -153,5 +167,85 @@ fn no_gpu_stops_after_the_machine_rows() {
         "missing",
         "{text}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Python environment laid out as pip's CUDA 13 wheels are on the GPU
+/// machines: NCCL as libnccl.so.2 only, NVRTC and the headers under nvidia/cu13.
+fn fake_wheels(dir: &Path) -> PathBuf {
+    let site = dir.join("site-packages");
+    for (folder, file) in [
+        ("nvidia/nccl/lib", "libnccl.so.2"),
+        ("nvidia/cu13/lib", "libnvrtc.so.13"),
+        ("nvidia/cu13/include", "cuda_runtime.h"),
+    ] {
+        std::fs::create_dir_all(site.join(folder)).unwrap();
+        std::fs::write(site.join(folder).join(file), "").unwrap();
+    }
+    site
+}
+
+#[test]
+fn pip_wheels_are_found_and_put_on_the_loader_path() {
+    let dir = stand_ins("wheels", 1, HEALTHY);
+    let site = fake_wheels(&dir);
+    let (_, rows, text) = run_script_with(
+        &dir,
+        &[],
+        &[
+            ("GPU_CHECK_SITE_PACKAGES", site.to_str().unwrap()),
+            ("CUDA_PATH", "/nonexistent"),
+            ("CUDA_VISIBLE_DEVICES", "3"),
+        ],
+    );
+    for check in ["libnccl", "libnvrtc", "cuda headers"] {
+        assert_eq!(verdict(&rows, check), "PASS", "{check}:\n{text}");
+    }
+    // A stand-in library cannot tell its version: said, not guessed.
+    assert_eq!(verdict(&rows, "nccl version"), "SKIP", "{text}");
+    let env = text.lines().find(|l| l.starts_with("ENV ")).expect(&text);
+    for needle in [
+        site.join("nvidia/nccl/lib").display().to_string(),
+        site.join("nvidia/cu13/lib").display().to_string(),
+        format!("CUDA_PATH={}", site.join("nvidia/cu13").display()),
+        "CUDA_VISIBLE_DEVICES=3".to_string(),
+    ] {
+        assert!(env.contains(&needle), "{needle} missing from {env}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn out_folder_gets_the_log_and_the_verdict_table() {
+    let dir = stand_ins("out", 1, HEALTHY);
+    let out = dir.join("out");
+    let (_, rows, text) = run_script_with(&dir, &["--out", out.to_str().unwrap()], &[]);
+    assert_eq!(verdict(&rows, "nccl world=1 collectives"), "PASS", "{text}");
+    let table = std::fs::read_to_string(out.join("verdict.md")).unwrap();
+    assert!(table.contains("| nccl world=1 collectives | PASS |"), "{table}");
+    let log = std::fs::read_to_string(out.join("gpu-check.log")).unwrap();
+    assert!(log.contains("| check | verdict | detail |"), "{log}");
+    assert!(out.join("nccl1.log").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A step that hangs is stopped at what is left of the budget, and the steps
+/// that no longer fit are SKIPped: the whole check ends within the budget.
+#[test]
+fn a_hanging_step_cannot_overrun_the_budget() {
+    let hanging = HEALTHY.replace(
+        "nccl) echo \"RESULT nccl_all_reduce_sum PASS rank 0: ok\";",
+        "nccl) sleep 600;",
+    );
+    let dir = stand_ins("budget", 1, &hanging);
+    let started = std::time::Instant::now();
+    let (code, rows, text) = run_script_with(&dir, &[], &[("GPU_CHECK_BUDGET", "25")]);
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(35), "took {took:?}:\n{text}");
+    assert_ne!(code, 0, "{text}");
+    assert_eq!(verdict(&rows, "nccl world=1 collectives"), "FAIL", "{text}");
+    for check in ["toy cuda world=1 over nccl", "ddp overhead world=1", "bucket all-reduce timings"] {
+        assert_eq!(verdict(&rows, check), "SKIP", "{check}:\n{text}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -20,6 +20,7 @@ use burn::train::{
     LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
     TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
 };
+use std::sync::Arc;
 use std::time::Instant;
 
 type InferenceModelOf<LC> = <LC as LearningComponentsTypes>::InferenceModel;
@@ -268,6 +269,19 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         dataloader_valid: ValidLoader<LC>,
         mut components: TrainingComponents<LC>,
     ) -> LearningResult<InferenceModelOf<LC>> {
+        // Gradients are averaged over the default group: it must be this one.
+        let default = crate::default_group();
+        if !default
+            .as_ref()
+            .is_some_and(|group| Arc::ptr_eq(group, &self.ddp.group))
+        {
+            panic!(
+                "rank {}: DdpTraining was given a group that is not the default one, over \
+                 which gradients are averaged; pass the group burn_ddp::init_process_group() \
+                 returned",
+                self.rank()
+            );
+        }
         // This rank's device is where the model was built, not the backend's
         // default (cuda:0 for every rank).
         let device: DeviceOf<LC> = learner
