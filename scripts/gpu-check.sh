@@ -138,8 +138,11 @@ for root in ${CUDA_PATH:-} /usr/local/cuda /opt/cuda $(for site in $SITE_DIRS; d
   if [ -f "$root/include/cuda_runtime.h" ]; then HEADERS=$root; break; fi
 done
 if [ -n "$HEADERS" ] && [ "$HEADERS" != "${CUDA_PATH:-}" ]; then export CUDA_PATH=$HEADERS; fi
-row "cuda headers (cuda_runtime.h)" "$([ -n "$HEADERS" ] && echo PASS || echo FAIL)" \
-  "${HEADERS:+CUDA_PATH=$HEADERS}${HEADERS:-not found under CUDA_PATH, /usr/local/cuda, /opt/cuda or the pip wheels (nvidia/cu13)}"
+if [ -n "$HEADERS" ]; then
+  row "cuda headers (cuda_runtime.h)" PASS "CUDA_PATH=$HEADERS"
+else
+  row "cuda headers (cuda_runtime.h)" FAIL "not found under CUDA_PATH, /usr/local/cuda, /opt/cuda or the pip wheels (nvidia/cu13)"
+fi
 
 # --- Checks ------------------------------------------------------------------
 last_lines() { tail -2 "$1" | tr '\n' ' ' | cut -c1-200; }

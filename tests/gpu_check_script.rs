@@ -189,9 +189,10 @@ fn fake_wheels(dir: &Path) -> PathBuf {
 fn pip_wheels_are_found_and_put_on_the_loader_path() {
     let dir = stand_ins("wheels", 1, HEALTHY);
     let site = fake_wheels(&dir);
+    let out = dir.join("out");
     let (_, rows, text) = run_script_with(
         &dir,
-        &[],
+        &["--out", out.to_str().unwrap()],
         &[
             ("GPU_CHECK_SITE_PACKAGES", site.to_str().unwrap()),
             ("CUDA_PATH", "/nonexistent"),
@@ -203,11 +204,13 @@ fn pip_wheels_are_found_and_put_on_the_loader_path() {
     }
     // A stand-in library cannot tell its version: said, not guessed.
     assert_eq!(verdict(&rows, "nccl version"), "SKIP", "{text}");
-    let env = text.lines().find(|l| l.starts_with("ENV ")).expect(&text);
+    // What the binaries themselves saw.
+    let log = std::fs::read_to_string(out.join("nccl1.log")).unwrap();
+    let env = log.lines().find(|l| l.starts_with("ENV ")).expect(&log);
     for needle in [
         site.join("nvidia/nccl/lib").display().to_string(),
         site.join("nvidia/cu13/lib").display().to_string(),
-        format!("CUDA_PATH={}", site.join("nvidia/cu13").display()),
+        format!("CUDA_PATH={} ", site.join("nvidia/cu13").display()),
         "CUDA_VISIBLE_DEVICES=3".to_string(),
     ] {
         assert!(env.contains(&needle), "{needle} missing from {env}");
@@ -222,7 +225,10 @@ fn out_folder_gets_the_log_and_the_verdict_table() {
     let (_, rows, text) = run_script_with(&dir, &["--out", out.to_str().unwrap()], &[]);
     assert_eq!(verdict(&rows, "nccl world=1 collectives"), "PASS", "{text}");
     let table = std::fs::read_to_string(out.join("verdict.md")).unwrap();
-    assert!(table.contains("| nccl world=1 collectives | PASS |"), "{table}");
+    assert!(
+        table.contains("| nccl world=1 collectives | PASS |"),
+        "{table}"
+    );
     let log = std::fs::read_to_string(out.join("gpu-check.log")).unwrap();
     assert!(log.contains("| check | verdict | detail |"), "{log}");
     assert!(out.join("nccl1.log").is_file());
@@ -241,10 +247,17 @@ fn a_hanging_step_cannot_overrun_the_budget() {
     let started = std::time::Instant::now();
     let (code, rows, text) = run_script_with(&dir, &[], &[("GPU_CHECK_BUDGET", "25")]);
     let took = started.elapsed();
-    assert!(took < std::time::Duration::from_secs(35), "took {took:?}:\n{text}");
+    assert!(
+        took < std::time::Duration::from_secs(35),
+        "took {took:?}:\n{text}"
+    );
     assert_ne!(code, 0, "{text}");
     assert_eq!(verdict(&rows, "nccl world=1 collectives"), "FAIL", "{text}");
-    for check in ["toy cuda world=1 over nccl", "ddp overhead world=1", "bucket all-reduce timings"] {
+    for check in [
+        "toy cuda world=1 over nccl",
+        "ddp overhead world=1",
+        "bucket all-reduce timings",
+    ] {
         assert_eq!(verdict(&rows, check), "SKIP", "{check}:\n{text}");
     }
     let _ = std::fs::remove_dir_all(&dir);
