@@ -26,6 +26,21 @@ pub enum DType {
     I32,
     /// 64-bit signed integer.
     I64,
+    /// IEEE half precision (`half::f16`).
+    F16,
+    /// bfloat16 (`half::bf16`).
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+        }
+    }
 }
 
 /// A plain numeric type the collectives can reduce.
@@ -77,6 +92,27 @@ macro_rules! int_element {
     };
 }
 
+/// Half-precision floats combine in f32 and round once per step, as NCCL does
+/// for its native f16/bf16 reductions.
+macro_rules! half_element {
+    ($ty:ty, $dtype:ident) => {
+        impl Element for $ty {
+            const DTYPE: DType = DType::$dtype;
+            fn add(self, other: Self) -> Self {
+                <$ty>::from_f32(self.to_f32() + other.to_f32())
+            }
+            fn div_count(self, count: usize) -> Self {
+                <$ty>::from_f32(self.to_f32() / count as f32)
+            }
+            fn buffer(data: &mut [Self]) -> BufferMut<'_> {
+                BufferMut::$dtype(data)
+            }
+        }
+    };
+}
+
+half_element!(half::f16, F16);
+half_element!(half::bf16, BF16);
 float_element!(f32, F32);
 float_element!(f64, F64);
 int_element!(i32, I32);
@@ -93,6 +129,10 @@ pub enum BufferMut<'a> {
     I32(&'a mut [i32]),
     /// i64 elements.
     I64(&'a mut [i64]),
+    /// f16 elements.
+    F16(&'a mut [half::f16]),
+    /// bf16 elements.
+    BF16(&'a mut [half::bf16]),
 }
 
 impl BufferMut<'_> {
@@ -103,6 +143,8 @@ impl BufferMut<'_> {
             BufferMut::F64(data) => data.len(),
             BufferMut::I32(data) => data.len(),
             BufferMut::I64(data) => data.len(),
+            BufferMut::F16(data) => data.len(),
+            BufferMut::BF16(data) => data.len(),
         }
     }
 
@@ -172,6 +214,34 @@ mod tests {
         let mut min = [1.0f32, 1.0, 1.0];
         reduce_into(ReduceOp::Min, &mut min, &incoming);
         assert_eq!(min, [1.0, -1.0, 1.0]);
+    }
+
+    #[test]
+    fn half_precision_combines_in_f32_and_rounds_once() {
+        use half::{bf16, f16};
+        let mut acc = [f16::from_f32(1.0), f16::from_f32(2048.0)];
+        reduce_into(
+            ReduceOp::Sum,
+            &mut acc,
+            &[f16::from_f32(2.5), f16::from_f32(1.0)],
+        );
+        // 2049 is not an f16: the sum rounds to even, as NCCL's does.
+        assert_eq!(acc, [f16::from_f32(3.5), f16::from_f32(2048.0)]);
+        let mut mean = [bf16::from_f32(3.0), bf16::from_f32(-6.0)];
+        finish_reduce(ReduceOp::Mean, &mut mean, 3);
+        assert_eq!(mean, [bf16::from_f32(1.0), bf16::from_f32(-2.0)]);
+        let mut max = [bf16::from_f32(1.0), bf16::NAN];
+        reduce_into(
+            ReduceOp::Max,
+            &mut max,
+            &[bf16::from_f32(4.0), bf16::from_f32(9.0)],
+        );
+        assert_eq!(max[0], bf16::from_f32(4.0));
+        assert!(max[1].is_nan());
+        assert_eq!(
+            (DType::F16.size(), DType::BF16.size(), DType::F64.size()),
+            (2, 2, 8)
+        );
     }
 
     #[test]

@@ -739,7 +739,14 @@ struct Signature {
 }
 
 const OP_NAMES: [&str; 4] = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"];
-const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::I32, DType::I64];
+const DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::F64,
+    DType::I32,
+    DType::I64,
+    DType::F16,
+    DType::BF16,
+];
 
 impl Signature {
     fn new(op: &str, dtype: DType, len: usize, extra: i64) -> Self {

@@ -32,10 +32,7 @@ impl ParamLayout {
 }
 
 fn dtype_size(dtype: DType) -> usize {
-    match dtype {
-        DType::F32 | DType::I32 => 4,
-        DType::F64 | DType::I64 => 8,
-    }
+    dtype.size()
 }
 
 /// How gradients are grouped, as PyTorch's `bucket_cap_mb`.
@@ -295,6 +292,8 @@ fn dtype_code(dtype: DType) -> i64 {
         DType::F64 => 1,
         DType::I32 => 2,
         DType::I64 => 3,
+        DType::F16 => 4,
+        DType::BF16 => 5,
     }
 }
 
@@ -320,6 +319,8 @@ fn decode(mut words: &[i64]) -> Vec<ParamLayout> {
             0 => DType::F32,
             1 => DType::F64,
             2 => DType::I32,
+            4 => DType::F16,
+            5 => DType::BF16,
             _ => DType::I64,
         };
         layout.push(ParamLayout {

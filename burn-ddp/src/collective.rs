@@ -2,8 +2,9 @@
 //!
 //! CUDA tensors go over NCCL on the GPU when the group uses it
 //! ([`crate::device`]); every other tensor takes a host round trip (`into_data`,
-//! the host transports, `from_data`). Float and int tensors of f32, f64, i32
-//! and i64 elements are supported.
+//! the host transports, `from_data`). Float and int tensors of f32, f64, f16,
+//! bf16, i32 and i64 elements are supported (f16 and bf16 combine in f32 and
+//! round once per step, as NCCL's native half reductions do).
 
 use crate::device::{tensor_collective, TensorOp};
 use crate::{CommError, ProcessGroup, ReduceOp, Result};
@@ -16,7 +17,7 @@ macro_rules! with_elements {
         let unsupported = |dtype: DType| CommError::InvalidArgument {
             rank,
             message: format!(
-                "collectives support f32, f64, i32 and i64 tensors, not {dtype:?}; \
+                "collectives support f32, f64, f16, bf16, i32 and i64 tensors, not {dtype:?}; \
                  convert the tensor first (e.g. `.cast(DType::F32)`)"
             ),
         };
@@ -41,9 +42,27 @@ macro_rules! with_elements {
                 let $slice = $data.as_mut_slice::<i64>().map_err(bad_layout)?;
                 $body
             }
+            DType::F16 => {
+                let $slice = $data.as_mut_slice::<half::f16>().map_err(bad_layout)?;
+                $body
+            }
+            DType::BF16 => {
+                let $slice = $data.as_mut_slice::<half::bf16>().map_err(bad_layout)?;
+                $body
+            }
             other => Err(unsupported(other)),
         }
     }};
+}
+
+/// A tensor of `data`'s own element type: `Tensor::from_data` alone would take
+/// the device's default (an f16 or f64 tensor would come back as f32).
+fn same_dtype<B: Backend, const D: usize, K: BasicOps<B>>(
+    data: TensorData,
+    device: &B::Device,
+) -> Tensor<B, D, K> {
+    let dtype = data.dtype;
+    Tensor::from_data(data, (device, dtype))
 }
 
 /// Reduces `tensor` over all ranks; every rank gets the result (`dist.all_reduce`).
@@ -75,7 +94,7 @@ pub fn all_reduce<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     let device = tensor.device();
     let mut data = tensor.into_data();
     with_elements!(group, data, slice => group.all_reduce(slice, op))?;
-    Ok(Tensor::from_data(data, &device))
+    Ok(same_dtype(data, &device))
 }
 
 /// Copies rank `root`'s `tensor` to every rank (`dist.broadcast`).
@@ -100,7 +119,7 @@ pub fn broadcast<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     let device = tensor.device();
     let mut data = tensor.into_data();
     with_elements!(group, data, slice => group.broadcast(slice, root))?;
-    Ok(Tensor::from_data(data, &device))
+    Ok(same_dtype(data, &device))
 }
 
 /// Every rank's `tensor`, in rank order (`dist.all_gather`). All ranks must pass
@@ -135,7 +154,7 @@ pub fn all_gather<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     })?;
     Ok(gathered
         .into_iter()
-        .map(|data| Tensor::from_data(data, &device))
+        .map(|data| same_dtype(data, &device))
         .collect())
 }
 
@@ -170,5 +189,5 @@ pub fn reduce_scatter<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
             .reduce_scatter(slice, op)
             .map(|part| TensorData::new(part, dims))
     })?;
-    Ok(Tensor::from_data(part, &device))
+    Ok(same_dtype(part, &device))
 }

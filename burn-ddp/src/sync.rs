@@ -164,12 +164,14 @@ fn param_layout(rank: usize, shape: &[usize], dtype: DType) -> Result<ParamLayou
     let dtype = match dtype {
         DType::F32 => WireDType::F32,
         DType::F64 => WireDType::F64,
+        DType::F16 => WireDType::F16,
+        DType::BF16 => WireDType::BF16,
         other => {
             return Err(CommError::InvalidArgument {
                 rank,
                 message: format!(
-                    "burn-ddp averages f32 and f64 gradients; a parameter has {other:?} \
-                     (train in f32, or cast the parameter)"
+                    "burn-ddp averages f32, f64, f16 and bf16 gradients; a parameter has \
+                     {other:?} (train in one of those, or cast the parameter)"
                 ),
             })
         }
@@ -232,7 +234,8 @@ pub(crate) fn average_gradients<I: Backend>(
                 let packed = Instant::now();
                 reduce_data(reducer, &mut data, rank)?;
                 let reduced = Instant::now();
-                let flat = Tensor::<I, 1>::from_data(data, device);
+                let dtype = data.dtype;
+                let flat = Tensor::<I, 1>::from_data(data, (device, dtype));
                 (flat.into_primitive().tensor(), packed, reduced)
             }
         };
@@ -280,6 +283,8 @@ pub(crate) fn average_gradients<I: Backend>(
 fn float_dtype(layout: &ParamLayout) -> DType {
     match layout.dtype {
         WireDType::F64 => DType::F64,
+        WireDType::F16 => DType::F16,
+        WireDType::BF16 => DType::BF16,
         _ => DType::F32,
     }
 }
@@ -292,6 +297,10 @@ fn reduce_data(reducer: &Reducer, data: &mut TensorData, rank: usize) -> Result<
     match data.dtype {
         DType::F32 => reducer.reduce_bucket(data.as_mut_slice::<f32>().map_err(view_error)?),
         DType::F64 => reducer.reduce_bucket(data.as_mut_slice::<f64>().map_err(view_error)?),
+        DType::F16 => reducer.reduce_bucket(data.as_mut_slice::<half::f16>().map_err(view_error)?),
+        DType::BF16 => {
+            reducer.reduce_bucket(data.as_mut_slice::<half::bf16>().map_err(view_error)?)
+        }
         other => Err(CommError::InvalidArgument {
             rank,
             message: format!("gradient bucket of unsupported type {other:?}"),

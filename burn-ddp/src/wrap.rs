@@ -207,6 +207,8 @@ impl LayoutOf {
             burn::tensor::DType::F64 => Wire::F64,
             burn::tensor::DType::I64 => Wire::I64,
             burn::tensor::DType::I32 => Wire::I32,
+            burn::tensor::DType::F16 => Wire::F16,
+            burn::tensor::DType::BF16 => Wire::BF16,
             _ => Wire::F32,
         };
         self.0.push(ParamLayout { shape: dims, dtype });

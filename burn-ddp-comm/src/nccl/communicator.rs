@@ -409,6 +409,8 @@ fn data_type(dtype: DType) -> nsys::ncclDataType_t {
         DType::F64 => nsys::ncclDataType_t::ncclFloat64,
         DType::I32 => nsys::ncclDataType_t::ncclInt32,
         DType::I64 => nsys::ncclDataType_t::ncclInt64,
+        DType::F16 => nsys::ncclDataType_t::ncclFloat16,
+        DType::BF16 => nsys::ncclDataType_t::ncclBfloat16,
     }
 }
 

@@ -68,6 +68,8 @@ macro_rules! typed_transport {
             $crate::element::BufferMut::F64($data) => $call,
             $crate::element::BufferMut::I32($data) => $call,
             $crate::element::BufferMut::I64($data) => $call,
+            $crate::element::BufferMut::F16($data) => $call,
+            $crate::element::BufferMut::BF16($data) => $call,
         }
     };
 }

@@ -235,10 +235,12 @@ fn wire_dtype(rank: usize, dtype: DType) -> Result<WireDType> {
         DType::F64 => Ok(WireDType::F64),
         DType::I32 => Ok(WireDType::I32),
         DType::I64 => Ok(WireDType::I64),
+        DType::F16 => Ok(WireDType::F16),
+        DType::BF16 => Ok(WireDType::BF16),
         other => Err(CommError::InvalidArgument {
             rank,
             message: format!(
-                "collectives support f32, f64, i32 and i64 tensors, not {other:?}; convert \
+                "collectives support f32, f64, f16, bf16, i32 and i64 tensors, not {other:?}; convert \
                  the tensor first"
             ),
         }),

@@ -1,6 +1,7 @@
 //! burn-ddp across real processes: tensor collectives and `Ddp<B>` training on
 //! NdArray, checked against single-process references.
 
+mod half;
 mod models;
 mod scenarios;
 
@@ -22,6 +23,7 @@ fn main() {
     }
     let cases: &[Case] = &[
         ("tensor_collectives_world_1_to_3", tensor_collectives_case),
+        ("f16_and_bf16_collectives_and_gradients", half_precision),
         ("ddp_equals_one_big_batch_toy_sgd", || {
             equivalence("toy_sgd")
         }),
@@ -64,6 +66,17 @@ fn equivalence(scenario: &str) -> Result<(), String> {
         all_ok(&outcomes)?;
         for o in &outcomes {
             check(o.value("max_rel_diff").is_some(), || o.stdout.clone())?;
+        }
+    }
+    Ok(())
+}
+
+fn half_precision() -> Result<(), String> {
+    for world in [1, 2, 3] {
+        let outcomes = World::new(world).run("half");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(o.value("done") == Some("yes"), || o.stdout.clone())?;
         }
     }
     Ok(())

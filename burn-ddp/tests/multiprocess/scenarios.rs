@@ -369,6 +369,7 @@ pub fn run(name: &str) -> Res<()> {
         "layout_change" => layout_changes_on_one_rank(),
         "memory" => memory(),
         "tensor_collectives" => crate::tensor_collectives(),
+        "half" => crate::half::run(),
         "one_step" => one_step(),
         "save_forever" => save_forever(),
         other => Err(format!("unknown scenario {other}")),
