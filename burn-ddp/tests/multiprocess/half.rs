@@ -1,5 +1,5 @@
-//! f16 and bf16 on the host path (Flex tensors): collectives and gradient
-//! averaging in `Ddp<B>`.
+//! f16, bf16 (and f64) on the host path (Flex tensors): collectives and
+//! gradient averaging in `Ddp<B>`.
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleMapper, Param};
@@ -40,7 +40,8 @@ pub fn run() -> Res<()> {
     let group = burn_ddp::init_process_group().map_err(e)?;
     let (rank, n) = (group.rank(), group.world_size());
     let total: f32 = (1..=n).map(|r| r as f32).sum();
-    for dtype in [DType::F16, DType::BF16] {
+    // f64 too: a host round trip must keep every tensor's own type.
+    for dtype in [DType::F16, DType::BF16, DType::F64] {
         let sum = burn_ddp::all_reduce(&group, mine(rank, dtype), ReduceOp::Sum).map_err(e)?;
         if sum.dtype() != dtype {
             return Err(format!("{dtype:?} sum came back as {:?}", sum.dtype()));
@@ -102,7 +103,11 @@ pub fn run() -> Res<()> {
             .to_vec::<f32>()
             .unwrap();
         // One rounding per reduction step in half precision.
-        let tolerance = if dtype == DType::F16 { 2e-3 } else { 2e-2 };
+        let tolerance = match dtype {
+            DType::F16 => 2e-3,
+            DType::BF16 => 2e-2,
+            _ => 1e-6,
+        };
         for (g, w) in got.iter().zip(&want) {
             if (g - w).abs() > tolerance * w.abs().max(1.0) {
                 return Err(format!(
