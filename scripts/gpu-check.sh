@@ -196,23 +196,31 @@ toy_verdict() { # log code expect(gpu|host)
 
 if [ "$GPUS" -gt 0 ]; then
   if fits "nccl world=1 collectives"; then
-  code=$(BURN_DDP_BACKEND=nccl run nccl1 45 "$BIN/examples/gpu_check" nccl)
+  code=$(BURN_DDP_BACKEND=nccl run nccl1 40 "$BIN/examples/gpu_check" nccl)
   read -r verdict detail <<<"$(results_of "$WORK/nccl1.log")"
   [ "$code" -ne 0 ] && verdict=FAIL
   row "nccl world=1 collectives" "$verdict" "$detail"
   fi
 
   if fits "toy cuda world=1 over nccl"; then
-  code=$(BURN_DDP_BACKEND=nccl run toy1 75 "$BIN/burn-ddp-run" --standalone --nproc-per-node 1 \
+  code=$(BURN_DDP_BACKEND=nccl run toy1 55 "$BIN/burn-ddp-run" --standalone --nproc-per-node 1 \
     "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy1.log" "$code" gpu)"
   row "toy cuda world=1 over nccl" "$verdict" "$detail"
   fi
 
+  # The same on Burn's fused CUDA backend (burn-cuda's default features).
+  if fits "toy fused cuda world=1 over nccl"; then
+  code=$(BURN_DDP_BACKEND=nccl run toyfused 55 "$BIN/burn-ddp-run" --standalone \
+    --nproc-per-node 1 "$BIN/examples/gpu_check" toy-fused --epochs 2 --checkpoint-dir "$WORK")
+  read -r verdict detail <<<"$(toy_verdict "$WORK/toyfused.log" "$code" gpu)"
+  row "toy fused cuda world=1 over nccl" "$verdict" "$detail"
+  fi
+
   if fits "toy cuda world=2 one gpu over tcp"; then
   # Both ranks on the first visible GPU (of an existing CUDA_VISIBLE_DEVICES, if set).
   first_gpu=${CUDA_VISIBLE_DEVICES:-0}
-  code=$(CUDA_VISIBLE_DEVICES=${first_gpu%%,*} BURN_DDP_BACKEND=tcp run toy2 75 \
+  code=$(CUDA_VISIBLE_DEVICES=${first_gpu%%,*} BURN_DDP_BACKEND=tcp run toy2 55 \
     "$BIN/burn-ddp-run" --standalone --nproc-per-node 2 "$BIN/examples/gpu_check" toy \
     --epochs 2 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy2.log" "$code" host)"
@@ -221,14 +229,14 @@ if [ "$GPUS" -gt 0 ]; then
 
   if [ "$GPUS" -ge 2 ]; then
     fits "nccl world=$GPUS collectives" && {
-    code=$(BURN_DDP_BACKEND=nccl run ncclN 45 "$BIN/burn-ddp-run" --standalone \
+    code=$(BURN_DDP_BACKEND=nccl run ncclN 40 "$BIN/burn-ddp-run" --standalone \
       --nproc-per-node "$GPUS" "$BIN/examples/gpu_check" nccl)
     read -r verdict detail <<<"$(results_of "$WORK/ncclN.log")"
     [ "$code" -ne 0 ] && verdict=FAIL
     row "nccl world=$GPUS collectives" "$verdict" "$detail"
     }
     fits "toy cuda world=$GPUS over nccl" && {
-    code=$(run toyN 75 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$GPUS" \
+    code=$(run toyN 55 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$GPUS" \
       "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
     read -r verdict detail <<<"$(toy_verdict "$WORK/toyN.log" "$code" gpu)"
     row "toy cuda world=$GPUS over nccl" "$verdict" "$detail"
@@ -238,7 +246,7 @@ if [ "$GPUS" -gt 0 ]; then
   fi
 
   if fits "ddp overhead world=1"; then
-  code=$(run overhead 45 "$BIN/examples/gpu_check" overhead)
+  code=$(run overhead 40 "$BIN/examples/gpu_check" overhead)
   ratio=$(awk '/^OVERHEAD/ { print $2 }' "$WORK/overhead.log")
   if [ "$code" -ne 0 ] || [ -z "$ratio" ]; then
     row "ddp overhead world=1" FAIL "exit $code; $(last_lines "$WORK/overhead.log")"
@@ -251,7 +259,7 @@ if [ "$GPUS" -gt 0 ]; then
 
   BENCH_RANKS=$GPUS
   if fits "bucket all-reduce timings"; then
-  code=$(BURN_DDP_BACKEND=nccl run bench 60 "$BIN/burn-ddp-run" --standalone \
+  code=$(BURN_DDP_BACKEND=nccl run bench 50 "$BIN/burn-ddp-run" --standalone \
     --nproc-per-node "$BENCH_RANKS" "$BIN/examples/gpu_check" bench)
   if [ "$code" -eq 0 ] && grep -q '^TABLE | 256 MiB' "$WORK/bench.log"; then
     row "bucket all-reduce timings" PASS "world=$BENCH_RANKS, table below"

@@ -46,7 +46,7 @@ bench)
   echo "TABLE | 1 MiB | 0.05 | 0.20 | 4.00 | 30.0 | 7.5 |"
   echo "TABLE | 25 MiB | 0.50 | 0.52 | 1.04 | 80.0 | 76.9 |"
   echo "TABLE | 256 MiB | 4.00 | 4.10 | 1.03 | 100.0 | 97.6 |";;
-toy)
+toy|toy-fused)
   [ "$RANK" = 0 ] || exit 0
   echo "Epoch 2/2, Avg Loss: 1.2117"
   if [ "$BURN_DDP_BACKEND" = tcp ]; then echo "Gradient sync: 64 buckets, 0 of them on the GPU over NCCL"
@@ -110,6 +110,7 @@ fn two_gpus_run_every_row_and_judge_the_goals() {
         "gpus visible",
         "nccl world=1 collectives",
         "toy cuda world=1 over nccl",
+        "toy fused cuda world=1 over nccl",
         "toy cuda world=2 one gpu over tcp",
         "nccl world=2 collectives",
         "toy cuda world=2 over nccl",

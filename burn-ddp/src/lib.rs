@@ -60,7 +60,7 @@ pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
 pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum};
 #[cfg(feature = "cuda")]
-pub use device::cuda_device_for_rank;
+pub use device::{cuda_device_for_rank, FusedCuda, PlainCuda};
 pub use global::{default_group, destroy_process_group, init_process_group};
 pub use sync::{
     no_sync, reset_sync_stats, sync_enabled, sync_gradients, sync_stats, NoSyncGuard, SyncStats,

@@ -6,8 +6,10 @@
 //! the path gradients take (a CUDA tensor through `burn_ddp::all_reduce`).
 //! `gpu_check overhead` times an MNIST CNN training step on `Autodiff<Cuda>`
 //! against `Ddp<Autodiff<Cuda>>` at world size 1. `gpu_check toy [FLAGS]` is
-//! the toy trainer (examples/toy, its own code) on `Ddp<Autodiff<Cuda>>`, so
-//! one binary carries every check to the GPU machine.
+//! the toy trainer (examples/toy, its own code) on `Ddp<Autodiff<Cuda>>`, and
+//! `gpu_check toy-fused [FLAGS]` the same on Burn's fused CUDA backend (what
+//! `burn::backend::Cuda` is with burn-cuda's default features), so one binary
+//! carries every check to the GPU machine.
 //! Each prints `RESULT <name> PASS|FAIL <detail>` lines for the script.
 
 #[path = "../mnist/net.rs"]
@@ -45,13 +47,16 @@ enum Check {
     Overhead,
     /// The toy trainer on Ddp<Autodiff<Cuda>>, with the toy's flags.
     Toy(toy::ToyArgs),
+    /// The toy trainer on Ddp<Autodiff<FusedCuda>> (Burn's default fused backend).
+    ToyFused(toy::ToyArgs),
 }
 
 fn main() {
     toy::common::cli::init_logger();
     let mode = match <Check as clap::Parser>::parse() {
         Check::Overhead => return overhead(),
-        Check::Toy(args) => return toy_on_cuda(&args),
+        Check::Toy(args) => return toy_on_cuda::<burn_ddp::PlainCuda>(&args),
+        Check::ToyFused(args) => return toy_on_cuda::<burn_ddp::FusedCuda>(&args),
         Check::Nccl => "nccl",
         Check::Bench => "bench",
     };
@@ -229,6 +234,41 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{:?}", part.err()),
     );
 
+    // Burn's fused backend (burn-cuda's default): resolved to CUDA tensors for
+    // NCCL and registered back; the values must come through as on plain CUDA.
+    type Fused = burn_ddp::FusedCuda;
+    let fused = Tensor::<Fused, 1>::from_data(TensorData::new(values.clone(), [4096]), device)
+        .mul_scalar(1.0); // queued in the fusion stream, not yet run
+    let summed = burn_ddp::all_reduce(group, fused, ReduceOp::Sum).map(|t| t.into_data());
+    let fine = summed.as_ref().is_ok_and(|d| {
+        d.as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == i as f32 * factor)
+    });
+    all &= report(
+        group,
+        "fused_tensor_all_reduce_sum",
+        fine,
+        format!("{:?}", summed.err()),
+    );
+    let rows = Tensor::<Fused, 2>::from_data(TensorData::new(vec![rank; 6], [2, 3]), device);
+    let gathered = burn_ddp::all_gather(group, rows);
+    let fine = gathered.as_ref().is_ok_and(|parts| {
+        parts.len() == group.world_size()
+            && parts.iter().enumerate().all(|(r, p)| {
+                p.dims() == [2, 3]
+                    && p.clone().into_data().as_slice::<f32>().unwrap() == [r as f32; 6]
+            })
+    });
+    all &= report(
+        group,
+        "fused_tensor_all_gather",
+        fine,
+        format!("{:?}", gathered.err()),
+    );
+
     let barrier = comm.barrier();
     all &= report(
         group,
@@ -338,10 +378,10 @@ fn overhead() {
     );
 }
 
-/// The toy trainer on `Ddp<Autodiff<Cuda>>`, with the toy's flags.
-fn toy_on_cuda(args: &toy::ToyArgs) {
+/// The toy trainer on `Ddp<Autodiff<C>>` (plain or fused CUDA), with the toy's flags.
+fn toy_on_cuda<C: burn::tensor::backend::Backend<Device = CudaDevice>>(args: &toy::ToyArgs) {
     let env = burn_ddp::LaunchEnv::from_env().unwrap_or_else(|e| die(e));
     let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
         .unwrap_or_else(|e| die(e));
-    toy::train::<burn_ddp::Ddp<Autodiff<Cuda>>>(args, device);
+    toy::train::<burn_ddp::Ddp<Autodiff<C>>>(args, device);
 }

@@ -1,5 +1,10 @@
-//! CUDA tensors (Burn's `Cuda` backend, `CubeBackend<CudaRuntime>` without
-//! fusion) over NCCL.
+//! CUDA tensors over NCCL: Burn's `Cuda` backend plain (`CubeBackend<CudaRuntime>`)
+//! or fused (`Fusion<CubeBackend<CudaRuntime>>`, burn-cuda's default), under
+//! `Autodiff` or not.
+//!
+//! A fused tensor is first resolved to its CUDA tensor (burn-fusion drains the
+//! stream that computes it, the public path Burn's own collectives take), and
+//! the result is registered back with the same fusion client as a new tensor.
 //!
 //! Ordering with cubecl: before NCCL reads or writes a buffer we take the
 //! buffer (`get_resource`, which makes this thread's cubecl stream wait for
@@ -22,19 +27,71 @@ use burn::tensor::{BasicOps, Float, Int, Tensor, TensorPrimitive};
 use burn_autodiff::Autodiff;
 use burn_backend::backend::AutodiffBackend;
 use burn_backend::tensor::{FloatTensor, IntTensor};
+use burn_backend::TensorMetadata;
 use burn_backend::{DType, Shape};
+use burn_cubecl::fusion::FusionCubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use burn_ddp_comm::nccl::DeviceBuffer;
 use burn_ddp_comm::{CollectiveBackend, DType as WireDType};
+use burn_fusion::stream::OperationStreams;
+use burn_fusion::{Fusion, FusionTensor, NoOp};
+use burn_ir::{BackendIr, InitOperationIr, OperationIr, OperationOutput};
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 use std::any::Any;
 
 type CudaTensor = CubeTensor<CudaRuntime>;
 /// The float/int element types of Burn's `Cuda` alias.
 type CudaInner = CubeBackend<CudaRuntime, f32, i32, u8>;
+
+/// Burn's CUDA backend without fusion: what `burn::backend::Cuda` is when
+/// burn-cuda's `fusion` feature is off. Named so a program can pick either
+/// whatever features its Burn dependency enables; NCCL takes both.
+pub type PlainCuda = CudaInner;
+/// Burn's CUDA backend with fusion: what `burn::backend::Cuda` is with
+/// burn-cuda's default features (`burn = { features = ["cuda"] }`).
+pub type FusedCuda = Fusion<CudaInner>;
+/// A tensor of [`FusedCuda`] (float, int and bool primitives are all this type).
+type FusedTensor = FusionTensor<FusionCubeRuntime<CudaRuntime>>;
+
+/// Which kind of fused tensor is resolved (they are registered back alike).
+#[derive(Clone, Copy)]
+enum Kind {
+    Float,
+    Int,
+}
+
+/// The CUDA tensor behind a fused one, after everything queued to compute it
+/// ran, and the way back: a new fused tensor of the same client holding the
+/// (possibly new) CUDA tensor.
+fn unfuse(
+    tensor: FusedTensor,
+    kind: Kind,
+) -> (CudaTensor, Box<dyn FnOnce(CudaTensor) -> FusedTensor>) {
+    let client = tensor.client.clone();
+    let cuda = match kind {
+        Kind::Float => client.resolve_tensor_float::<CudaInner>(tensor),
+        Kind::Int => client.resolve_tensor_int::<CudaInner>(tensor),
+    };
+    let refuse = move |cuda: CudaTensor| {
+        let (shape, dtype) = (cuda.shape(), cuda.dtype());
+        let handle = match kind {
+            Kind::Float => <CudaInner as BackendIr>::float_tensor_handle(cuda),
+            Kind::Int => <CudaInner as BackendIr>::int_tensor_handle(cuda),
+        };
+        let init = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
+        client
+            .register(
+                OperationStreams::default(),
+                OperationIr::Init(init),
+                NoOp::<CudaInner>::new(),
+            )
+            .output()
+    };
+    (cuda, Box::new(refuse))
+}
 
 /// The GPU for the rank with index `local_rank` among `local_world_size` on
 /// its machine: `cuda:LOCAL_RANK`, wrapped around the visible GPUs. When ranks
@@ -264,22 +321,46 @@ fn try_cast<A: 'static, T: 'static>(value: A) -> std::result::Result<T, A> {
 
 type Wrap<T> = Box<dyn FnOnce(CudaTensor) -> T>;
 
-/// The CUDA tensor inside a float primitive of `B` (plain `Cuda`, or an autodiff
-/// tensor over it, as `Autodiff<Cuda>` and `Ddp<Autodiff<Cuda>>` use), and how
-/// to wrap a result the same way (an autodiff result is a fresh, untracked
-/// leaf, as after any collective).
+/// The CUDA tensor inside a float primitive of `B` (plain or fused `Cuda`, or
+/// an autodiff tensor over either, as `Autodiff<Cuda>` and `Ddp<Autodiff<Cuda>>`
+/// use), and how to wrap a result the same way (an autodiff result is a fresh,
+/// untracked leaf, as after any collective).
 #[allow(clippy::type_complexity)]
 fn float_to_cuda<B: Backend>(
     primitive: FloatTensor<B>,
-) -> std::result::Result<(CudaTensor, fn(CudaTensor) -> FloatTensor<B>), FloatTensor<B>> {
+) -> std::result::Result<(CudaTensor, Wrap<FloatTensor<B>>), FloatTensor<B>> {
     let primitive = match try_cast::<_, CudaTensor>(primitive) {
-        Ok(cuda) => return Ok((cuda, |cuda| cast(cuda))),
+        Ok(cuda) => return Ok((cuda, Box::new(cast))),
         Err(other) => other,
     };
-    match try_cast::<_, FloatTensor<Autodiff<CudaInner>>>(primitive) {
-        Ok(tracked) => Ok((tracked.primitive, |cuda| {
-            cast(<Autodiff<CudaInner> as AutodiffBackend>::from_inner(cuda))
-        })),
+    let primitive = match try_cast::<_, FusedTensor>(primitive) {
+        Ok(fused) => {
+            let (cuda, refuse) = unfuse(fused, Kind::Float);
+            return Ok((cuda, Box::new(move |cuda| cast(refuse(cuda)))));
+        }
+        Err(other) => other,
+    };
+    let primitive = match try_cast::<_, FloatTensor<Autodiff<CudaInner>>>(primitive) {
+        Ok(tracked) => {
+            return Ok((
+                tracked.primitive,
+                Box::new(|cuda| cast(<Autodiff<CudaInner> as AutodiffBackend>::from_inner(cuda))),
+            ))
+        }
+        Err(other) => other,
+    };
+    match try_cast::<_, FloatTensor<Autodiff<FusedCuda>>>(primitive) {
+        Ok(tracked) => {
+            let (cuda, refuse) = unfuse(tracked.primitive, Kind::Float);
+            Ok((
+                cuda,
+                Box::new(move |cuda| {
+                    cast(<Autodiff<FusedCuda> as AutodiffBackend>::from_inner(
+                        refuse(cuda),
+                    ))
+                }),
+            ))
+        }
         Err(other) => Err(other),
     }
 }
@@ -308,8 +389,15 @@ fn tensor_to_cuda<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     match try_cast::<_, Tensor<B, D, Int>>(tensor) {
         Ok(int) => {
             let rebuild = |p: IntTensor<B>| cast(Tensor::<B, D, Int>::from_primitive(p));
-            match try_cast::<_, CudaTensor>(int.into_primitive()) {
-                Ok(cuda) => Ok((cuda, Box::new(move |c| rebuild(cast(c))))),
+            let primitive = match try_cast::<_, CudaTensor>(int.into_primitive()) {
+                Ok(cuda) => return Ok((cuda, Box::new(move |c| rebuild(cast(c))))),
+                Err(p) => p,
+            };
+            match try_cast::<_, FusedTensor>(primitive) {
+                Ok(fused) => {
+                    let (cuda, refuse) = unfuse(fused, Kind::Int);
+                    Ok((cuda, Box::new(move |c| rebuild(cast(refuse(c))))))
+                }
                 Err(p) => Err(rebuild(p)),
             }
         }

@@ -1,16 +1,16 @@
 //! Collectives on tensors that live on a GPU: found at run time by the tensor's
 //! type, carried out over NCCL in place, so gradients never leave the device.
 //!
-//! Everything else (CPU backends, a build without the `cuda` feature, Burn's
-//! fusion backends, `BURN_DDP_BACKEND=tcp`) takes the host path: `into_data`,
-//! the host transports, `from_data`.
+//! Everything else (CPU backends, WebGPU, a build without the `cuda` feature,
+//! `BURN_DDP_BACKEND=tcp`) takes the host path: `into_data`, the host
+//! transports, `from_data`.
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod layout;
 
 #[cfg(feature = "cuda")]
-pub use cuda::cuda_device_for_rank;
+pub use cuda::{cuda_device_for_rank, FusedCuda, PlainCuda};
 
 use crate::{CommError, ProcessGroup, Reducer, Result};
 use burn::tensor::backend::Backend;
@@ -29,8 +29,8 @@ pub(crate) fn configured_backend(group: &ProcessGroup) -> Result<CollectiveBacke
 fn nccl_refused<P>(group: &ProcessGroup) -> CommError {
     let why = if cfg!(feature = "cuda") {
         format!(
-            "this tensor is not a CUDA tensor of Burn's Cuda backend (its primitive is {}; \
-             fusion backends are not supported, disable Burn's `fusion` feature)",
+            "this tensor is not a CUDA tensor of Burn's Cuda backend, plain or fused, with \
+             f32/i32 defaults (its primitive is {})",
             std::any::type_name::<P>()
         )
     } else {
