@@ -203,24 +203,44 @@ if [ "$GPUS" -gt 0 ]; then
   fi
 
   if fits "toy cuda world=1 over nccl"; then
-  code=$(BURN_DDP_BACKEND=nccl run toy1 55 "$BIN/burn-ddp-run" --standalone --nproc-per-node 1 \
-    "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
+  code=$(BURN_DDP_BACKEND=nccl run toy1 45 "$BIN/burn-ddp-run" --standalone --nproc-per-node 1 \
+    "$BIN/examples/gpu_check" toy --epochs 2 --loss-precision 9 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy1.log" "$code" gpu)"
   row "toy cuda world=1 over nccl" "$verdict" "$detail"
   fi
 
   # The same on Burn's fused CUDA backend (burn-cuda's default features).
   if fits "toy fused cuda world=1 over nccl"; then
-  code=$(BURN_DDP_BACKEND=nccl run toyfused 55 "$BIN/burn-ddp-run" --standalone \
-    --nproc-per-node 1 "$BIN/examples/gpu_check" toy-fused --epochs 2 --checkpoint-dir "$WORK")
+  code=$(BURN_DDP_BACKEND=nccl run toyfused 45 "$BIN/burn-ddp-run" --standalone \
+    --nproc-per-node 1 "$BIN/examples/gpu_check" toy-fused --epochs 2 --loss-precision 9 \
+    --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toyfused.log" "$code" gpu)"
   row "toy fused cuda world=1 over nccl" "$verdict" "$detail"
+  fi
+
+  # Both must train exactly as plain Autodiff<Cuda> does (losses to 1e-6).
+  if fits "toy over nccl = Autodiff<Cuda>"; then
+  code=$(run toyref 45 "$BIN/examples/gpu_check" toy-reference --epochs 2 --loss-precision 9 \
+    --checkpoint-dir "$WORK")
+  ref=$(grep -o 'Avg Loss: [0-9.e+-]*' "$WORK/toyref.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
+  if [ "$code" -ne 0 ] || [ -z "$ref" ]; then
+    row "toy over nccl = Autodiff<Cuda>" FAIL "reference exit $code; $(last_lines "$WORK/toyref.log")"
+  else
+    gaps=""
+    for log in toy1 toyfused; do
+      got=$(grep -o 'Avg Loss: [0-9.e+-]*' "$WORK/$log.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
+      gaps="$gaps $log=$(awk -v a="${got:-nan}" -v b="$ref" 'BEGIN { d = a - b; if (d < 0) d = -d; s = (b < 0 ? -b : b); if (s < 1e-12) s = 1e-12; if (a == "nan") print "missing"; else printf "%.2e", d / s }')"
+    done
+    worst=$(echo "$gaps" | tr ' ' '\n' | cut -d= -f2 | grep . | sort -g | tail -1)
+    ok=$(awk -v w="$worst" 'BEGIN { print (w != "missing" && w + 0 <= 1e-6) ? "PASS" : "FAIL" }')
+    row "toy over nccl = Autodiff<Cuda>" "$ok" "reference loss $ref; relative gaps$gaps"
+  fi
   fi
 
   if fits "toy cuda world=2 one gpu over tcp"; then
   # Both ranks on the first visible GPU (of an existing CUDA_VISIBLE_DEVICES, if set).
   first_gpu=${CUDA_VISIBLE_DEVICES:-0}
-  code=$(CUDA_VISIBLE_DEVICES=${first_gpu%%,*} BURN_DDP_BACKEND=tcp run toy2 55 \
+  code=$(CUDA_VISIBLE_DEVICES=${first_gpu%%,*} BURN_DDP_BACKEND=tcp run toy2 45 \
     "$BIN/burn-ddp-run" --standalone --nproc-per-node 2 "$BIN/examples/gpu_check" toy \
     --epochs 2 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy2.log" "$code" host)"
@@ -236,7 +256,7 @@ if [ "$GPUS" -gt 0 ]; then
     row "nccl world=$GPUS collectives" "$verdict" "$detail"
     }
     fits "toy cuda world=$GPUS over nccl" && {
-    code=$(run toyN 55 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$GPUS" \
+    code=$(run toyN 45 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$GPUS" \
       "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
     read -r verdict detail <<<"$(toy_verdict "$WORK/toyN.log" "$code" gpu)"
     row "toy cuda world=$GPUS over nccl" "$verdict" "$detail"
@@ -246,14 +266,14 @@ if [ "$GPUS" -gt 0 ]; then
   fi
 
   if fits "ddp overhead world=1"; then
-  code=$(run overhead 40 "$BIN/examples/gpu_check" overhead)
+  code=$(BURN_DDP_BACKEND=nccl run overhead 40 "$BIN/examples/gpu_check" overhead)
   ratio=$(awk '/^OVERHEAD/ { print $2 }' "$WORK/overhead.log")
   if [ "$code" -ne 0 ] || [ -z "$ratio" ]; then
     row "ddp overhead world=1" FAIL "exit $code; $(last_lines "$WORK/overhead.log")"
   else
     # A speed goal, not a correctness check: a miss is reported, not failed.
     goal=$(awk -v r="$ratio" 'BEGIN { print (r <= 1.03) ? "PASS" : "MISS" }')
-    row "ddp overhead world=1 (goal <= 1.03)" "$goal" "$(grep '^OVERHEAD' "$WORK/overhead.log" | cut -d' ' -f2-)"
+    row "ddp overhead world=1, nccl path (goal <= 1.03)" "$goal" "$(grep '^OVERHEAD' "$WORK/overhead.log" | cut -d' ' -f2-)"
   fi
   fi
 

@@ -49,6 +49,9 @@ enum Check {
     Toy(toy::ToyArgs),
     /// The toy trainer on Ddp<Autodiff<FusedCuda>> (Burn's default fused backend).
     ToyFused(toy::ToyArgs),
+    /// The toy trainer on plain Autodiff<Cuda>, no Ddp: the reference the two
+    /// above must equal at world size 1.
+    ToyReference(toy::ToyArgs),
 }
 
 fn main() {
@@ -57,6 +60,10 @@ fn main() {
         Check::Overhead => return overhead(),
         Check::Toy(args) => return toy_on_cuda::<burn_ddp::PlainCuda>(&args),
         Check::ToyFused(args) => return toy_on_cuda::<burn_ddp::FusedCuda>(&args),
+        Check::ToyReference(args) => {
+            let device = burn_ddp::cuda_device_for_rank(0, 1).unwrap_or_else(|e| die(e));
+            return toy::train::<Autodiff<burn_ddp::PlainCuda>>(&args, device);
+        }
         Check::Nccl => "nccl",
         Check::Bench => "bench",
     };
@@ -345,8 +352,12 @@ fn mnist_step<B: AutodiffBackend>(model: net::Net<B>, device: &B::Device) -> (ne
 }
 
 /// `Ddp<Autodiff<Cuda>>` against `Autodiff<Cuda>` at world size 1, steps
-/// interleaved so drift hits both alike; medians of 50 after 5 warm-ups.
+/// interleaved so drift hits both alike; medians of 50 after 5 warm-ups. With
+/// `BURN_DDP_BACKEND=nccl` (as the script runs it) the group makes every
+/// backward take the bucket path over NCCL even alone, so the figure includes
+/// it, not only the wrapper.
 fn overhead() {
+    let _group = burn_ddp::init_process_group().unwrap_or_else(|e| die(e));
     type Plain = Autodiff<Cuda>;
     type Wrapped = burn_ddp::Ddp<Autodiff<Cuda>>;
     let device = burn_ddp::cuda_device_for_rank(0, 1).unwrap_or_else(|e| die(e));
