@@ -200,13 +200,16 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{:?}", max.err()),
     );
 
-    let rows = Tensor::<Cuda, 2>::from_data(TensorData::new(vec![rank; 6], [2, 3]), device);
+    // Rank-2 tensors with a distinct value per element and a last dimension
+    // of 3 (not a power of two): a padded row or a misplaced element shows.
+    let distinct = |r: f32| -> Vec<f32> { (0..6).map(|i| r * 100.0 + i as f32).collect() };
+    let rows = Tensor::<Cuda, 2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
     let gathered = burn_ddp::all_gather(group, rows.clone());
     let fine = gathered.as_ref().is_ok_and(|parts| {
         parts.len() == group.world_size()
             && parts.iter().enumerate().all(|(r, p)| {
                 p.dims() == [2, 3]
-                    && p.clone().into_data().as_slice::<f32>().unwrap() == [r as f32; 6]
+                    && p.clone().into_data().as_slice::<f32>().unwrap() == distinct(r as f32)
             })
     });
     all &= report(
@@ -220,7 +223,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     let broadcast = burn_ddp::broadcast(group, rows, root).map(|t| t.into_data());
     let fine = broadcast
         .as_ref()
-        .is_ok_and(|d| d.as_slice::<f32>().unwrap() == [root as f32; 6]);
+        .is_ok_and(|d| d.as_slice::<f32>().unwrap() == distinct(root as f32));
     all &= report(
         group,
         "tensor_broadcast",
@@ -228,12 +231,19 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{:?}", broadcast.err()),
     );
 
+    // [2w, 3] of index + rank on each rank: rank r keeps rows 2r and 2r + 1 of
+    // the sum, world * index + w(w-1)/2.
     let w = group.world_size();
-    let tall = Tensor::<Cuda, 1>::from_data(TensorData::new(vec![1.0f32; 2 * w], [2 * w]), device);
+    let tall: Vec<f32> = (0..6 * w).map(|i| i as f32 + rank).collect();
+    let tall = Tensor::<Cuda, 2>::from_data(TensorData::new(tall, [2 * w, 3]), device);
     let part = burn_ddp::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
+    let offset = world * (world - 1.0) / 2.0;
+    let want: Vec<f32> = (6 * rank as usize..6 * rank as usize + 6)
+        .map(|i| world * i as f32 + offset)
+        .collect();
     let fine = part
         .as_ref()
-        .is_ok_and(|d| d.shape.to_vec() == [2] && d.as_slice::<f32>().unwrap() == [world; 2]);
+        .is_ok_and(|d| d.shape.to_vec() == [2, 3] && d.as_slice::<f32>().unwrap() == want);
     all &= report(
         group,
         "tensor_reduce_scatter",
