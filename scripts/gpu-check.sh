@@ -203,7 +203,7 @@ if [ "$GPUS" -gt 0 ]; then
   fi
 
   if fits "toy cuda world=1 over nccl"; then
-  code=$(BURN_DDP_BACKEND=nccl run toy1 45 "$BIN/burn-ddp-run" --standalone --nproc-per-node 1 \
+  code=$(BURN_DDP_BACKEND=nccl run toy1 40 "$BIN/burn-ddp-run" --standalone --nproc-per-node 1 \
     "$BIN/examples/gpu_check" toy --epochs 2 --loss-precision 9 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy1.log" "$code" gpu)"
   row "toy cuda world=1 over nccl" "$verdict" "$detail"
@@ -211,7 +211,7 @@ if [ "$GPUS" -gt 0 ]; then
 
   # The same on Burn's fused CUDA backend (burn-cuda's default features).
   if fits "toy fused cuda world=1 over nccl"; then
-  code=$(BURN_DDP_BACKEND=nccl run toyfused 45 "$BIN/burn-ddp-run" --standalone \
+  code=$(BURN_DDP_BACKEND=nccl run toyfused 40 "$BIN/burn-ddp-run" --standalone \
     --nproc-per-node 1 "$BIN/examples/gpu_check" toy-fused --epochs 2 --loss-precision 9 \
     --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toyfused.log" "$code" gpu)"
@@ -220,7 +220,7 @@ if [ "$GPUS" -gt 0 ]; then
 
   # Both must train exactly as plain Autodiff<Cuda> does (losses to 1e-6).
   if fits "toy over nccl = Autodiff<Cuda>"; then
-  code=$(run toyref 45 "$BIN/examples/gpu_check" toy-reference --epochs 2 --loss-precision 9 \
+  code=$(run toyref 40 "$BIN/examples/gpu_check" toy-reference --epochs 2 --loss-precision 9 \
     --checkpoint-dir "$WORK")
   ref=$(grep -o 'Avg Loss: [0-9.e+-]*' "$WORK/toyref.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
   if [ "$code" -ne 0 ] || [ -z "$ref" ]; then
@@ -240,11 +240,26 @@ if [ "$GPUS" -gt 0 ]; then
   if fits "toy cuda world=2 one gpu over tcp"; then
   # Both ranks on the first visible GPU (of an existing CUDA_VISIBLE_DEVICES, if set).
   first_gpu=${CUDA_VISIBLE_DEVICES:-0}
-  code=$(CUDA_VISIBLE_DEVICES=${first_gpu%%,*} BURN_DDP_BACKEND=tcp run toy2 45 \
+  code=$(CUDA_VISIBLE_DEVICES=${first_gpu%%,*} BURN_DDP_BACKEND=tcp run toy2 40 \
     "$BIN/burn-ddp-run" --standalone --nproc-per-node 2 "$BIN/examples/gpu_check" toy \
-    --epochs 2 --checkpoint-dir "$WORK")
+    --epochs 2 --batch-size 64 --loss-precision 9 --checkpoint-dir "$WORK")
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy2.log" "$code" host)"
   row "toy cuda world=2 one gpu over tcp" "$verdict" "$detail"
+  fi
+
+  # 2 ranks x 64 must train as 1 rank x 128 (losses to 1e-5: the sums differ in order).
+  if fits "toy world=2 = world 1, twice the batch"; then
+  code=$(run toyref2 40 "$BIN/examples/gpu_check" toy-reference --epochs 2 --batch-size 128 \
+    --loss-precision 9 --checkpoint-dir "$WORK")
+  ref=$(grep -o 'Avg Loss: [0-9.e+-]*' "$WORK/toyref2.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
+  got=$(grep -o 'Avg Loss: [0-9.e+-]*' "$WORK/toy2.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
+  if [ "$code" -ne 0 ] || [ -z "$ref" ] || [ -z "$got" ]; then
+    row "toy world=2 = world 1, twice the batch" FAIL "reference exit $code; $(last_lines "$WORK/toyref2.log")"
+  else
+    gap=$(awk -v a="$got" -v b="$ref" 'BEGIN { d = a - b; if (d < 0) d = -d; s = (b < 0 ? -b : b); if (s < 1e-12) s = 1e-12; printf "%.2e", d / s }')
+    ok=$(awk -v g="$gap" 'BEGIN { print (g + 0 <= 1e-5) ? "PASS" : "FAIL" }')
+    row "toy world=2 = world 1, twice the batch" "$ok" "2x64 loss $got, 1x128 loss $ref, relative gap $gap"
+  fi
   fi
 
   if [ "$GPUS" -ge 2 ]; then
@@ -256,7 +271,7 @@ if [ "$GPUS" -gt 0 ]; then
     row "nccl world=$GPUS collectives" "$verdict" "$detail"
     }
     fits "toy cuda world=$GPUS over nccl" && {
-    code=$(run toyN 45 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$GPUS" \
+    code=$(run toyN 40 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$GPUS" \
       "$BIN/examples/gpu_check" toy --epochs 2 --checkpoint-dir "$WORK")
     read -r verdict detail <<<"$(toy_verdict "$WORK/toyN.log" "$code" gpu)"
     row "toy cuda world=$GPUS over nccl" "$verdict" "$detail"
@@ -279,9 +294,9 @@ if [ "$GPUS" -gt 0 ]; then
 
   BENCH_RANKS=$GPUS
   if fits "bucket all-reduce timings"; then
-  code=$(BURN_DDP_BACKEND=nccl run bench 50 "$BIN/burn-ddp-run" --standalone \
+  code=$(BURN_DDP_BACKEND=nccl run bench 40 "$BIN/burn-ddp-run" --standalone \
     --nproc-per-node "$BENCH_RANKS" "$BIN/examples/gpu_check" bench)
-  if [ "$code" -eq 0 ] && grep -q '^TABLE | 256 MiB' "$WORK/bench.log"; then
+  if [ "$code" -eq 0 ] && grep -q '^TABLE | 1024 MiB' "$WORK/bench.log"; then
     row "bucket all-reduce timings" PASS "world=$BENCH_RANKS, table below"
     # Goal with several GPUs: the bucket path keeps >= 90% of NCCL's bus
     # bandwidth from 25 MiB up, i.e. path/NCCL time <= 1/0.9.

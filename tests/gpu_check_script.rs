@@ -45,7 +45,8 @@ bench)
   echo "TABLE | size | NCCL ms | bucket path ms | path / NCCL | NCCL busbw GB/s | path busbw GB/s |"
   echo "TABLE | 1 MiB | 0.05 | 0.20 | 4.00 | 30.0 | 7.5 |"
   echo "TABLE | 25 MiB | 0.50 | 0.52 | 1.04 | 80.0 | 76.9 |"
-  echo "TABLE | 256 MiB | 4.00 | 4.10 | 1.03 | 100.0 | 97.6 |";;
+  echo "TABLE | 256 MiB | 4.00 | 4.10 | 1.03 | 100.0 | 97.6 |"
+  echo "TABLE | 1024 MiB | 16.00 | 16.30 | 1.02 | 100.0 | 98.2 |";;
 toy-reference) echo "Epoch 2/2, Avg Loss: 1.211700000"; echo "Training complete.";;
 toy|toy-fused)
   [ "$RANK" = 0 ] || exit 0
@@ -114,6 +115,7 @@ fn two_gpus_run_every_row_and_judge_the_goals() {
         "toy fused cuda world=1 over nccl",
         "toy over nccl = Autodiff<Cuda>",
         "toy cuda world=2 one gpu over tcp",
+        "toy world=2 = world 1, twice the batch",
         "nccl world=2 collectives",
         "toy cuda world=2 over nccl",
         "ddp overhead world=1",

@@ -2,7 +2,7 @@
 //!
 //! `gpu_check nccl` checks NCCL collectives on device buffers for correctness,
 //! in a world of any size (one GPU per rank). `gpu_check bench` times bucket
-//! all-reduces from 1 MiB to 256 MiB: straight NCCL on a device buffer against
+//! all-reduces from 1 MiB to 1 GiB: straight NCCL on a device buffer against
 //! the path gradients take (a CUDA tensor through `burn_ddp::all_reduce`).
 //! `gpu_check overhead` times an MNIST CNN training step on `Autodiff<Cuda>`
 //! against `Ddp<Autodiff<Cuda>>` at world size 1. `gpu_check toy [FLAGS]` is
@@ -306,7 +306,7 @@ fn bench(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> 
     if group.is_main() {
         println!("TABLE | size | NCCL ms | bucket path ms | path / NCCL | NCCL busbw GB/s | path busbw GB/s |");
     }
-    for mib in [1usize, 4, 16, 25, 64, 128, 256] {
+    for mib in [1usize, 4, 16, 25, 64, 128, 256, 1024] {
         let n = mib * (1 << 20) / 4;
         let iters = (400 / mib).clamp(5, 50);
         let data = raw.upload(&vec![1.0f32; n]);
