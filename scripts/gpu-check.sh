@@ -314,13 +314,16 @@ if [ "$GPUS" -gt 0 ]; then
 fi
 
 # --- Verdict -----------------------------------------------------------------
+verdict_table() {
+  echo "| check | verdict | detail |"
+  echo "| --- | --- | --- |"
+  for r in "${ROWS[@]}"; do
+    IFS='|' read -r name verdict detail <<<"$r"
+    echo "| $name | $verdict | $detail |"
+  done
+}
 echo
-echo "| check | verdict | detail |"
-echo "| --- | --- | --- |"
-for r in "${ROWS[@]}"; do
-  IFS='|' read -r name verdict detail <<<"$r"
-  echo "| $name | $verdict | $detail |"
-done
+verdict_table
 if [ -f "$WORK/bench.log" ]; then
   echo
   echo "Bucket all-reduce (mean), world=${BENCH_RANKS:-0}; busbw = bytes/time x 2(n-1)/n:"
@@ -329,14 +332,7 @@ fi
 echo
 echo "Took $SECONDS s of the ${BUDGET} s budget."
 if [ -n "$OUT_DIR" ]; then
-  {
-    echo "| check | verdict | detail |"
-    echo "| --- | --- | --- |"
-    for r in "${ROWS[@]}"; do
-      IFS='|' read -r name verdict detail <<<"$r"
-      echo "| $name | $verdict | $detail |"
-    done
-  } >"$OUT_DIR/verdict.md"
+  verdict_table >"$OUT_DIR/verdict.md"
   cp "$WORK"/*.log "$OUT_DIR"/ 2>/dev/null || true
 fi
 for log in "$WORK"/*.log; do

@@ -170,13 +170,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     let tensor = Tensor::<Cuda, 1>::from_data(TensorData::new(values.clone(), [4096]), device);
     let summed = burn_ddp::all_reduce(group, tensor, ReduceOp::Sum).map(|t| t.into_data());
     let factor = world * (world + 1.0) / 2.0;
-    let fine = summed.as_ref().is_ok_and(|d| {
-        d.as_slice::<f32>()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .all(|(i, v)| *v == i as f32 * factor)
-    });
+    let fine = is_scaled_index(&summed, factor);
     all &= report(
         group,
         "tensor_all_reduce_sum",
@@ -205,13 +199,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     let distinct = |r: f32| -> Vec<f32> { (0..6).map(|i| r * 100.0 + i as f32).collect() };
     let rows = Tensor::<Cuda, 2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
     let gathered = burn_ddp::all_gather(group, rows.clone());
-    let fine = gathered.as_ref().is_ok_and(|parts| {
-        parts.len() == group.world_size()
-            && parts.iter().enumerate().all(|(r, p)| {
-                p.dims() == [2, 3]
-                    && p.clone().into_data().as_slice::<f32>().unwrap() == distinct(r as f32)
-            })
-    });
+    let fine = is_gathered(&gathered, group.world_size(), distinct);
     all &= report(
         group,
         "tensor_all_gather",
@@ -257,28 +245,16 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     let fused = Tensor::<Fused, 1>::from_data(TensorData::new(values.clone(), [4096]), device)
         .mul_scalar(1.0); // queued in the fusion stream, not yet run
     let summed = burn_ddp::all_reduce(group, fused, ReduceOp::Sum).map(|t| t.into_data());
-    let fine = summed.as_ref().is_ok_and(|d| {
-        d.as_slice::<f32>()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .all(|(i, v)| *v == i as f32 * factor)
-    });
+    let fine = is_scaled_index(&summed, factor);
     all &= report(
         group,
         "fused_tensor_all_reduce_sum",
         fine,
         format!("{:?}", summed.err()),
     );
-    let rows = Tensor::<Fused, 2>::from_data(TensorData::new(vec![rank; 6], [2, 3]), device);
+    let rows = Tensor::<Fused, 2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
     let gathered = burn_ddp::all_gather(group, rows);
-    let fine = gathered.as_ref().is_ok_and(|parts| {
-        parts.len() == group.world_size()
-            && parts.iter().enumerate().all(|(r, p)| {
-                p.dims() == [2, 3]
-                    && p.clone().into_data().as_slice::<f32>().unwrap() == [r as f32; 6]
-            })
-    });
+    let fine = is_gathered(&gathered, group.world_size(), distinct);
     all &= report(
         group,
         "fused_tensor_all_gather",
@@ -294,6 +270,33 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{barrier:?}"),
     );
     all
+}
+
+/// Whether a summed result holds `index * factor` at every index.
+fn is_scaled_index(summed: &burn_ddp::Result<TensorData>, factor: f32) -> bool {
+    summed.as_ref().is_ok_and(|d| {
+        d.as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == i as f32 * factor)
+    })
+}
+
+/// Whether `all_gather` returned every rank's `[2, 3]` tensor, rank `r`'s
+/// holding `expected(r)`.
+fn is_gathered<B: burn::tensor::backend::Backend>(
+    gathered: &burn_ddp::Result<Vec<Tensor<B, 2>>>,
+    world: usize,
+    expected: impl Fn(f32) -> Vec<f32>,
+) -> bool {
+    gathered.as_ref().is_ok_and(|parts| {
+        parts.len() == world
+            && parts.iter().enumerate().all(|(r, p)| {
+                p.dims() == [2, 3]
+                    && p.clone().into_data().as_slice::<f32>().unwrap() == expected(r as f32)
+            })
+    })
 }
 
 /// Times one bucket all-reduce (mean) per size, over `iters` rounds after a

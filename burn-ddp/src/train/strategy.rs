@@ -94,15 +94,20 @@ impl DdpLearningStrategy {
         lengths
     }
 
-    /// The per-iteration vote: how many ranks have a batch and how many were
-    /// interrupted.
-    fn vote(&self, has_batch: bool, interrupted: bool) -> (usize, usize) {
-        let mut ballot = [has_batch as i64, interrupted as i64];
+    /// How many ranks say yes to each of two questions (one small all-reduce).
+    fn count_yes(&self, what: &str, first: bool, second: bool) -> (usize, usize) {
+        let mut ballot = [first as i64, second as i64];
         self.ddp
             .group
             .all_reduce(&mut ballot, ReduceOp::Sum)
-            .unwrap_or_else(|err| self.fail("agreeing on the next iteration", err));
+            .unwrap_or_else(|err| self.fail(what, err));
         (ballot[0] as usize, ballot[1] as usize)
+    }
+
+    /// The per-iteration vote: how many ranks have a batch and how many were
+    /// interrupted.
+    fn vote(&self, has_batch: bool, interrupted: bool) -> (usize, usize) {
+        self.count_yes("agreeing on the next iteration", has_batch, interrupted)
     }
 
     fn train_epoch<LC: LearningComponentsTypes>(
@@ -225,12 +230,12 @@ impl DdpLearningStrategy {
 
     /// Rank 0's early-stopping decision and anyone's interrupt, known to all.
     fn agree_to_stop(&self, early_stop_on_main: bool, interrupted: bool) -> (bool, bool) {
-        let mut ballot = [early_stop_on_main as i64, interrupted as i64];
-        self.ddp
-            .group
-            .all_reduce(&mut ballot, ReduceOp::Sum)
-            .unwrap_or_else(|err| self.fail("agreeing on early stopping", err));
-        (ballot[0] > 0, ballot[1] > 0)
+        let (stop, interrupted) = self.count_yes(
+            "agreeing on early stopping",
+            early_stop_on_main,
+            interrupted,
+        );
+        (stop > 0, interrupted > 0)
     }
 
     /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
