@@ -257,6 +257,17 @@ impl DdpLearningStrategy {
     }
 }
 
+/// This rank's device: where the model was built, not the backend's default
+/// (`cuda:0` for every rank).
+fn device_of<LC: LearningComponentsTypes>(learner: &Learner<LC>) -> DeviceOf<LC> {
+    learner
+        .model()
+        .devices()
+        .into_iter()
+        .next()
+        .unwrap_or_default()
+}
+
 fn describe(lengths: &[usize]) -> String {
     lengths
         .iter()
@@ -287,14 +298,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
                 self.rank()
             );
         }
-        // This rank's device is where the model was built, not the backend's
-        // default (cuda:0 for every rank).
-        let device: DeviceOf<LC> = learner
-            .model()
-            .devices()
-            .into_iter()
-            .next()
-            .unwrap_or_default();
+        let device = device_of(&learner);
         let starting_epoch = match components.checkpoint {
             Some(epoch) => {
                 if let Some(checkpointer) = &mut components.checkpointer {
@@ -345,12 +349,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         dataloader_valid: ValidLoader<LC>,
         starting_epoch: usize,
     ) -> (TrainingModel<LC>, SupervisedTrainingEventProcessor<LC>) {
-        let device: DeviceOf<LC> = learner
-            .model()
-            .devices()
-            .into_iter()
-            .next()
-            .unwrap_or_default();
+        let device = device_of(&learner);
         let dataloader_train = dataloader_train.to_device(&device);
         let dataloader_valid = dataloader_valid.to_device(device.inner());
         learner.fork(&device);
