@@ -59,6 +59,9 @@ pub use burn_ddp_comm::{
 pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
 pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum};
+#[doc(hidden)]
+#[cfg(feature = "cuda")]
+pub use device::nccl_view;
 #[cfg(feature = "cuda")]
 pub use device::{cuda_device_for_rank, FusedCuda, PlainCuda};
 pub use global::{default_group, destroy_process_group, init_process_group};

@@ -239,6 +239,43 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{:?}", part.err()),
     );
 
+    // The device-pointer round trip: the bytes at the address a collective
+    // hands NCCL, copied back, must be the tensor's values in order, for a
+    // fresh tensor, a slice, a transposed view and a concatenated bucket of
+    // rank-2 tensors (defects of a pitched or strided buffer show here even
+    // with one rank).
+    let grid: Vec<f32> = (0..15).map(|i| i as f32 + 0.5).collect();
+    let fresh = Tensor::<Cuda, 2>::from_data(TensorData::new(grid, [3, 5]), device);
+    let cases = [
+        ("fresh", fresh.clone()),
+        ("slice", fresh.clone().slice([1..3, 1..4])),
+        ("transposed", fresh.clone().transpose()),
+        (
+            "bucket",
+            Tensor::cat(
+                vec![fresh.clone(), fresh.clone().transpose().reshape([3, 5])],
+                0,
+            ),
+        ),
+    ];
+    for (name, tensor) in cases {
+        let want: Vec<f32> = tensor.clone().into_data().to_vec::<f32>().unwrap();
+        let seen = burn_ddp::nccl_view(group, tensor).map(|bytes| {
+            bytes.map(|b| {
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect::<Vec<f32>>()
+            })
+        });
+        let fine = matches!(&seen, Ok(Some(values)) if *values == want);
+        all &= report(
+            group,
+            &format!("device_pointer_round_trip_{name}"),
+            fine,
+            format!("want {want:?}, NCCL would see {seen:?}"),
+        );
+    }
+
     // Burn's fused backend (burn-cuda's default): resolved to CUDA tensors for
     // NCCL and registered back; the values must come through as on plain CUDA.
     type Fused = burn_ddp::FusedCuda;

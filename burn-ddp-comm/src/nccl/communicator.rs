@@ -248,6 +248,24 @@ impl NcclCommunicator {
         unsafe { self.all_reduce(scratch, ReduceOp::Sum) }
     }
 
+    /// Copies `buffer`'s bytes back to the host, in the order NCCL reads them:
+    /// a diagnostic for the GPU check (is the address handed to NCCL the
+    /// tensor's values, packed?).
+    ///
+    /// # Safety
+    /// `buffer` must be a live allocation on this communicator's GPU of at
+    /// least `len` elements, not written meanwhile.
+    pub unsafe fn read_back(&self, buffer: DeviceBuffer) -> Result<Vec<u8>> {
+        self.ctx.bind_to_thread().map_err(|e| {
+            self.device(format!("read_back: cannot use cuda:{}: {e}", self.ordinal))
+        })?;
+        let mut bytes = vec![0u8; buffer.len * buffer.dtype.size()];
+        // SAFETY: the caller vouches for the allocation; the copy is synchronous.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut bytes, buffer.ptr) }
+            .map_err(|e| self.device(format!("read_back: copying from the device failed: {e}")))?;
+        Ok(bytes)
+    }
+
     fn invalid(&self, message: String) -> CommError {
         CommError::InvalidArgument {
             rank: self.rank,

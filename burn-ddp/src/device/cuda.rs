@@ -203,6 +203,30 @@ pub(crate) fn tensor_collective<B: Backend, const D: usize, K: BasicOps<B> + 'st
     Ok(Ok(wrap(result)))
 }
 
+/// The bytes at the device address an in-place collective (`all_reduce`,
+/// `broadcast`, a gradient bucket) would hand NCCL for `tensor`, copied back:
+/// for the GPU check, which compares them with the tensor's values. `None`
+/// when the tensor is not a CUDA tensor or the group does not use NCCL.
+#[doc(hidden)]
+pub fn nccl_view<B: Backend, const D: usize>(
+    group: &ProcessGroup,
+    tensor: Tensor<B, D>,
+) -> Result<Option<Vec<u8>>> {
+    let backend = super::configured_backend(group)?;
+    let Ok((cuda, _wrap)) = tensor_to_cuda(tensor) else {
+        return Ok(None);
+    };
+    let Some(comm) = group.nccl_communicator(cuda.device.index, backend)? else {
+        return Ok(None);
+    };
+    let data = writable(cuda);
+    let pinned = pin(group.rank(), &data)?;
+    // SAFETY: `pin` waited for every write and holds the allocation while we read.
+    let bytes = unsafe { comm.read_back(pinned.buffer)? };
+    drop(pinned);
+    Ok(Some(bytes))
+}
+
 /// A device buffer for NCCL, with the allocation held until it is dropped.
 struct Pinned<Alive> {
     buffer: DeviceBuffer,

@@ -10,7 +10,7 @@ pub(crate) mod cuda;
 mod layout;
 
 #[cfg(feature = "cuda")]
-pub use cuda::{cuda_device_for_rank, FusedCuda, PlainCuda};
+pub use cuda::{cuda_device_for_rank, nccl_view, FusedCuda, PlainCuda};
 
 use crate::{CommError, ProcessGroup, Reducer, Result};
 use burn::tensor::backend::Backend;
