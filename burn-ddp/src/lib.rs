@@ -31,6 +31,9 @@
 //! Launch it with `burn-ddp-run --standalone --nproc-per-node 2 PROGRAM`
 //! (or torchrun, `mpirun`, `srun`); run alone, it is a world of one.
 //!
+//! Training through Burn's Learner instead of a hand-written loop: enable the
+//! `train` feature and see the `train` module (`.ddp(&ddp)` on `SupervisedTraining`).
+//!
 //! Layers: `burn-ddp-comm` (environment, store, transports, process group,
 //! reducer) knows nothing of Burn; this crate adds collectives on tensors, the
 //! `Ddp<B>` backend, model wrapping and data sharding.
