@@ -10,8 +10,11 @@ pub enum BackendChoice {
     Flex,
     /// Burn's NdArray (its transposed convolution is slow).
     Ndarray,
-    /// Burn's Cuda, one GPU per local rank (needs the `cuda` feature).
+    /// Burn's Cuda without fusion, one GPU per local rank (needs the `cuda` feature).
     Cuda,
+    /// Burn's fused Cuda (what `burn::backend::Cuda` is with Burn's default
+    /// features), one GPU per local rank (needs the `cuda` feature).
+    CudaFused,
 }
 
 /// A clap value parser for counts that must be at least 1.

@@ -7,7 +7,8 @@ pub mod cli;
 pub mod run_config;
 
 /// Calls `$train::<B>(&args, device)` with the `Ddp` backend that `--backend`
-/// names: flex, ndarray, or cuda (one GPU per local rank) with the cuda feature.
+/// names: flex, ndarray, or cuda / cuda-fused (one GPU per local rank) with the
+/// cuda feature.
 #[allow(unused_macros)]
 macro_rules! run_on_backend {
     ($args:expr, $train:ident) => {{
@@ -18,17 +19,21 @@ macro_rules! run_on_backend {
             BackendChoice::Flex => $train::<Ddp<Autodiff<Flex>>>(&$args, Default::default()),
             BackendChoice::Ndarray => $train::<Ddp<Autodiff<NdArray>>>(&$args, Default::default()),
             #[cfg(feature = "cuda")]
-            BackendChoice::Cuda => {
+            BackendChoice::Cuda | BackendChoice::CudaFused => {
                 // cuda:LOCAL_RANK, as `torch.cuda.set_device(local_rank)`.
                 let env = burn_ddp::LaunchEnv::from_env().unwrap_or_else(|e| common::fail(None, e));
                 let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
                     .unwrap_or_else(|e| common::fail(Some(env.rank), e));
-                $train::<Ddp<Autodiff<burn::backend::Cuda>>>(&$args, device)
+                if $args.backend == BackendChoice::Cuda {
+                    $train::<Ddp<Autodiff<burn_ddp::PlainCuda>>>(&$args, device)
+                } else {
+                    $train::<Ddp<Autodiff<burn_ddp::FusedCuda>>>(&$args, device)
+                }
             }
             #[cfg(not(feature = "cuda"))]
-            BackendChoice::Cuda => common::fail(
+            BackendChoice::Cuda | BackendChoice::CudaFused => common::fail(
                 None,
-                "--backend cuda: this binary was built without CUDA; rebuild with --features cuda",
+                "--backend cuda or cuda-fused: this binary was built without CUDA; rebuild with --features cuda",
             ),
         }
     }};

@@ -86,7 +86,7 @@ pub struct MnistArgs {
     /// Where rank 0 saves the final model (.mpk) and its configuration (.config.json).
     #[arg(long, default_value = "mnist_ddp")]
     output: PathBuf,
-    /// Backend: flex (fast CPU), ndarray (slow convolutions), or cuda with the cuda feature.
+    /// Backend: flex (fast CPU), ndarray (slow convolutions), or cuda / cuda-fused with the cuda feature.
     #[arg(long, value_enum, default_value = "flex")]
     backend: BackendChoice,
     /// Train through Burn's Learner (SupervisedTraining) instead of the hand-written loop.
