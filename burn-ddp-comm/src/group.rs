@@ -1017,9 +1017,12 @@ fn join(store: &dyn Store, env: &LaunchEnv, prefix: &str) -> Result<()> {
             Err(err @ CommError::Store { .. }) => format!("; then {err}"),
             Err(err) => return Err(err),
         };
+        // A later rank counts as missing unless the store says it joined: when
+        // the store's host timed out at the same moment and exited, nobody can
+        // tell, and the ranks that had not joined by then are the likely cause.
         let mut missing = vec![first_missing];
         for (rank, later) in key_refs.iter().enumerate().skip(first_missing + 1) {
-            if let Ok(false) = store.check(&[later]) {
+            if !matches!(store.check(&[later]), Ok(true)) {
                 missing.push(rank);
             }
         }
