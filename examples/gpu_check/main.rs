@@ -165,6 +165,21 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{done:?}, first bad index {bad:?}"),
     );
 
+    // In place with a scale NCCL applies itself (pre-multiplied sum): the data
+    // must change even in a world of one, so an in-place call that does
+    // nothing fails here.
+    let data = raw.upload(&input);
+    // SAFETY: our buffer, uploaded and synchronised, alive until the end.
+    let done = unsafe { comm.all_reduce_scaled(raw.buffer(&data), 0.5) };
+    let out = raw.download(&data);
+    let bad = (0..n).find(|&i| out[i] != 0.5 * expect_sum(i));
+    all &= report(
+        group,
+        "nccl_premul_sum_in_place",
+        done.is_ok() && bad.is_none(),
+        format!("{n} f32 in place, scale 0.5, {done:?}, first bad index {bad:?}"),
+    );
+
     // The tensor path: a CUDA tensor (Burn's memory) reduced in place.
     let values: Vec<f32> = (0..4096).map(|i| i as f32 * (rank + 1.0)).collect();
     let tensor = Tensor::<Cuda, 1>::from_data(TensorData::new(values.clone(), [4096]), device);

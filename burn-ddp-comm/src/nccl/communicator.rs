@@ -162,6 +162,59 @@ impl NcclCommunicator {
         })
     }
 
+    /// `data` ← the sum over ranks of `scale` × each rank's `data`, in place,
+    /// with NCCL's pre-multiplied sum (`ncclRedOpCreatePreMulSum`, NCCL 2.11+).
+    /// NCCL applies the scale itself, so even a world of one changes the data:
+    /// the GPU check uses it to prove an in-place collective wrote its buffer.
+    /// f32 and f64 only.
+    ///
+    /// # Safety
+    /// As [`Self::all_reduce`].
+    pub unsafe fn all_reduce_scaled(&self, data: DeviceBuffer, scale: f64) -> Result<()> {
+        let mut scale_f32 = scale as f32;
+        let mut scale_f64 = scale;
+        let scalar: *mut std::ffi::c_void = match data.dtype {
+            DType::F32 => (&mut scale_f32 as *mut f32).cast(),
+            DType::F64 => (&mut scale_f64 as *mut f64).cast(),
+            other => {
+                return Err(self.invalid(format!(
+                    "all_reduce_scaled takes f32 or f64 buffers, not {other:?}"
+                )))
+            }
+        };
+        self.run("all_reduce_scaled", |comm, stream| unsafe {
+            // NCCL numbers user operations from ncclNumOps; cudarc types the
+            // handle as an enum that ends there, so it is received as an int
+            // and used only when it is that first value (it is, as long as each
+            // operation is destroyed before the next is made, as here).
+            let mut raw: i32 = -1;
+            nsys::ncclRedOpCreatePreMulSum(
+                (&mut raw as *mut i32).cast::<nsys::ncclRedOp_t>(),
+                scalar,
+                data_type(data.dtype),
+                nsys::ncclScalarResidence_t::ncclScalarHostImmediate,
+                comm,
+            )
+            .result()?;
+            if raw != nsys::ncclRedOp_t::ncclNumOps as i32 {
+                return Err(nccl::NcclError(nsys::ncclResult_t::ncclInternalError));
+            }
+            let op = nsys::ncclRedOp_t::ncclNumOps;
+            let enqueued = nccl::all_reduce(
+                data.ptr as *const _,
+                data.ptr as *mut _,
+                data.len,
+                data_type(data.dtype),
+                op,
+                comm,
+                stream,
+            );
+            // An operation may be destroyed once the calls using it are enqueued.
+            nsys::ncclRedOpDestroy(op, comm).result()?;
+            enqueued
+        })
+    }
+
     /// Every rank's `send` side by side, in rank order, into `recv`
     /// (`world_size` times as long).
     ///
