@@ -104,7 +104,8 @@ else
 fi
 row "libnccl" "$([ -n "$NCCL" ] && echo PASS || echo FAIL)" "${NCCL:-not found; install NCCL 2.18+ (pip: nvidia-nccl-cu13)}"
 
-# NCCL's version from the library itself (ncclAvg, used for averaging, needs 2.10).
+# NCCL's version from the library itself: averaging uses ncclAvg (2.10), the
+# in-place check a pre-multiplied sum (2.11).
 if [ -n "$NCCL" ]; then
   NCCL_CODE=$(python3 -c '
 import ctypes, sys
@@ -113,10 +114,10 @@ print(v.value if lib.ncclGetVersion(ctypes.byref(v)) == 0 else "")' "${NCCL%% *}
   if [ -n "$NCCL_CODE" ]; then
     major=$((NCCL_CODE / 10000)); minor=$((NCCL_CODE / 100 % 100)); patch=$((NCCL_CODE % 100))
     if [ "$NCCL_CODE" -lt 10000 ]; then major=$((NCCL_CODE / 1000)); minor=$((NCCL_CODE / 100 % 10)); fi
-    ok=$([ "$major" -gt 2 ] || { [ "$major" -eq 2 ] && [ "$minor" -ge 10 ]; } && echo PASS || echo FAIL)
-    row "nccl version (>= 2.10)" "$ok" "$major.$minor.$patch"
+    ok=$([ "$major" -gt 2 ] || { [ "$major" -eq 2 ] && [ "$minor" -ge 11 ]; } && echo PASS || echo FAIL)
+    row "nccl version (>= 2.11)" "$ok" "$major.$minor.$patch"
   else
-    row "nccl version (>= 2.10)" SKIP "could not read it from the library (python3 ctypes, ncclGetVersion)"
+    row "nccl version (>= 2.11)" SKIP "could not read it from the library (python3 ctypes, ncclGetVersion)"
   fi
 fi
 
