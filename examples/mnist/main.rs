@@ -77,8 +77,13 @@ pub struct MnistArgs {
     #[arg(long = "test-batch-size", visible_alias = "test_batch_size", default_value_t = 1000,
           value_parser = positive)]
     test_batch_size: usize,
-    /// Stop each epoch after N steps (quick runs).
-    #[arg(long = "max-steps", visible_alias = "max_steps", value_name = "N")]
+    /// Stop each epoch after N steps (quick runs; hand-written loop only).
+    #[arg(
+        long = "max-steps",
+        visible_alias = "max_steps",
+        value_name = "N",
+        conflicts_with = "learner"
+    )]
     max_steps: Option<usize>,
     /// Seed of the initial model and the shuffle.
     #[arg(long, default_value_t = 0)]
