@@ -95,6 +95,44 @@ pub(crate) struct MetricTotals {
 }
 
 impl MetricTotals {
+    /// Keeps only the earlier run's figures of epochs before `starting_epoch`
+    /// (a fresh run keeps none, a run resumed after epoch n keeps 1..=n), and
+    /// on rank 0 rewrites [`GLOBAL_METRICS_FILE`] to match, so the file and
+    /// the store hold one figure per epoch, split and metric.
+    pub(crate) fn start_at(&self, starting_epoch: usize, directory: &Path, main: bool) {
+        let kept: Vec<(Key, (f64, u64))> = {
+            let mut totals = self.totals.lock().unwrap();
+            totals
+                .global
+                .retain(|(epoch, _, _), _| *epoch < starting_epoch);
+            totals.global.iter().map(|(k, v)| (k.clone(), *v)).collect()
+        };
+        let path = directory.join(GLOBAL_METRICS_FILE);
+        if !main || !path.exists() {
+            return;
+        }
+        let mut figures: Vec<GlobalMetric> = kept
+            .into_iter()
+            .map(|((epoch, part, name), (value, count))| GlobalMetric {
+                epoch,
+                split: part.name(),
+                name,
+                value,
+                count,
+            })
+            .collect();
+        figures.sort_by(|a, b| (a.epoch, a.split, &a.name).cmp(&(b.epoch, b.split, &b.name)));
+        // Written beside and renamed over, so a crash leaves the old file or the new.
+        let partial = directory.join(format!("{GLOBAL_METRICS_FILE}.tmp"));
+        let rewrite = || -> std::io::Result<()> {
+            std::fs::write(&partial, format!("{HEADER}{}", rows(&figures)))?;
+            std::fs::rename(&partial, &path)
+        };
+        if let Err(err) = rewrite() {
+            log::warn!("rank 0: cannot rewrite {}: {err}", path.display());
+        }
+    }
+
     /// Waits (at most `wait`) until both splits of `epoch` have ended in the
     /// store; returns whether they did.
     fn wait_epoch(&self, epoch: usize, wait: Duration) -> bool {
@@ -211,17 +249,8 @@ fn report(figures: &[GlobalMetric], world_size: usize, directory: &Path) {
     let path = directory.join(GLOBAL_METRICS_FILE);
     let write = || -> std::io::Result<()> {
         std::fs::create_dir_all(directory)?;
-        let fresh = !path.exists();
-        let mut text = String::new();
-        if fresh {
-            text.push_str("epoch,split,metric,value,count\n");
-        }
-        for f in figures {
-            text.push_str(&format!(
-                "{},{},{},{},{}\n",
-                f.epoch, f.split, f.name, f.value, f.count
-            ));
-        }
+        let header = if path.exists() { "" } else { HEADER };
+        let text = format!("{header}{}", rows(figures));
         // One write of whole lines: a crash leaves whole epochs, never half a line.
         let mut file = std::fs::OpenOptions::new()
             .create(true)
@@ -233,6 +262,21 @@ fn report(figures: &[GlobalMetric], world_size: usize, directory: &Path) {
     if let Err(err) = write() {
         log::warn!("rank 0: cannot append to {}: {err}", path.display());
     }
+}
+
+const HEADER: &str = "epoch,split,metric,value,count\n";
+
+/// Figures as CSV rows (`{}` prints an f64 that parses back to the same value).
+fn rows(figures: &[GlobalMetric]) -> String {
+    figures
+        .iter()
+        .map(|f| {
+            format!(
+                "{},{},{},{},{}\n",
+                f.epoch, f.split, f.name, f.value, f.count
+            )
+        })
+        .collect()
 }
 
 fn fnv1a(items: impl Iterator<Item = String>) -> u64 {
@@ -252,10 +296,40 @@ pub(crate) struct GlobalMetricLogger {
 }
 
 impl GlobalMetricLogger {
-    pub(crate) fn new(shared: Arc<MetricTotals>) -> Self {
+    /// Also reads the figures an earlier run left in `directory` (a resumed run
+    /// must still know the epochs before the resume: Burn's best-checkpoint
+    /// strategy compares every epoch from the first).
+    pub(crate) fn new(shared: Arc<MetricTotals>, directory: &Path) -> Self {
         shared.attached.store(true, Ordering::SeqCst);
+        let earlier = read_figures(&directory.join(GLOBAL_METRICS_FILE));
+        shared.totals.lock().unwrap().global.extend(earlier);
         Self { shared }
     }
+}
+
+/// The rows of a `global-metrics.csv` (a later row for the same epoch, split
+/// and metric wins: a resumed run appends the epochs it redoes); none when
+/// the file is missing. Rows that do not parse are skipped.
+fn read_figures(path: &Path) -> HashMap<Key, (f64, u64)> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return HashMap::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let [epoch, split, name, value, count] =
+                <[&str; 5]>::try_from(line.split(',').collect::<Vec<_>>()).ok()?;
+            let part = match split {
+                "train" => Part::Train,
+                "valid" => Part::Valid,
+                _ => return None,
+            };
+            Some((
+                (epoch.parse().ok()?, part, name.to_string()),
+                (value.parse().ok()?, count.parse().ok()?),
+            ))
+        })
+        .collect()
 }
 
 fn weighted(entry: &NumericEntry) -> (f64, u64) {
@@ -302,14 +376,18 @@ impl MetricLogger for GlobalMetricLogger {
                 count: count as usize,
             }]);
         }
-        // Not summed yet (or a world of one): this rank's own figure.
-        Ok(match totals.local.get(&key) {
-            Some(&(sum, count)) if count > 0 => vec![NumericEntry::Aggregated {
+        // Not summed yet: this rank's own figure.
+        match totals.local.get(&key) {
+            Some(&(sum, count)) if count > 0 => Ok(vec![NumericEntry::Aggregated {
                 aggregated_value: sum / count as f64,
                 count: count as usize,
-            }],
-            _ => Vec::new(),
-        })
+            }]),
+            // Unknown here (an epoch of an earlier run without global figures):
+            // the store then asks the next logger, rank 0's metric files.
+            _ => Err(format!(
+                "burn-ddp has no {split} {name} figure for epoch {epoch}"
+            )),
+        }
     }
 
     fn log_metric_definition(&mut self, definition: MetricDefinition) {

@@ -196,7 +196,10 @@ where
         // Registered first, so the store asks it (global figures) before the files.
         let training = self
             .with_training_strategy(TrainingStrategy::Custom(strategy))
-            .with_metric_logger(GlobalMetricLogger::new(Arc::clone(&ddp.totals)));
+            .with_metric_logger(GlobalMetricLogger::new(
+                Arc::clone(&ddp.totals),
+                &ddp.directory,
+            ));
         if ddp.is_main() {
             // Registering any logger replaces Burn's default file logger: put it back.
             training.with_metric_logger(burn::train::logger::FileMetricLogger::new(&ddp.directory))

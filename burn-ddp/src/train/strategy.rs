@@ -312,6 +312,9 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         if starting_epoch == 1 {
             self.broadcast_parameters(&mut learner);
         }
+        self.ddp
+            .totals
+            .start_at(starting_epoch, &self.ddp.directory, self.rank() == 0);
         let summary = components.summary.clone().filter(|_| self.rank() == 0);
         components
             .event_processor

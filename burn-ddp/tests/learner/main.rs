@@ -180,6 +180,10 @@ fn resume() -> Result<(), String> {
     )
     .run("train");
     all_ok(&straight)?;
+    let seen_straight = straight[0]
+        .value("valid_loss_by_epoch")
+        .unwrap_or("")
+        .to_string();
     let straight = same_on_every_rank(&straight)?;
 
     let dir = scratch("resumed");
@@ -200,7 +204,45 @@ fn resume() -> Result<(), String> {
     )
     .run("train");
     all_ok(&resumed)?;
+    // Rank 0's store still knows the global figures of epochs 1 and 2 (Burn's
+    // best-checkpoint and early-stopping strategies ask it), as in the run
+    // that never stopped.
+    let seen_resumed = resumed[0]
+        .value("valid_loss_by_epoch")
+        .unwrap_or("")
+        .to_string();
+    check(
+        seen_resumed == seen_straight && !seen_straight.contains("none"),
+        || format!("after the resume the store answers {seen_resumed}, straight {seen_straight}"),
+    )?;
+    // One row per epoch, split and metric, the same figures as the straight run.
+    let csv = |d: &Path| std::fs::read_to_string(d.join("global-metrics.csv")).unwrap_or_default();
+    check(
+        csv(&dir) == csv(&straight_dir) && csv(&dir).lines().count() == 17,
+        || {
+            format!(
+                "global-metrics.csv after the resume:\n{}\nstraight:\n{}",
+                csv(&dir),
+                csv(&straight_dir)
+            )
+        },
+    )?;
     let resumed = same_on_every_rank(&resumed)?;
+    // Redoing epochs 3 and 4 in the folder that already has them replaces
+    // their rows instead of adding a second set.
+    let redo = learner_world(
+        &straight_dir,
+        &[
+            (program::SHARED_DIR_VAR, "1"),
+            (program::EPOCHS_VAR, "4"),
+            (program::RESUME_VAR, "2"),
+        ],
+    )
+    .run("train");
+    all_ok(&redo)?;
+    check(csv(&straight_dir) == csv(&dir), || {
+        format!("after redoing epochs 3-4:\n{}", csv(&straight_dir))
+    })?;
     check(resumed == straight, || {
         "2 epochs + resume to 4 ended with other parameters than 4 epochs straight".into()
     })?;

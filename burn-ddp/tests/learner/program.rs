@@ -13,7 +13,8 @@ use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer,
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use burn::train::metric::store::EventStoreClient;
+use burn::train::checkpoint::{CheckpointingAction, CheckpointingStrategy};
+use burn::train::metric::store::{Aggregate, EventStoreClient, Split};
 use burn::train::metric::{AccuracyMetric, LossMetric};
 use burn::train::{
     ClassificationOutput, EarlyStoppingStrategy, ExecutionStrategy, InferenceStep, Interrupter,
@@ -346,6 +347,7 @@ fn train_and_resume() -> Res<()> {
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .with_file_checkpointer(NamedMpkFileRecorder::<FullPrecisionSettings>::new())
         .num_epochs(env_usize(EPOCHS_VAR, EPOCHS))
+        .with_checkpointing_strategy(StoreProbe)
         .renderer(SilentRenderer);
     if let Some(epoch) = std::env::var(RESUME_VAR).ok().and_then(|v| v.parse().ok()) {
         training = training.checkpoint(epoch);
@@ -355,7 +357,38 @@ fn train_and_resume() -> Res<()> {
         .ddp(&run.ddp)
         .launch(Learner::new(model, AdamWConfig::new().init(), LR));
     print_params(&result.model);
+    if run.rank == 0 {
+        println!(
+            "valid_loss_by_epoch {}",
+            STORE_SEEN.lock().unwrap().join(",")
+        );
+    }
     burn_ddp::destroy_process_group().map_err(|e| e.to_string())
+}
+
+/// What rank 0's metric store answered for every epoch's validation loss at
+/// the last checkpoint: what Burn's best-checkpoint and early-stopping
+/// strategies see, before a resume included.
+static STORE_SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Saves every epoch and records what the store knows.
+struct StoreProbe;
+
+impl CheckpointingStrategy for StoreProbe {
+    fn checkpointing(
+        &mut self,
+        epoch: usize,
+        store: &EventStoreClient,
+    ) -> Vec<CheckpointingAction> {
+        *STORE_SEEN.lock().unwrap() = (1..=epoch)
+            .map(|e| {
+                store
+                    .find_metric("Loss", e, Aggregate::Mean, &Split::Valid)
+                    .map_or("none".to_string(), |v| v.to_string())
+            })
+            .collect();
+        vec![CheckpointingAction::Save]
+    }
 }
 
 /// Says stop after epoch 2, but only where it runs on rank 0.
