@@ -645,3 +645,44 @@ fn mnist_offline_without_cache_names_data_dir_and_the_cache() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A download that stalls (a proxy that accepts and never answers) ends with
+/// one error naming --download-timeout and --data-dir, within the limit.
+#[test]
+fn mnist_stalled_download_ends_within_the_timeout() {
+    let dir = scratch("mnist-stalled");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy = format!("http://{}", listener.local_addr().unwrap());
+    // Accept connections and hold them open without a byte of reply.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let mut cmd = Command::new(example("mnist"));
+    cmd.env("XDG_CACHE_HOME", dir.join("empty-cache"))
+        .env("HTTPS_PROXY", &proxy)
+        .env("https_proxy", &proxy)
+        .args(["--epochs", "1", "--download-timeout", "2"]);
+    let started = Instant::now();
+    let out = run(cmd, &dir, Duration::from_secs(60));
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "did not finish within 2 s",
+        "--download-timeout",
+        "--data-dir",
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "{needle:?} missing from:\n{stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -59,6 +59,11 @@ pub struct MnistArgs {
     /// MnistDataset (downloaded once per machine into ~/.cache/burn-dataset/mnist).
     #[arg(long = "data-dir", visible_alias = "data_dir")]
     data_dir: Option<PathBuf>,
+    /// Without --data-dir: seconds the download of MNIST may take (burn-dataset's
+    /// downloader has no timeout of its own).
+    #[arg(long = "download-timeout", value_name = "SECS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    download_timeout: u64,
     /// Use only the first N training images.
     #[arg(
         long = "train-samples",
@@ -208,8 +213,12 @@ fn train_learner<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
 /// This rank's copy of both splits, limited by --train-samples/--test-samples.
 fn load(args: &MnistArgs, group: &burn_ddp::ProcessGroup) -> (Mnist, Mnist) {
     let rank = group.rank();
-    let (mut train, mut test) =
-        source::load(args.data_dir.as_deref(), group).unwrap_or_else(|e| fail(Some(rank), e));
+    let (mut train, mut test) = source::load(
+        args.data_dir.as_deref(),
+        std::time::Duration::from_secs(args.download_timeout),
+        group,
+    )
+    .unwrap_or_else(|e| fail(Some(rank), e));
     if let Some(n) = args.train_samples {
         train.truncate(n);
     }

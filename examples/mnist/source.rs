@@ -6,6 +6,8 @@ use burn::data::dataset::Dataset;
 use burn_dataset::vision::MnistDataset;
 use burn_ddp::ProcessGroup;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
 
 /// burn-dataset's MNIST cache: `dirs::cache_dir()/burn-dataset/mnist`, that is
 /// `$XDG_CACHE_HOME` (when absolute) or `$HOME/.cache` on Linux.
@@ -23,7 +25,11 @@ pub fn burn_dataset_cache() -> PathBuf {
 /// Without `data_dir`, the first rank of each machine fills burn-dataset's cache
 /// (downloading at most once per machine) while the others wait at a barrier;
 /// then every rank reads the cached files.
-pub fn load(data_dir: Option<&Path>, group: &ProcessGroup) -> Result<(Split, Split), String> {
+pub fn load(
+    data_dir: Option<&Path>,
+    download_limit: Duration,
+    group: &ProcessGroup,
+) -> Result<(Split, Split), String> {
     if let Some(dir) = data_dir {
         let train = idx::load_split(dir, "train").map_err(|e| e.to_string())?;
         let test = idx::load_split(dir, "t10k").map_err(|e| e.to_string())?;
@@ -33,7 +39,7 @@ pub fn load(data_dir: Option<&Path>, group: &ProcessGroup) -> Result<(Split, Spl
         .map(|env| env.local_rank)
         .unwrap_or(0);
     let first = if local_rank == 0 {
-        Some(from_burn_dataset()?)
+        Some(from_burn_dataset(download_limit)?)
     } else {
         None
     };
@@ -42,20 +48,42 @@ pub fn load(data_dir: Option<&Path>, group: &ProcessGroup) -> Result<(Split, Spl
         .map_err(|e| format!("waiting for the first rank of this machine to prepare MNIST: {e}"))?;
     match first {
         Some(splits) => Ok(splits),
-        None => from_burn_dataset(),
+        None => from_burn_dataset(download_limit),
     }
 }
 
 /// `MnistDataset::{train,test}()`, whose failures (offline, a broken cache) are
-/// panics inside burn-dataset: turned into one error that says what to do.
-fn from_burn_dataset() -> Result<(Split, Split), String> {
+/// panics inside burn-dataset and whose download can stall (burn-dataset's
+/// downloader has no timeout of its own): turned into one error that says what
+/// to do, within `limit`.
+fn from_burn_dataset(limit: Duration) -> Result<(Split, Split), String> {
     let cache = burn_dataset_cache();
     let previous_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let loaded = std::panic::catch_unwind(|| (MnistDataset::train(), MnistDataset::test()));
+    let (done, result) = mpsc::channel();
+    std::thread::spawn(move || {
+        let loaded = std::panic::catch_unwind(|| {
+            let (train, test) = (MnistDataset::train(), MnistDataset::test());
+            (to_split(&train), to_split(&test))
+        });
+        let _ = done.send(loaded);
+    });
+    let loaded = result.recv_timeout(limit);
     std::panic::set_hook(previous_hook);
+    let loaded = match loaded {
+        Ok(loaded) => loaded,
+        Err(_) => {
+            return Err(format!(
+                "MNIST was not in burn-dataset's cache ({}) and its download did not finish \
+                 within {} s (--download-timeout); pass --data-dir with a folder holding the \
+                 four MNIST IDX files, or fill the cache on a better connection",
+                cache.display(),
+                limit.as_secs()
+            ))
+        }
+    };
     match loaded {
-        Ok((train, test)) => Ok((to_split(&train), to_split(&test))),
+        Ok(splits) => Ok(splits),
         Err(panic) => {
             let reason = panic
                 .downcast_ref::<String>()
