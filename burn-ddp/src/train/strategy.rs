@@ -167,9 +167,10 @@ impl DdpLearningStrategy {
                 let _local = crate::no_sync();
                 learner.train_step(item)
             };
+            let model = learner.model();
             let grads = match grad_accumulation {
                 Some(k) => {
-                    accumulator.accumulate(&learner.model(), output.grads);
+                    accumulator.accumulate(&model, output.grads);
                     accumulated += 1;
                     if accumulated >= k {
                         accumulated = 0;
@@ -181,7 +182,7 @@ impl DdpLearningStrategy {
                 None => Some(output.grads),
             };
             if let Some(grads) = grads {
-                let grads = crate::sync_gradients(&learner.model(), grads)
+                let grads = crate::sync_gradients(&model, grads)
                     .unwrap_or_else(|err| self.fail("averaging gradients", err));
                 learner.optimizer_step(grads);
             }
