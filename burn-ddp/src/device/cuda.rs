@@ -15,11 +15,12 @@
 //! reused meanwhile.
 //!
 //! Layout: NCCL reads and writes `numel` packed elements, and cubecl pads the
-//! rows of tensors of rank 2 or more unless told otherwise (see
-//! [`super::layout`]). Every buffer handed to NCCL is packed, which `pin`
-//! checks; buffers written in place are also exclusively owned.
+//! rows of CUDA tensors of rank 2 or more unless told otherwise. Every buffer
+//! handed to NCCL comes from [`super::packed`] (the same logic for every cubecl
+//! runtime, tested on WebGPU), which `pin` checks; buffers written in place are
+//! also exclusively owned.
 
-use super::layout::is_packed;
+use super::packed::{empty_packed_like, is_packed_tensor, readable, writable};
 use super::TensorOp;
 use crate::{CommError, ProcessGroup, Reducer, Result};
 use burn::tensor::backend::Backend;
@@ -27,11 +28,9 @@ use burn::tensor::{BasicOps, Float, Int, Tensor, TensorPrimitive};
 use burn_autodiff::Autodiff;
 use burn_backend::backend::AutodiffBackend;
 use burn_backend::tensor::{FloatTensor, IntTensor};
+use burn_backend::DType;
 use burn_backend::TensorMetadata;
-use burn_backend::{DType, Shape};
 use burn_cubecl::fusion::FusionCubeRuntime;
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use burn_ddp_comm::nccl::DeviceBuffer;
@@ -186,15 +185,15 @@ pub(crate) fn tensor_collective<B: Backend, const D: usize, K: BasicOps<B> + 'st
             data
         }
         TensorOp::AllGather => {
-            let input = into_contiguous(cuda);
-            let output = empty_like(&input, |rows| rows * world);
+            let input = readable(cuda);
+            let output = empty_packed_like(&input, |rows| rows * world);
             let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
             unsafe { comm.all_gather(send.buffer, recv.buffer)? };
             output
         }
         TensorOp::ReduceScatter(op) => {
-            let input = into_contiguous(cuda);
-            let output = empty_like(&input, |rows| rows / world);
+            let input = readable(cuda);
+            let output = empty_packed_like(&input, |rows| rows / world);
             let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
             unsafe { comm.reduce_scatter(send.buffer, recv.buffer, op)? };
             output
@@ -242,11 +241,14 @@ fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized>> {
         rank,
         message: format!("{what} on cuda:{}: {detail}", tensor.device.index),
     };
-    let (shape, strides) = (tensor.meta.shape(), tensor.meta.strides());
-    if !is_packed(shape, strides) {
+    if !is_packed_tensor(tensor) {
         return Err(device(
             "a strided buffer would have been handed to NCCL (a burn-ddp bug; please report it)",
-            format!("shape {shape:?}, strides {strides:?}"),
+            format!(
+                "shape {:?}, strides {:?}",
+                tensor.meta.shape(),
+                tensor.meta.strides()
+            ),
         ));
     }
     // First the resource, then the wait: taking it is what queues the wait for
@@ -265,49 +267,6 @@ fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized>> {
         },
         _alive: resource,
     })
-}
-
-/// `tensor` itself when it is packed and shared with nobody, else a packed
-/// copy, so NCCL may write it in place. (Not `CubeTensor::is_contiguous_buffer`:
-/// it compares with the allocation's size, rounded up to the allocator's
-/// alignment, so it is false for most tensors; nor `copy()`, whose output may
-/// be pitched.)
-fn writable(tensor: CudaTensor) -> CudaTensor {
-    let tensor = into_contiguous(tensor);
-    if tensor.can_mut() && is_packed(tensor.meta.shape(), tensor.meta.strides()) {
-        tensor
-    } else {
-        packed_copy(&tensor)
-    }
-}
-
-/// A copy of `tensor` in a new packed buffer (cubecl's `into_contiguous`
-/// always allocates one and copies, strided input or not).
-fn packed_copy(tensor: &CudaTensor) -> CudaTensor {
-    let output = cubecl::std::tensor::into_contiguous(
-        &tensor.client,
-        tensor.clone().binding(),
-        tensor.dtype.into(),
-    );
-    CubeTensor::new(
-        tensor.client.clone(),
-        output.handle,
-        *output.metadata,
-        tensor.device.clone(),
-        tensor.dtype,
-    )
-}
-
-/// A new uninitialised packed tensor like `like`, its first dimension resized.
-fn empty_like(like: &CudaTensor, rows: impl FnOnce(usize) -> usize) -> CudaTensor {
-    let mut dims = like.meta.shape().to_vec();
-    dims[0] = rows(dims[0]);
-    empty_device_contiguous_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        Shape::from(dims),
-        like.dtype,
-    )
 }
 
 fn wire_dtype(rank: usize, dtype: DType) -> Result<WireDType> {

@@ -8,6 +8,8 @@
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod layout;
+#[cfg(feature = "cubecl")]
+mod packed;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_device_for_rank, nccl_view, FusedCuda, PlainCuda};
