@@ -69,6 +69,7 @@ for i in 0 1; do
     sh -c "hostname machine-$i && mount -t tmpfs tmpfs /dev/shm && exec sleep 100000" \
     </dev/null >/dev/null 2>&1 &
   HOLDERS[$i]=$!
+  disown  # killed by cleanup: no "Killed" report from the shell
 done
 sleep 0.5
 on() { local i=$1; shift; nsenter -t "${HOLDERS[$i]}" --net --uts --mount --wd="$PWD" -- "$@"; }
