@@ -229,8 +229,7 @@ mod tests {
             assert_eq!(raw(&readable(fresh)), all);
 
             // Rows 1..3 and columns 1..4 (Burn 0.21's cubecl backends copy a
-            // slice into a buffer of its own, so these arrive packed, each at
-            // an offset into a memory page).
+            // slice into a buffer of its own, so these arrive packed).
             let rows = tensor([4, 6], &device).slice([1..3, 0..6]);
             let want = expected(rows.clone());
             assert_eq!(want, all[6..18]);
