@@ -15,12 +15,14 @@ use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn_ddp_comm::env::LaunchEnv;
 use burn_ddp_comm::store::StoreServer;
-use burn_ddp_comm::{BucketConfig, DType, ParamLayout, ProcessGroup, Reducer};
+use burn_ddp_comm::{
+    BucketConfig, DType, GradientSet, ParamInfo, ParamLayout, Placement, ProcessGroup, Reducer,
+};
 use burn_ddp_sampler::DistributedSampler;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// One bad input: its name, what it produces, and what that must say.
@@ -39,6 +41,37 @@ fn case(
         name,
         outcome: Box::new(outcome),
         says,
+    }
+}
+
+/// One f32 parameter of 4 elements, for the reducer's own checks.
+struct OneGradient(Vec<ParamInfo>);
+
+impl Default for OneGradient {
+    fn default() -> Self {
+        Self(vec![ParamInfo {
+            id: 0,
+            layout: ParamLayout {
+                shape: vec![4],
+                dtype: DType::F32,
+            },
+            placement: Placement::Host,
+        }])
+    }
+}
+
+impl GradientSet for OneGradient {
+    fn params(&self) -> &[ParamInfo] {
+        &self.0
+    }
+
+    fn read_host(&mut self, _index: usize, out: &mut [u8]) -> burn_ddp_comm::Result<()> {
+        out.fill(0);
+        Ok(())
+    }
+
+    fn write_host(&mut self, _index: usize, _averaged: &[u8]) -> burn_ddp_comm::Result<()> {
+        Ok(())
     }
 }
 
@@ -317,17 +350,13 @@ fn cases() -> Vec<Case> {
             "a bucket cap of 0 bytes",
             &["rank 0", "at least one byte", "25 MiB"],
             || {
-                let group = Arc::new(ProcessGroup::builder(0, 1).build().unwrap());
+                let group = ProcessGroup::builder(0, 1).build().unwrap();
                 let config = BucketConfig {
                     cap_bytes: 0,
                     first_cap_bytes: 1 << 20,
                 };
-                let layout = [ParamLayout {
-                    shape: vec![4],
-                    dtype: DType::F32,
-                }];
-                Reducer::new(group, config)
-                    .prepare(&layout)
+                Reducer::new(&group, config)
+                    .synchronize(&mut OneGradient::default())
                     .err()
                     .map(|e| e.to_string())
                     .unwrap_or_default()

@@ -46,31 +46,45 @@ const BACKENDS: [&str; 9] = [
     "burn-cubecl",
 ];
 
+/// The core below the Burn front-end (communication, the sampler's index
+/// math) depends on no Burn at all, so every Burn version's front-end shares it.
+#[test]
+fn the_core_crates_depend_on_no_burn() {
+    for core in ["burn-ddp-comm", "burn-ddp-sampler"] {
+        let packages = resolved_features(core);
+        let burn: Vec<&String> = packages
+            .keys()
+            .filter(|p| p.starts_with("burn-") || *p == "burn")
+            .filter(|p| !p.starts_with("burn-ddp"))
+            .collect();
+        assert!(burn.is_empty(), "{core} depends on {burn:?}");
+    }
+}
+
 #[test]
 fn burn_ddp_alone_compiles_no_backend() {
-    for library in ["burn-ddp", "burn-ddp-sampler"] {
-        let packages = resolved_features(library);
-        let burn = packages
-            .get("burn")
-            .unwrap_or_else(|| panic!("{library} depends on burn: {packages:?}"));
-        let extra: Vec<&String> = burn
-            .iter()
-            .filter(|f| !["std", "dataset", "default"].contains(&f.as_str()))
-            .collect();
-        assert!(
-            extra.is_empty() && !burn.contains(&"default".to_string()),
-            "{library} turns on Burn features {extra:?} (all: {burn:?}); libraries take Burn's \
-             core only and leave backends to the program"
-        );
-        let backends: Vec<&str> = BACKENDS
-            .into_iter()
-            .filter(|b| packages.contains_key(*b))
-            .collect();
-        assert!(
-            backends.is_empty(),
-            "{library} pulls in Burn backends {backends:?}"
-        );
-    }
+    let library = "burn-ddp";
+    let packages = resolved_features(library);
+    let burn = packages
+        .get("burn")
+        .unwrap_or_else(|| panic!("{library} depends on burn: {packages:?}"));
+    let extra: Vec<&String> = burn
+        .iter()
+        .filter(|f| !["std", "dataset", "default"].contains(&f.as_str()))
+        .collect();
+    assert!(
+        extra.is_empty() && !burn.contains(&"default".to_string()),
+        "{library} turns on Burn features {extra:?} (all: {burn:?}); libraries take Burn's \
+         core only and leave backends to the program"
+    );
+    let backends: Vec<&str> = BACKENDS
+        .into_iter()
+        .filter(|b| packages.contains_key(*b))
+        .collect();
+    assert!(
+        backends.is_empty(),
+        "{library} pulls in Burn backends {backends:?}"
+    );
 }
 
 /// The same inspection sees the backends the examples choose, so the check

@@ -33,6 +33,16 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every element type, in the order of their codes ([`DType::code`]).
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+    ];
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
@@ -40,6 +50,24 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
         }
+    }
+
+    /// Whether it is a floating-point type.
+    pub fn is_float(self) -> bool {
+        !matches!(self, DType::I32 | DType::I64)
+    }
+
+    /// A small number that stands for the type in cross-rank comparisons
+    /// (layouts, call signatures): its index in [`DType::ALL`].
+    pub fn code(self) -> i64 {
+        Self::ALL.iter().position(|d| *d == self).unwrap() as i64
+    }
+
+    /// The type a [`DType::code`] stands for.
+    pub fn from_code(code: i64) -> Option<Self> {
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| Self::ALL.get(i).copied())
     }
 }
 
@@ -135,7 +163,7 @@ pub enum BufferMut<'a> {
     BF16(&'a mut [half::bf16]),
 }
 
-impl BufferMut<'_> {
+impl<'a> BufferMut<'a> {
     /// Number of elements.
     pub fn len(&self) -> usize {
         match self {
@@ -151,6 +179,68 @@ impl BufferMut<'_> {
     /// Whether the buffer holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Its element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            BufferMut::F32(_) => DType::F32,
+            BufferMut::F64(_) => DType::F64,
+            BufferMut::I32(_) => DType::I32,
+            BufferMut::I64(_) => DType::I64,
+            BufferMut::F16(_) => DType::F16,
+            BufferMut::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// `bytes` seen as elements of `dtype`, or `None` when they are not a
+    /// whole number of suitably aligned elements.
+    pub fn from_bytes(dtype: DType, bytes: &'a mut [u8]) -> Option<Self> {
+        Some(match dtype {
+            DType::F32 => BufferMut::F32(bytemuck::try_cast_slice_mut(bytes).ok()?),
+            DType::F64 => BufferMut::F64(bytemuck::try_cast_slice_mut(bytes).ok()?),
+            DType::I32 => BufferMut::I32(bytemuck::try_cast_slice_mut(bytes).ok()?),
+            DType::I64 => BufferMut::I64(bytemuck::try_cast_slice_mut(bytes).ok()?),
+            DType::F16 => BufferMut::F16(bytemuck::try_cast_slice_mut(bytes).ok()?),
+            DType::BF16 => BufferMut::BF16(bytemuck::try_cast_slice_mut(bytes).ok()?),
+        })
+    }
+}
+
+/// A region of device memory the collectives read or write: `len` elements of
+/// `dtype` at device address `ptr` (a `CUdeviceptr`) on the communicator's GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBuffer {
+    /// Device address of the first element.
+    pub ptr: u64,
+    /// Number of elements.
+    pub len: usize,
+    /// Element type.
+    pub dtype: DType,
+}
+
+/// A reusable byte buffer aligned for every element type, so buffers that
+/// are needed again and again (a bucket, a transport's pieces) are allocated
+/// once and grown when needed, never per call.
+#[derive(Debug, Default)]
+pub(crate) struct AlignedBuf {
+    words: Vec<u64>,
+}
+
+impl AlignedBuf {
+    /// `len` bytes (any contents), 8-byte aligned.
+    pub(crate) fn bytes(&mut self, len: usize) -> &mut [u8] {
+        let words = len.div_ceil(8);
+        if self.words.len() < words {
+            self.words.resize(words, 0);
+        }
+        let raw: &mut [u8] = bytemuck::cast_slice_mut(&mut self.words[..words]);
+        &mut raw[..len]
+    }
+
+    /// `len` elements of `T` (any contents).
+    pub(crate) fn typed<T: bytemuck::Pod>(&mut self, len: usize) -> &mut [T] {
+        bytemuck::cast_slice_mut(self.bytes(len * std::mem::size_of::<T>()))
     }
 }
 
@@ -201,6 +291,16 @@ pub fn finish_reduce<T: Element>(op: ReduceOp, data: &mut [T], world_size: usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dtype_codes_round_trip_and_reject_strangers() {
+        for dtype in DType::ALL {
+            assert_eq!(DType::from_code(dtype.code()), Some(dtype));
+        }
+        assert_eq!(DType::from_code(-1), None);
+        assert_eq!(DType::from_code(DType::ALL.len() as i64), None);
+        assert!(DType::BF16.is_float() && !DType::I64.is_float());
+    }
 
     #[test]
     fn each_op_combines_element_wise() {

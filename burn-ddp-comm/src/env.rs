@@ -373,6 +373,17 @@ impl Vars<'_> {
     }
 }
 
+/// This machine, as ranks compare it: host name and boot id (`"/"` when
+/// neither can be read).
+pub fn machine_id() -> String {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    format!(
+        "{}/{}",
+        read("/proc/sys/kernel/hostname").trim(),
+        read("/proc/sys/kernel/random/boot_id").trim()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

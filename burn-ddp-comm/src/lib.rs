@@ -5,9 +5,12 @@
 //! and any way of feeding gradients (a backend decorator today, a gradient
 //! synchroniser for newer Burn later) can sit on top.
 //!
-//! Layers, each knowing only the one below: [`env`](mod@env) (who am I) → [`store`]
-//! (rendezvous) → [`transport`] (moving bytes) → [`ProcessGroup`] (validated
-//! collectives for callers).
+//! Layers, each knowing only the one below: [`env`](mod@env) (who am I) and
+//! [`job`] (the job's token, store keys and files) → [`store`] (rendezvous) →
+//! [`ProcessGroup`] (collectives, dispatched to [`transport`] for host
+//! buffers and [`nccl`] for device buffers) → [`reducer`] (a model's
+//! gradients, bucket by bucket, behind the [`GradientSet`] a front-end
+//! implements).
 //!
 //! ```
 //! use burn_ddp_comm::{ProcessGroup, ReduceOp};
@@ -37,18 +40,18 @@ pub mod nccl;
 pub mod reducer;
 pub mod store;
 pub mod transport;
-mod watch;
 #[cfg(test)]
 mod wire_properties;
 
 pub use backend::{CollectiveBackend, BACKEND_VAR};
-pub use element::{finish_reduce, reduce_into, BufferMut, DType, Element, ReduceOp};
+pub use element::{finish_reduce, reduce_into, BufferMut, DType, DeviceBuffer, Element, ReduceOp};
 pub use env::{LaunchEnv, Launcher, StoreHost};
-pub use error::{CommError, Result};
-pub use group::{
-    Algorithm, ProcessGroup, ProcessGroupBuilder, TransportChoice, ALGORITHM_VAR, BLAME_KEY,
-    DEBUG_VAR, TRANSPORT_VAR,
-};
+pub use error::{CommError, Result, StoreErrorKind};
+pub use group::settings::{Algorithm, TransportChoice, ALGORITHM_VAR, DEBUG_VAR, TRANSPORT_VAR};
+pub use group::{ProcessGroup, ProcessGroupBuilder, WeakProcessGroup};
 pub use job::JobToken;
-pub use reducer::{BucketConfig, BucketPlan, ParamLayout, Reducer};
+pub use reducer::{
+    BucketConfig, BucketPlan, DeviceBucket, GradientSet, ParamInfo, ParamLayout, Placement,
+    Reducer, SyncStats,
+};
 pub use transport::{WireCompression, COMPRESSION_VAR};

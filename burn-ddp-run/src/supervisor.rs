@@ -4,9 +4,11 @@ use crate::cli::LaunchConfig;
 use crate::output::LineSink;
 use crate::signals;
 use burn_ddp_comm::env::LAUNCHER_STORE_VAR;
-use burn_ddp_comm::job::{generate_job_id, valid_job_id, JobToken, JOB_ID_VAR, JOB_TOKEN_VAR};
+use burn_ddp_comm::job::keys::{follow_blames, JobKeys};
+use burn_ddp_comm::job::{
+    generate_job_id, segments, valid_job_id, JobToken, JOB_ID_VAR, JOB_TOKEN_VAR,
+};
 use burn_ddp_comm::store::StoreServer;
-use burn_ddp_comm::BLAME_KEY;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
@@ -153,7 +155,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
     }
     let blames = Blames {
         store: store.as_ref(),
-        prefix: format!("burn-ddp/{}/", job.id),
+        keys: JobKeys::new(&job.id),
     };
     Ok(supervise(workers, config, started, &blames))
 }
@@ -240,7 +242,7 @@ fn spawn(
 /// What the workers told the store about their failures: whom each blamed.
 struct Blames<'a> {
     store: Option<&'a StoreServer>,
-    prefix: String,
+    keys: JobKeys,
 }
 
 impl Blames<'_> {
@@ -250,44 +252,27 @@ impl Blames<'_> {
             return HashMap::new(); // another machine's launcher hosts the store
         };
         let mut latest: HashMap<usize, (u64, usize)> = HashMap::new();
-        for (key, value) in store.entries(&self.prefix) {
-            // <prefix><generation>/blame/<rank> = <peer>
-            let mut parts = key[self.prefix.len()..].split('/');
-            let (Some(generation), Some(BLAME_KEY), Some(rank), None) =
-                (parts.next(), parts.next(), parts.next(), parts.next())
-            else {
+        for (key, value) in store.entries(self.keys.prefix()) {
+            let Some((generation, rank)) = self.keys.parse_blame(&key) else {
                 continue;
             };
-            let parsed = (
-                generation.parse::<u64>(),
-                rank.parse::<usize>(),
-                String::from_utf8_lossy(&value).parse::<usize>(),
-            );
-            if let (Ok(generation), Ok(rank), Ok(peer)) = parsed {
-                let entry = latest.entry(rank).or_insert((generation, peer));
-                if generation >= entry.0 {
-                    *entry = (generation, peer);
-                }
+            let Ok(peer) = String::from_utf8_lossy(&value).parse::<usize>() else {
+                continue;
+            };
+            let entry = latest.entry(rank).or_insert((generation, peer));
+            if generation >= entry.0 {
+                *entry = (generation, peer);
             }
         }
         latest.into_iter().map(|(r, (_, p))| (r, p)).collect()
     }
 }
 
-/// Follows the blames from the first rank to fail to the rank where the
-/// failure began: one that blamed nobody (it crashed, or stalled and never
-/// reported), or the end of a cycle.
+/// Where the blames lead from the first rank to fail (see [`follow_blames`]).
 fn root_cause(first: usize, blames: &HashMap<usize, usize>) -> usize {
-    let mut rank = first;
-    let mut seen = vec![first];
-    while let Some(&peer) = blames.get(&rank) {
-        if seen.contains(&peer) {
-            break;
-        }
-        seen.push(peer);
-        rank = peer;
-    }
-    rank
+    *follow_blames(first, &[], |rank| blames.get(&rank).copied())
+        .last()
+        .unwrap()
 }
 
 fn supervise(
@@ -346,7 +331,7 @@ fn supervise(
     drain_output(&mut workers);
     // A worker killed while setting up shared memory leaves its segment file.
     let pids: Vec<u32> = workers.iter().map(|w| w.pid).collect();
-    let removed = burn_ddp_comm::transport::remove_segments_of(&pids);
+    let removed = segments::remove_left_by(&pids);
     if removed > 0 {
         log::debug!("removed {removed} shared-memory segment(s) that killed workers left");
     }

@@ -6,7 +6,7 @@
 //! target, flushed to disk, then renamed over the target.
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder, RecorderError};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
 use std::fmt;
@@ -37,7 +37,7 @@ pub enum CheckpointError {
         /// The file involved.
         path: PathBuf,
         /// What Burn's recorder said.
-        message: String,
+        source: RecorderError,
     },
     /// The record fits the model's structure but a parameter has another
     /// shape (a model built with other sizes): Burn would load it silently.
@@ -66,9 +66,9 @@ impl fmt::Display for CheckpointError {
                  permissions or free space",
                 folder.display()
             ),
-            CheckpointError::Record { path, message } => write!(
+            CheckpointError::Record { path, source } => write!(
                 f,
-                "checkpoint {}: not a record of this model ({message}); was it written by a \
+                "checkpoint {}: not a record of this model ({source}); was it written by a \
                  different model or configuration?",
                 path.display()
             ),
@@ -88,7 +88,17 @@ impl fmt::Display for CheckpointError {
     }
 }
 
-impl std::error::Error for CheckpointError {}
+impl std::error::Error for CheckpointError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CheckpointError::Io { source, .. } | CheckpointError::Folder { source, .. } => {
+                Some(source)
+            }
+            CheckpointError::Record { source, .. } => Some(source),
+            CheckpointError::Shape { .. } => None,
+        }
+    }
+}
 
 /// `path` with the `.mpk` extension Burn's recorders use.
 pub fn checkpoint_path(path: impl AsRef<Path>) -> PathBuf {
@@ -112,9 +122,9 @@ pub fn save_atomic<B: Backend, R: Record<B>>(
     let target = checkpoint_path(path);
     let bytes = NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
         .record(record, ())
-        .map_err(|err| CheckpointError::Record {
+        .map_err(|source| CheckpointError::Record {
             path: target.clone(),
-            message: err.to_string(),
+            source,
         })?;
     let dir = match target.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
@@ -189,10 +199,7 @@ pub fn load<B: Backend, R: Record<B>>(
     })?;
     NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
         .load(bytes, device)
-        .map_err(|err| CheckpointError::Record {
-            path,
-            message: err.to_string(),
-        })
+        .map_err(|source| CheckpointError::Record { path, source })
 }
 
 /// Loads `record` (read from `path`) into `model`, refusing a record whose

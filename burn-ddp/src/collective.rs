@@ -7,53 +7,9 @@
 //! round once per step, as NCCL's native half reductions do).
 
 use crate::device::{tensor_collective, TensorOp};
+use crate::dtype::with_elements;
 use crate::{CommError, ProcessGroup, ReduceOp, Result};
-use burn::tensor::{backend::Backend, BasicOps, DType, Tensor, TensorData};
-
-/// Runs `body` on the elements of `data` as a typed slice.
-macro_rules! with_elements {
-    ($group:expr, $data:expr, $slice:ident => $body:expr) => {{
-        let rank = $group.rank();
-        let unsupported = |dtype: DType| CommError::InvalidArgument {
-            rank,
-            message: format!(
-                "collectives support f32, f64, f16, bf16, i32 and i64 tensors, not {dtype:?}; \
-                 convert the tensor first (e.g. `.cast(DType::F32)`)"
-            ),
-        };
-        let bad_layout = |err: burn::tensor::DataError| CommError::InvalidArgument {
-            rank,
-            message: format!("cannot view the tensor's data as elements: {err:?}"),
-        };
-        match $data.dtype {
-            DType::F32 => {
-                let $slice = $data.as_mut_slice::<f32>().map_err(bad_layout)?;
-                $body
-            }
-            DType::F64 => {
-                let $slice = $data.as_mut_slice::<f64>().map_err(bad_layout)?;
-                $body
-            }
-            DType::I32 => {
-                let $slice = $data.as_mut_slice::<i32>().map_err(bad_layout)?;
-                $body
-            }
-            DType::I64 => {
-                let $slice = $data.as_mut_slice::<i64>().map_err(bad_layout)?;
-                $body
-            }
-            DType::F16 => {
-                let $slice = $data.as_mut_slice::<half::f16>().map_err(bad_layout)?;
-                $body
-            }
-            DType::BF16 => {
-                let $slice = $data.as_mut_slice::<half::bf16>().map_err(bad_layout)?;
-                $body
-            }
-            other => Err(unsupported(other)),
-        }
-    }};
-}
+use burn::tensor::{backend::Backend, BasicOps, Tensor, TensorData};
 
 /// A tensor of `data`'s own element type: `Tensor::from_data` alone would take
 /// the device's default (an f16 or f64 tensor would come back as f32).
@@ -93,7 +49,7 @@ pub fn all_reduce<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     };
     let device = tensor.device();
     let mut data = tensor.into_data();
-    with_elements!(group, data, slice => group.all_reduce(slice, op))?;
+    with_elements!(group.rank(), data, slice => group.all_reduce(slice, op))?;
     Ok(same_dtype(data, &device))
 }
 
@@ -118,7 +74,7 @@ pub fn broadcast<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     };
     let device = tensor.device();
     let mut data = tensor.into_data();
-    with_elements!(group, data, slice => group.broadcast(slice, root))?;
+    with_elements!(group.rank(), data, slice => group.broadcast(slice, root))?;
     Ok(same_dtype(data, &device))
 }
 
@@ -141,7 +97,7 @@ pub fn all_gather<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     let device = tensor.device();
     let shape = tensor.shape();
     let mut data = tensor.into_data();
-    let gathered: Vec<TensorData> = with_elements!(group, data, slice => {
+    let gathered: Vec<TensorData> = with_elements!(group.rank(), data, slice => {
         group.all_gather(slice).map(|all| {
             let per_rank = slice.len();
             (0..group.world_size())
@@ -184,7 +140,7 @@ pub fn reduce_scatter<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     };
     dims[0] /= world;
     let mut data = tensor.into_data();
-    let part: TensorData = with_elements!(group, data, slice => {
+    let part: TensorData = with_elements!(group.rank(), data, slice => {
         group
             .reduce_scatter(slice, op)
             .map(|part| TensorData::new(part, dims))

@@ -1,14 +1,16 @@
-//! The process-wide default group and its reducer, as `torch.distributed` keeps
-//! a default group.
+//! The process-wide default group and the reducer of the default scope, as
+//! `torch.distributed` keeps a default group.
 //!
-//! `Ddp<B>::backward` has no way to be handed a group, so it finds it here.
+//! A model that was never wrapped is synchronised over it (so does
+//! `Ddp<B>::backward` for parameters of no wrapped model, when no model was
+//! wrapped); wrapped models hold their own state (`crate::scope`).
 
 use crate::{BucketConfig, CommError, LaunchEnv, ProcessGroup, Reducer, Result};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The default group and the reducer that synchronises gradients over it.
+/// The default group and the reducer of models that were not wrapped.
 pub(crate) struct DdpState {
-    pub group: Arc<ProcessGroup>,
+    pub group: ProcessGroup,
     pub reducer: Mutex<Reducer>,
 }
 
@@ -16,8 +18,9 @@ static DEFAULT: Mutex<Option<Arc<DdpState>>> = Mutex::new(None);
 
 /// Joins the group described by the launcher's environment (torchrun,
 /// burn-ddp-run, Open MPI, Slurm; a world of one without a launcher) and makes it
-/// the default group, the one `Ddp<B>` synchronises gradients over.
-pub fn init_process_group() -> Result<Arc<ProcessGroup>> {
+/// the default group, the one models are synchronised over unless wrapped over
+/// another. The returned handle can be cloned and shared.
+pub fn init_process_group() -> Result<ProcessGroup> {
     let mut slot = DEFAULT.lock().unwrap();
     if let Some(state) = slot.as_ref() {
         return Err(CommError::config(format!(
@@ -26,17 +29,17 @@ pub fn init_process_group() -> Result<Arc<ProcessGroup>> {
             state.group.rank()
         )));
     }
-    let group = Arc::new(ProcessGroup::from_env()?);
+    let group = ProcessGroup::from_env()?;
     *slot = Some(Arc::new(DdpState {
-        reducer: Mutex::new(Reducer::new(Arc::clone(&group), BucketConfig::new())),
-        group: Arc::clone(&group),
+        reducer: Mutex::new(Reducer::new(&group, BucketConfig::new())),
+        group: group.clone(),
     }));
     Ok(group)
 }
 
 /// The group made by [`init_process_group`], if any.
-pub fn default_group() -> Option<Arc<ProcessGroup>> {
-    state().map(|state| Arc::clone(&state.group))
+pub fn default_group() -> Option<ProcessGroup> {
+    state().map(|state| state.group.clone())
 }
 
 pub(crate) fn state() -> Option<Arc<DdpState>> {
@@ -57,17 +60,19 @@ pub(crate) fn require_state_if_distributed() -> Result<Option<Arc<DdpState>>> {
     });
     match launched {
         Some((rank, world)) if *world > 1 => Err(CommError::config(format!(
-            "rank {rank} of {world}: a Ddp backend ran backward() before the process \
-             group was initialised, so its gradients would not be averaged; call \
+            "rank {rank} of {world}: gradients were to be averaged before the process \
+             group was initialised, so they would not be; call \
              burn_ddp::init_process_group() at the start of the program"
         ))),
         _ => Ok(None),
     }
 }
 
-/// Waits for every rank (bounded by the timeout), then forgets the default group;
-/// its connections close once the last handle to it is dropped.
+/// Waits for every rank (bounded by the timeout), then forgets the default group
+/// and the models wrapped over it; its connections close once the last handle
+/// to it is dropped.
 pub fn destroy_process_group() -> Result<()> {
     let state = DEFAULT.lock().unwrap().take().ok_or(CommError::Destroyed)?;
+    crate::scope::forget_group(&state.group);
     state.group.barrier()
 }

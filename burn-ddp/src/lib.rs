@@ -35,8 +35,10 @@
 //! `train` feature and see the `train` module (`.ddp(&ddp)` on `SupervisedTraining`).
 //!
 //! Layers: `burn-ddp-comm` (environment, store, transports, process group,
-//! reducer) knows nothing of Burn; this crate adds collectives on tensors, the
-//! `Ddp<B>` backend, model wrapping and data sharding.
+//! reducer) knows nothing of Burn; this crate is the Burn 0.21 front-end: it
+//! moves Burn tensors in and out of the reducer's buckets, finds the
+//! parameters, and offers collectives on tensors, the `Ddp<B>` backend, model
+//! wrapping, data sharding and the Learner strategy.
 
 #![deny(missing_docs)]
 
@@ -45,19 +47,22 @@ pub mod checkpoint;
 mod collective;
 pub mod data;
 mod device;
+mod dtype;
 mod global;
-mod sync;
+mod gradients;
+mod scope;
+pub(crate) mod sync;
 pub mod tracking;
 #[cfg(feature = "train")]
 pub mod train;
-mod wrap;
+pub(crate) mod wrap;
 
 pub use backend::Ddp;
 #[cfg(feature = "cuda")]
 pub use burn_ddp_comm::nccl;
 pub use burn_ddp_comm::{
     env::LaunchEnv, CommError, Element, Launcher, ParamLayout, ProcessGroup, ProcessGroupBuilder,
-    ReduceOp, Reducer, Result,
+    ReduceOp, Reducer, Result, WeakProcessGroup,
 };
 pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
@@ -69,7 +74,8 @@ pub use device::nccl_view;
 pub use device::{cuda_device_for_rank, FusedCuda, PlainCuda};
 pub use global::{default_group, destroy_process_group, init_process_group};
 pub use sync::{
-    no_sync, reset_sync_stats, sync_enabled, sync_gradients, sync_stats, NoSyncGuard, SyncStats,
+    no_sync, no_sync_for, reset_sync_stats, sync_enabled, sync_gradients, sync_stats,
+    sync_stats_of, NoSyncGuard, SyncStats,
 };
 pub use tracking::TrackedAutodiff;
 pub use wrap::{wrap, BucketConfig, DdpConfig, GradientCompression};

@@ -1,73 +1,50 @@
-//! Averaging gradients across ranks, bucket by bucket.
+//! Averaging gradients across ranks: finding them and handing them to the
+//! model's reducer, which does the rest (buckets, the layout check, the
+//! collectives, the average).
 //!
-//! Two front ends share one path: `Ddp<B>::backward` (parameters found by
-//! [`crate::tracking`]) and [`sync_gradients`] (parameters found by walking a
-//! module, for any autodiff backend). Both hand a list of flat gradients to
-//! [`average_gradients`], which concatenates each bucket on the device, moves
-//! it through the reducer in one collective and slices it back.
+//! Two ways in: `Ddp<B>::backward` (parameters found by [`crate::tracking`],
+//! each wrapped model synchronised with its own reducer) and
+//! [`sync_gradients`] (parameters found by walking a module, for any
+//! autodiff backend).
 
-use crate::device::{self, Bucket};
 use crate::global;
-use crate::tracking::{self, TrackedAutodiff};
-use crate::{CommError, ParamLayout, Reducer, Result};
+use crate::gradients::TensorGradients;
+use crate::scope::{self, ModelScope, Silence, DEFAULT_SCOPE};
+use crate::tracking::{self, LiveParam, TrackedAutodiff};
+use crate::{CollectiveBackend, CommError, ProcessGroup, Reducer, Result};
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
-use burn_ddp_comm::DType as WireDType;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
-/// Where gradient synchronisation spent its time (since the last reset).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SyncStats {
-    /// Synchronisations (backward passes or `sync_gradients` calls).
-    pub syncs: u64,
-    /// Buckets reduced.
-    pub buckets: u64,
-    /// Gradient bytes reduced.
-    pub bytes: u64,
-    /// Buckets averaged on the GPU over NCCL (the others went through host memory).
-    pub device_buckets: u64,
-    /// Waiting for the slowest rank to finish its backward pass (load imbalance,
-    /// not communication).
-    pub wait: Duration,
-    /// Flattening gradients into buckets (and, on the host path, reading them
-    /// out of the backend).
-    pub pack: Duration,
-    /// The collectives themselves (on the GPU path, including the wait for the
-    /// kernels that fill the bucket).
-    pub reduce: Duration,
-    /// Writing buckets back and splitting them into gradients.
-    pub unpack: Duration,
-}
+pub use burn_ddp_comm::SyncStats;
 
-static STATS: Mutex<SyncStats> = Mutex::new(SyncStats {
-    syncs: 0,
-    buckets: 0,
-    bytes: 0,
-    device_buckets: 0,
-    wait: Duration::ZERO,
-    pack: Duration::ZERO,
-    reduce: Duration::ZERO,
-    unpack: Duration::ZERO,
-});
-
-/// Time spent synchronising gradients so far.
+/// Time spent synchronising gradients so far, by every model of this process.
 pub fn sync_stats() -> SyncStats {
-    *STATS.lock().unwrap()
+    burn_ddp_comm::reducer::process_stats()
 }
 
 /// Starts [`sync_stats`] from zero.
 pub fn reset_sync_stats() {
-    *STATS.lock().unwrap() = SyncStats::default();
+    burn_ddp_comm::reducer::reset_process_stats()
 }
 
-static NO_SYNC_DEPTH: AtomicUsize = AtomicUsize::new(0);
+/// What synchronising `model`'s gradients cost so far: its own reducer's
+/// figures if it was wrapped, else those of the default group's reducer
+/// (shared by every model never wrapped); `None` without either.
+pub fn sync_stats_of<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> Option<SyncStats> {
+    match scope_of(model) {
+        Some(scope) => Some(scope.reducer.lock().unwrap().stats()),
+        None => global::state().map(|state| state.reducer.lock().unwrap().stats()),
+    }
+}
 
-/// While alive, `Ddp<B>::backward` keeps gradients local (PyTorch's `no_sync()`).
+/// While alive, `Ddp<B>::backward` on this thread keeps gradients local
+/// (PyTorch's `no_sync()`): for every model ([`no_sync`]) or for one
+/// ([`no_sync_for`]). Other threads are not affected.
 ///
 /// Use it to accumulate gradients over several micro-batches and communicate
 /// once: run the first k-1 backward passes under the guard, accumulate the
@@ -100,261 +77,242 @@ static NO_SYNC_DEPTH: AtomicUsize = AtomicUsize::new(0);
 /// ```
 #[must_use = "gradients stay local only while the guard is alive"]
 pub struct NoSyncGuard {
-    _private: (),
+    _silence: Silence,
+    /// Dropped on the thread that made it (the state is per thread).
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
-/// Turns off gradient synchronisation until the returned guard is dropped.
+/// Turns off gradient synchronisation in `backward()` on this thread, for
+/// every model, until the returned guard is dropped.
 pub fn no_sync() -> NoSyncGuard {
-    NO_SYNC_DEPTH.fetch_add(1, Ordering::SeqCst);
-    NoSyncGuard { _private: () }
-}
-
-impl Drop for NoSyncGuard {
-    fn drop(&mut self) {
-        NO_SYNC_DEPTH.fetch_sub(1, Ordering::SeqCst);
+    NoSyncGuard {
+        _silence: Silence::all(),
+        _not_send: std::marker::PhantomData,
     }
 }
 
-/// Whether backward passes currently synchronise.
+/// Turns off gradient synchronisation in `backward()` on this thread for
+/// `model` alone (PyTorch's `ddp_model.no_sync()`), until the guard is
+/// dropped. A GAN's generator step, whose loss also runs through the
+/// discriminator, keeps the discriminator's gradients local this way. A model
+/// that was never wrapped stands for every model of the default group.
+pub fn no_sync_for<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> NoSyncGuard {
+    let scope = scope_of(model).map_or(DEFAULT_SCOPE, |scope| scope.id);
+    NoSyncGuard {
+        _silence: Silence::one(scope),
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+/// Whether backward passes on this thread currently synchronise (no
+/// [`no_sync`] guard is alive).
 pub fn sync_enabled() -> bool {
-    NO_SYNC_DEPTH.load(Ordering::SeqCst) == 0
+    scope::all_enabled()
 }
 
-/// Called by `Ddp<B>::backward` with the fresh gradients.
-pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Result<()> {
-    if !sync_enabled() {
-        return Ok(());
+/// The state of the model `model` belongs to, if it was wrapped.
+fn scope_of<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+) -> Option<std::sync::Arc<ModelScope>> {
+    let mut first = FirstTrainable(None);
+    model.visit(&mut first);
+    first.0.and_then(scope::of_param)
+}
+
+/// The id of a module's first trainable parameter.
+struct FirstTrainable(Option<ParamId>);
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for FirstTrainable {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.0.is_none() && param.val().is_require_grad() {
+            self.0 = Some(param.id);
+        }
     }
-    let Some(state) = global::require_state_if_distributed()? else {
-        return Ok(());
-    };
-    if skip_single_process(&state.group)? {
-        return Ok(());
-    }
-    let params = tracking::live_params::<B>();
-    let Some(device) = params.first().map(|(_, _, key)| B::float_device(key)) else {
-        return Ok(());
-    };
-    let layout = params
-        .iter()
-        .map(|(shape, dtype, _)| param_layout(state.group.rank(), shape, *dtype))
-        .collect::<Result<Vec<_>>>()?;
-    // A parameter this pass did not reach gets a zero gradient, so every rank
-    // issues the same collectives.
-    let local: Vec<Option<FloatTensor<B::InnerBackend>>> = params
-        .iter()
-        .map(|(_, _, key)| B::grad_remove(key, grads))
-        .collect();
-    let mut reducer = state.reducer.lock().unwrap();
-    let averaged = average_gradients::<B::InnerBackend>(&mut reducer, &layout, local, &device)?;
-    for ((_, _, key), grad) in params.iter().zip(averaged) {
-        B::grad_replace(key, grads, grad);
+}
+
+/// Whether a reducer over `group` has anything to do: not in a world of one,
+/// unless the device backend is `nccl` (so one process can exercise the GPU
+/// path).
+fn has_peers(group: &ProcessGroup) -> bool {
+    group.world_size() > 1 || group.device_backend() == CollectiveBackend::Nccl
+}
+
+/// `BURN_DDP_BACKEND=nccl` with gradients in host memory is refused, as it is
+/// for tensor collectives.
+fn check_backend<I: burn::tensor::backend::Backend>(
+    group: &ProcessGroup,
+    set: &TensorGradients<I>,
+) -> Result<()> {
+    if group.device_backend() == CollectiveBackend::Nccl
+        && set.placement() == burn_ddp_comm::Placement::Host
+    {
+        return Err(crate::device::nccl_refused::<FloatTensor<I>>(group));
     }
     Ok(())
 }
 
-/// A world of one has nothing to average, unless `BURN_DDP_BACKEND=nccl` asks
-/// for the GPU path anyway (so one process can exercise it).
-fn skip_single_process(group: &crate::ProcessGroup) -> Result<bool> {
-    Ok(group.world_size() == 1
-        && device::configured_backend(group)? != crate::CollectiveBackend::Nccl)
-}
-
-fn param_layout(rank: usize, shape: &[usize], dtype: DType) -> Result<ParamLayout> {
-    let dtype = match dtype {
-        DType::F32 => WireDType::F32,
-        DType::F64 => WireDType::F64,
-        DType::F16 => WireDType::F16,
-        DType::BF16 => WireDType::BF16,
-        other => {
-            return Err(CommError::InvalidArgument {
-                rank,
-                message: format!(
-                    "burn-ddp averages f32, f64, f16 and bf16 gradients; a parameter has \
-                     {other:?} (train in one of those, or cast the parameter)"
-                ),
-            })
-        }
-    };
-    Ok(ParamLayout {
-        shape: shape.to_vec(),
-        dtype,
+/// Averages `set` with `reducer`; `Ok(None)` when nothing moved.
+fn synchronize<I: burn::tensor::backend::Backend>(
+    reducer: &Mutex<Reducer>,
+    group: &ProcessGroup,
+    mut set: TensorGradients<I>,
+) -> Result<Vec<Option<FloatTensor<I>>>> {
+    check_backend(group, &set)?;
+    let moved = reducer.lock().unwrap().synchronize(&mut set)?;
+    Ok(if moved {
+        set.into_averaged()
+    } else {
+        set.into_original()
     })
 }
 
-/// Averages `grads` (missing ones count as zero) over all ranks, returning them
-/// in the same order and shapes.
-pub(crate) fn average_gradients<I: Backend>(
-    reducer: &mut Reducer,
-    layout: &[ParamLayout],
-    mut grads: Vec<Option<FloatTensor<I>>>,
-    device: &I::Device,
-) -> Result<Vec<FloatTensor<I>>> {
-    let rank = reducer.group().rank();
-    let mut averaged: Vec<Option<FloatTensor<I>>> = (0..layout.len()).map(|_| None).collect();
-    let mut stats = SyncStats {
-        syncs: 1,
-        ..SyncStats::default()
-    };
-    // `prepare` makes the one small collective that checks every rank has the
-    // same layout; it also absorbs the wait for the slowest rank, so its time is
-    // told apart from the time the bucket collectives take.
-    let waiting = Instant::now();
-    let plan = reducer.prepare(layout)?.clone();
-    stats.wait = waiting.elapsed();
-    for bucket in &plan.buckets {
-        let started = Instant::now();
-        let members = &plan.order[bucket.slots.clone()];
-        let parts: Vec<Tensor<I, 1>> = members
-            .iter()
-            .map(|&p| {
-                let numel = layout[p].numel();
-                let flat = match grads[p].take() {
-                    Some(grad) => I::float_reshape(grad, [numel].into()),
-                    None => I::float_zeros([numel].into(), device, float_dtype(&layout[p]).into()),
-                };
-                Tensor::from_primitive(TensorPrimitive::Float(flat))
-            })
-            .collect();
-        let flat = Tensor::cat(parts, 0).into_primitive().tensor();
-        let catted = Instant::now();
-        stats.buckets += 1;
-        stats.bytes += members
-            .iter()
-            .map(|&p| layout[p].numel() * float_dtype(&layout[p]).size())
-            .sum::<usize>() as u64;
-        let (flat, packed, reduced) = match device::average_bucket::<I>(reducer, flat)? {
-            Bucket::Averaged(flat) => {
-                stats.device_buckets += 1;
-                (flat, catted, Instant::now())
+/// Called by `Ddp<B>::backward` with the fresh gradients: each wrapped model's
+/// parameters averaged with its own reducer, in wrap order; without wrapped
+/// models, every parameter over the default group.
+pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Result<()> {
+    if !scope::all_enabled() {
+        return Ok(());
+    }
+    let mut by_scope: BTreeMap<u64, Vec<LiveParam<B>>> = BTreeMap::new();
+    for param in tracking::live_params::<B>() {
+        by_scope.entry(param.scope).or_default().push(param);
+    }
+    let wrapped = scope::any_wrapped();
+    for (id, params) in by_scope {
+        if !scope::enabled(id) {
+            continue;
+        }
+        if id == DEFAULT_SCOPE {
+            if wrapped {
+                check_outside_models::<B>(&params, grads)?;
+                continue;
             }
-            Bucket::OnHost(flat) => {
-                let mut data =
-                    Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(flat)).into_data();
-                let packed = Instant::now();
-                reduce_data(reducer, &mut data, rank)?;
-                let reduced = Instant::now();
-                let dtype = data.dtype;
-                let flat = Tensor::<I, 1>::from_data(data, (device, dtype));
-                (flat.into_primitive().tensor(), packed, reduced)
-            }
+            let Some(state) = global::require_state_if_distributed()? else {
+                continue;
+            };
+            sync_params::<B>(&state.reducer, &state.group, params, grads)?;
+            continue;
+        }
+        // A scope forgotten with its group (destroy_process_group) syncs no more.
+        let Some(model) = scope::by_id(id) else {
+            continue;
         };
-        let flat = Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(flat));
-        for (&p, &offset) in members.iter().zip(&bucket.offsets) {
-            let numel = layout[p].numel();
-            let part = flat
-                .clone()
-                .slice(offset..offset + numel)
-                .into_primitive()
-                .tensor();
-            averaged[p] = Some(I::float_reshape(part, layout[p].shape.clone().into()));
+        let group = model.reducer.lock().unwrap().group().map_err(|_| {
+            CommError::config(
+                "a wrapped model's process group was destroyed, but its backward pass \
+                 still runs; wrap the model again over a live group",
+            )
+        })?;
+        sync_params::<B>(&model.reducer, &group, params, grads)?;
+    }
+    Ok(())
+}
+
+/// One scope's gradients, out of `grads`, averaged, and back in.
+fn sync_params<B: TrackedAutodiff>(
+    reducer: &Mutex<Reducer>,
+    group: &ProcessGroup,
+    params: Vec<LiveParam<B>>,
+    grads: &mut B::Gradients,
+) -> Result<()> {
+    if !has_peers(group) || params.is_empty() {
+        return Ok(());
+    }
+    let device = B::float_device(&params[0].key);
+    let mut set = TensorGradients::<B::InnerBackend>::new(group.rank(), device);
+    for param in &params {
+        // A parameter this pass did not reach gets a zero gradient, so every
+        // rank issues the same collectives.
+        let grad = B::grad_remove(&param.key, grads);
+        set.push(param.id, param.shape.clone(), param.dtype, grad)?;
+    }
+    let averaged = synchronize(reducer, group, set)?;
+    for (param, grad) in params.iter().zip(averaged) {
+        if let Some(grad) = grad {
+            B::grad_replace(&param.key, grads, grad);
         }
-        stats.pack += packed - started;
-        stats.reduce += reduced - packed;
-        stats.unpack += reduced.elapsed();
     }
-    log::debug!(
-        "rank {rank}: gradient sync of {} bytes in {} bucket(s) ({} over NCCL): wait {:?}, \
-         pack {:?}, all-reduce {:?}, unpack {:?}",
-        stats.bytes,
-        stats.buckets,
-        stats.device_buckets,
-        stats.wait,
-        stats.pack,
-        stats.reduce,
-        stats.unpack
-    );
-    let mut total = STATS.lock().unwrap();
-    total.syncs += stats.syncs;
-    total.buckets += stats.buckets;
-    total.bytes += stats.bytes;
-    total.device_buckets += stats.device_buckets;
-    total.wait += stats.wait;
-    total.pack += stats.pack;
-    total.reduce += stats.reduce;
-    total.unpack += stats.unpack;
-    drop(total);
-    Ok(averaged
-        .into_iter()
-        .map(|g| g.expect("every parameter is in a bucket"))
-        .collect())
+    Ok(())
 }
 
-fn float_dtype(layout: &ParamLayout) -> DType {
-    match layout.dtype {
-        WireDType::F64 => DType::F64,
-        WireDType::F16 => DType::F16,
-        WireDType::BF16 => DType::BF16,
-        _ => DType::F32,
-    }
-}
-
-fn reduce_data(reducer: &Reducer, data: &mut TensorData, rank: usize) -> Result<()> {
-    let view_error = |err| CommError::InvalidArgument {
-        rank,
-        message: format!("cannot view a gradient bucket as numbers: {err:?}"),
+/// With models wrapped, a trainable tensor of none of them that got a
+/// gradient would silently train on this rank's gradient alone: an error.
+fn check_outside_models<B: TrackedAutodiff>(
+    params: &[LiveParam<B>],
+    grads: &B::Gradients,
+) -> Result<()> {
+    let Some(stray) = params.iter().find(|p| B::grad(&p.key, grads).is_some()) else {
+        return Ok(());
     };
-    match data.dtype {
-        DType::F32 => reducer.reduce_bucket(data.as_mut_slice::<f32>().map_err(view_error)?),
-        DType::F64 => reducer.reduce_bucket(data.as_mut_slice::<f64>().map_err(view_error)?),
-        DType::F16 => reducer.reduce_bucket(data.as_mut_slice::<half::f16>().map_err(view_error)?),
-        DType::BF16 => {
-            reducer.reduce_bucket(data.as_mut_slice::<half::bf16>().map_err(view_error)?)
-        }
-        other => Err(CommError::InvalidArgument {
-            rank,
-            message: format!("gradient bucket of unsupported type {other:?}"),
-        }),
-    }
+    let rank = global::state().map_or(0, |state| state.group.rank());
+    Err(CommError::config(format!(
+        "rank {rank}: a tensor that requires gradients (shape {:?}) got a gradient in \
+         backward() but belongs to no wrapped model, so it would train on this rank's \
+         gradient alone; wrap the model it belongs to with burn_ddp::wrap (again after \
+         loading a record into it or moving it to another device), or make it a \
+         constant (no require_grad)",
+        stray.shape
+    )))
 }
 
-/// Averages accumulated gradients of `module` over all ranks of the default
-/// group, for any autodiff backend (no `Ddp<B>` needed).
+/// Averages the gradients of `module` over all ranks, for any autodiff
+/// backend (no `Ddp<B>` needed): over the group and with the buckets it was
+/// wrapped with, or over the default group if it never was.
 ///
 /// Every trainable parameter takes part, in declaration order; one missing
 /// from `grads` counts as zero. Use it after accumulating micro-batches under
 /// [`no_sync`], or with a plain `Autodiff<B>` backend.
 pub fn sync_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
+    grads: GradientsParams,
+) -> Result<GradientsParams> {
+    match scope_of(module) {
+        Some(model) => {
+            let group = model.reducer.lock().unwrap().group()?;
+            sync_module(&model.reducer, &group, module, grads)
+        }
+        None => match global::require_state_if_distributed()? {
+            Some(state) => sync_module(&state.reducer, &state.group, module, grads),
+            None => Ok(grads),
+        },
+    }
+}
+
+/// [`sync_gradients`] with a given reducer (the Learner strategy's own).
+pub(crate) fn sync_module<B: AutodiffBackend, M: AutodiffModule<B>>(
+    reducer: &Mutex<Reducer>,
+    group: &ProcessGroup,
+    module: &M,
     mut grads: GradientsParams,
 ) -> Result<GradientsParams> {
-    let Some(state) = global::require_state_if_distributed()? else {
-        return Ok(grads);
-    };
-    let group = &state.group;
-    if skip_single_process(group)? {
+    if !has_peers(group) {
         return Ok(grads);
     }
     let mut collect = CollectGrads::<B> {
         grads: &mut grads,
         rank: group.rank(),
         ids: Vec::new(),
-        layout: Vec::new(),
-        local: Vec::new(),
-        device: None,
+        set: None,
         error: None,
     };
     module.visit(&mut collect);
-    if let Some(err) = collect.error {
+    let CollectGrads {
+        ids, set, error, ..
+    } = collect;
+    if let Some(err) = error {
         return Err(err);
     }
-    let CollectGrads {
-        ids,
-        layout,
-        local,
-        device,
-        ..
-    } = collect;
-    let Some(device) = device else {
+    let Some(set) = set else {
         return Ok(grads);
     };
-    let averaged = {
-        let mut reducer = state.reducer.lock().unwrap();
-        average_gradients::<B::InnerBackend>(&mut reducer, &layout, local, &device)?
-    };
+    let averaged = synchronize(reducer, group, set)?;
     let mut put_back = PutBack::<B> {
         grads: &mut grads,
-        averaged: ids.into_iter().zip(averaged).collect(),
+        averaged: ids
+            .into_iter()
+            .zip(averaged)
+            .filter_map(|(id, grad)| Some((id, grad?)))
+            .collect(),
     };
     module.visit(&mut put_back);
     Ok(grads)
@@ -365,36 +323,37 @@ struct CollectGrads<'a, B: AutodiffBackend> {
     grads: &'a mut GradientsParams,
     rank: usize,
     ids: Vec<ParamId>,
-    layout: Vec<ParamLayout>,
-    local: Vec<Option<FloatTensor<B::InnerBackend>>>,
-    device: Option<burn_backend::tensor::Device<B::InnerBackend>>,
+    set: Option<TensorGradients<B::InnerBackend>>,
     error: Option<CommError>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for CollectGrads<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let value = param.val();
-        if !value.is_require_grad() {
+        if !value.is_require_grad() || self.error.is_some() {
             return; // buffers (batch-norm statistics) are not trained
         }
-        match param_layout(self.rank, &value.dims(), value.dtype()) {
-            Ok(layout) => self.layout.push(layout),
-            Err(err) => {
-                self.error.get_or_insert(err);
-                return;
-            }
-        }
-        self.device.get_or_insert_with(|| value.device());
-        self.ids.push(param.id);
+        let set = self
+            .set
+            .get_or_insert_with(|| TensorGradients::new(self.rank, value.device()));
         let grad = self.grads.remove::<B::InnerBackend, D>(param.id);
-        self.local.push(grad.map(|g| g.into_primitive().tensor()));
+        let pushed = set.push(
+            param.id.val(),
+            value.dims().to_vec(),
+            value.dtype(),
+            grad.map(|g| g.into_primitive().tensor()),
+        );
+        match pushed {
+            Ok(()) => self.ids.push(param.id),
+            Err(err) => self.error = Some(err),
+        }
     }
 }
 
 /// Puts the averaged gradients back under their parameter ids.
 struct PutBack<'a, B: AutodiffBackend> {
     grads: &'a mut GradientsParams,
-    averaged: std::collections::HashMap<ParamId, FloatTensor<B::InnerBackend>>,
+    averaged: HashMap<ParamId, FloatTensor<B::InnerBackend>>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for PutBack<'_, B> {

@@ -1,14 +1,23 @@
-//! Which tensors are parameters: every leaf marked `require_grad`, in the order
-//! they were marked.
+//! Which tensors are parameters, and of which wrapped model: every leaf
+//! marked `require_grad`, in the order they were marked.
 //!
-//! Burn 0.21 cannot enumerate a `Gradients` container, and `ParamId`s are
-//! random per process, so `Ddp<B>` watches `float_set_require_grad(_, true)`:
+//! Burn 0.21 cannot enumerate a `Gradients` container, and a backward pass
+//! knows no module, so `Ddp<B>` watches `float_set_require_grad(_, true)`:
 //! initialisation, `Param::from_tensor`, loading a record and every optimizer
 //! update pass through it. Each parameter is kept as a *slot*: its node id, a
 //! key tensor that addresses its gradient without owning its data, and a weak
 //! liveness signal, so a parameter replaced by the optimizer is forgotten at the
 //! next backward instead of being kept alive.
+//!
+//! Each slot also carries the scope (wrapped model) it belongs to: the one
+//! being wrapped when it was marked, or, for an optimizer update, the scope
+//! of the parameter it replaces. Burn's optimizers take the old parameter's
+//! inner tensor (`inner()`) and mark the new one right after
+//! (`from_inner(..).require_grad()`), with nothing of `Ddp<B>` in between, so
+//! the last `inner()` of a parameter on this thread, if its shape and type
+//! match, names the predecessor. Anything else is in the default scope.
 
+use crate::scope::DEFAULT_SCOPE;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::Autodiff;
 use burn_backend::backend::{AutodiffBackend, Backend};
@@ -16,7 +25,8 @@ use burn_backend::ops::FloatTensorOps;
 use burn_backend::tensor::FloatTensor;
 use burn_backend::{DType, Shape, TensorMetadata};
 use std::any::Any;
-use std::collections::HashSet;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 /// A parameter as the reducer sees it.
@@ -38,6 +48,9 @@ pub struct ParamSlot<B: AutodiffBackend> {
 pub trait TrackedAutodiff: AutodiffBackend {
     /// The slot of a leaf tensor that requires gradients, `None` for any other tensor.
     fn param_slot(tensor: &FloatTensor<Self>) -> Option<ParamSlot<Self>>;
+
+    /// The autodiff node id of a tensor that requires gradients.
+    fn node_id(tensor: &FloatTensor<Self>) -> Option<u64>;
 }
 
 impl<B: Backend, C: CheckpointStrategy> TrackedAutodiff for Autodiff<B, C> {
@@ -63,11 +76,16 @@ impl<B: Backend, C: CheckpointStrategy> TrackedAutodiff for Autodiff<B, C> {
             dtype,
         })
     }
+
+    fn node_id(tensor: &FloatTensor<Self>) -> Option<u64> {
+        Self::float_is_require_grad(tensor).then_some(tensor.node.id.value)
+    }
 }
 
 /// A slot of any backend, type-erased so one registry serves the process.
 struct Entry {
     id: u64,
+    scope: u64,
     alive: Weak<dyn Any + Send + Sync>,
     slot: Box<dyn Any + Send>,
 }
@@ -75,23 +93,87 @@ struct Entry {
 #[derive(Default)]
 struct Registry {
     entries: Vec<Entry>,
-    ids: HashSet<u64>,
+    /// Node id -> scope, for every entry.
+    scopes: HashMap<u64, u64>,
     /// Live entries after the last pruning, to prune again once dead ones pile up.
     live_after_prune: usize,
 }
 
 impl Registry {
     fn prune(&mut self) {
-        let ids = &mut self.ids;
+        let scopes = &mut self.scopes;
         self.entries.retain(|entry| {
             let alive = entry.alive.strong_count() > 0;
             if !alive {
-                ids.remove(&entry.id);
+                scopes.remove(&entry.id);
             }
             alive
         });
         self.live_after_prune = self.entries.len();
     }
+}
+
+/// What the last `inner()` of a parameter on this thread was: a new
+/// parameter of the same shape and type marked next takes its scope.
+#[derive(Clone, PartialEq)]
+struct Predecessor {
+    scope: u64,
+    shape: Vec<usize>,
+    dtype: DType,
+}
+
+thread_local! {
+    static PREDECESSOR: RefCell<Option<Predecessor>> = const { RefCell::new(None) };
+    /// The scope of the model being wrapped on this thread, while it is.
+    static WRAPPING: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// While alive, parameters marked on this thread belong to `scope` (the
+/// model `wrap` is broadcasting).
+pub(crate) struct WrappingScope {
+    before: Option<u64>,
+}
+
+impl WrappingScope {
+    pub fn enter(scope: u64) -> Self {
+        Self {
+            before: WRAPPING.with(|w| w.replace(Some(scope))),
+        }
+    }
+}
+
+impl Drop for WrappingScope {
+    fn drop(&mut self) {
+        WRAPPING.with(|w| w.set(self.before));
+    }
+}
+
+/// Called by `Ddp<B>::inner`: remembers a parameter whose inner tensor is
+/// taken, as the predecessor of the next one marked.
+pub(crate) fn taking_inner<B: TrackedAutodiff>(tensor: &FloatTensor<B>) {
+    let Some(id) = B::node_id(tensor) else {
+        return;
+    };
+    let scope = with_registry(|registry| registry.scopes.get(&id).copied());
+    if let Some(scope) = scope.filter(|s| *s != DEFAULT_SCOPE) {
+        let predecessor = Predecessor {
+            scope,
+            shape: tensor.shape().to_vec(),
+            dtype: tensor.dtype(),
+        };
+        PREDECESSOR.with(|p| *p.borrow_mut() = Some(predecessor));
+    }
+}
+
+/// The scope a parameter marked now belongs to.
+fn scope_for(shape: &[usize], dtype: DType) -> u64 {
+    if let Some(scope) = WRAPPING.with(Cell::get) {
+        return scope;
+    }
+    PREDECESSOR
+        .with(|p| p.borrow_mut().take())
+        .filter(|p| p.shape == shape && p.dtype == dtype)
+        .map_or(DEFAULT_SCOPE, |p| p.scope)
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
@@ -116,13 +198,15 @@ pub(crate) fn set_require_grad<B: TrackedAutodiff>(
 }
 
 fn register<B: TrackedAutodiff>(slot: ParamSlot<B>) {
+    let scope = scope_for(&slot.shape, slot.dtype);
     with_registry(|registry| {
         // A tensor that is already a parameter keeps its node: nothing new.
-        if !registry.ids.insert(slot.id) {
+        if registry.scopes.insert(slot.id, scope).is_some() {
             return;
         }
         registry.entries.push(Entry {
             id: slot.id,
+            scope,
             alive: slot.alive.clone(),
             slot: Box::new(slot),
         });
@@ -134,16 +218,33 @@ fn register<B: TrackedAutodiff>(slot: ParamSlot<B>) {
     })
 }
 
+/// A live parameter, as the backward pass needs it.
+pub(crate) struct LiveParam<B: TrackedAutodiff> {
+    pub id: u64,
+    pub scope: u64,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub key: FloatTensor<B>,
+}
+
 /// The live parameters of backend `B`, in registration order, after forgetting
 /// dead ones. Keys are cloned out so no lock is held while gradients move.
-pub(crate) fn live_params<B: TrackedAutodiff>() -> Vec<(Vec<usize>, DType, FloatTensor<B>)> {
+pub(crate) fn live_params<B: TrackedAutodiff>() -> Vec<LiveParam<B>> {
     with_registry(|registry| {
         registry.prune();
         registry
             .entries
             .iter()
-            .filter_map(|entry| entry.slot.downcast_ref::<ParamSlot<B>>())
-            .map(|slot| (slot.shape.clone(), slot.dtype, slot.key.clone()))
+            .filter_map(|entry| {
+                let slot = entry.slot.downcast_ref::<ParamSlot<B>>()?;
+                Some(LiveParam {
+                    id: slot.id,
+                    scope: entry.scope,
+                    shape: slot.shape.clone(),
+                    dtype: slot.dtype,
+                    key: slot.key.clone(),
+                })
+            })
             .collect()
     })
 }

@@ -1,12 +1,15 @@
 //! Preparing a model for data-parallel training, as `DistributedDataParallel(model)`.
 
-use crate::{global, CommError, ProcessGroup};
+use crate::scope;
+use crate::tracking::WrappingScope;
+use crate::{CommError, ProcessGroup};
 use burn::config::Config;
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Int, Tensor};
-use burn_ddp_comm::reducer::check_same_layout;
+use burn_ddp_comm::reducer::{check_layouts_agree, check_same_layout};
 use burn_ddp_comm::ParamLayout;
+use std::collections::HashSet;
 
 /// How gradients are grouped into buckets, in bytes: a Burn `Config` (save it
 /// with `.save(path)`, read it back with `BucketConfig::load(path)`).
@@ -65,6 +68,12 @@ pub struct DdpConfig {
     /// `bf16_compress_hook`). Only f32 sums between machines are compressed.
     #[config(default = "GradientCompression::None")]
     pub gradient_compression: GradientCompression,
+    /// Whether `wrap` also gives every rank rank 0's buffers (tensors without
+    /// gradients: batch-norm statistics, frozen weights), as PyTorch's
+    /// `broadcast_buffers`. Off, each rank keeps its own, and they may differ
+    /// between ranks (a frozen tensor only one rank has).
+    #[config(default = true)]
+    pub broadcast_buffers: bool,
 }
 
 /// [`DdpConfig::gradient_compression`].
@@ -89,36 +98,98 @@ impl From<GradientCompression> for burn_ddp_comm::WireCompression {
 }
 
 impl DdpConfig {
-    /// Broadcasts rank 0's parameters and buffers (batch-norm statistics, ...)
-    /// to every rank, so all replicas start identical whatever seed each used,
-    /// and applies this configuration to the default group's reducer.
+    /// Prepares `model` for data-parallel training over `group`, as
+    /// `DistributedDataParallel(model, process_group=group)`: rank 0's
+    /// parameters (and buffers, unless [`broadcast_buffers`](Self::broadcast_buffers)
+    /// is off) are broadcast to every rank, so all replicas start identical
+    /// whatever seed each used, and the model gets its own synchronisation
+    /// state (reducer, buckets, statistics) over `group`, so two models
+    /// wrapped separately are synchronised separately.
     ///
     /// Every parameter is initialised here, in declaration order, which is also
     /// the order `Ddp<B>` keeps them in; call it once, after building (or
-    /// loading) the model and before the first forward pass.
+    /// loading) the model and before the first forward pass, and again after
+    /// loading a record into it or moving it to another device.
     pub fn wrap<B: Backend, M: Module<B>>(
         &self,
         model: M,
         group: &ProcessGroup,
     ) -> crate::Result<M> {
         let config = self.bucket_config(group.rank())?;
-        if let Some(state) = global::state() {
-            state.reducer.lock().unwrap().set_config(config);
-        }
         if self.gradient_compression != GradientCompression::None {
             group.set_wire_compression(self.gradient_compression.into());
         }
-        // Broadcasting tensors of different sizes would garble or hang: compare
-        // the models first, so a mismatch is a clear error on every rank.
-        let mut layout = LayoutOf(Vec::new());
-        model.visit(&mut layout);
-        check_same_layout(group, &layout.0)?;
-        let mut broadcaster = Broadcaster { group, error: None };
-        let model = model.map(&mut broadcaster);
-        match broadcaster.error {
-            Some(err) => Err(err),
-            None => Ok(model),
-        }
+        check_module(&model, group, self.broadcast_buffers)?;
+        let mut trainable = TrainableIds::default();
+        model.visit(&mut trainable);
+        let scope = (!trainable.0.is_empty()).then(|| scope::register(group, config, trainable.0));
+        // Parameters marked while broadcasting are this model's (`Ddp<B>`).
+        let _wrapping = scope.map(|scope| WrappingScope::enter(scope.id));
+        broadcast_checked(model, group, self.broadcast_buffers)
+    }
+}
+
+/// Rank 0's trainable parameters (and, with `buffers`, every other tensor)
+/// on every rank, after checking that all ranks hold the same ones.
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
+pub(crate) fn broadcast_module<B: Backend, M: Module<B>>(
+    model: M,
+    group: &ProcessGroup,
+    buffers: bool,
+) -> crate::Result<M> {
+    check_module(&model, group, buffers)?;
+    broadcast_checked(model, group, buffers)
+}
+
+/// Fails on every rank unless all hold the same trainable parameters (and,
+/// with `buffers`, the same other tensors): broadcasting tensors of
+/// different sizes would garble or hang.
+fn check_module<B: Backend, M: Module<B>>(
+    model: &M,
+    group: &ProcessGroup,
+    buffers: bool,
+) -> crate::Result<()> {
+    let rank = group.rank();
+    let mut layout = LayoutOf::new(rank);
+    model.visit(&mut layout);
+    let LayoutOf {
+        trainable,
+        buffers: buffer_layout,
+        error,
+        ..
+    } = layout;
+    if let Some(err) = error {
+        return Err(err);
+    }
+    check_same_layout(group, &trainable)?;
+    if buffers {
+        check_layouts_agree(
+            group,
+            &buffer_layout,
+            "buffers",
+            "Buffers are tensors without gradients (batch-norm statistics, frozen \
+             weights); build the same ones on every rank, or keep each rank's own with \
+             DdpConfig::new().with_broadcast_buffers(false)",
+        )?;
+    }
+    Ok(())
+}
+
+/// [`broadcast_module`] once [`check_module`] passed.
+fn broadcast_checked<B: Backend, M: Module<B>>(
+    model: M,
+    group: &ProcessGroup,
+    buffers: bool,
+) -> crate::Result<M> {
+    let mut broadcaster = Broadcaster {
+        group,
+        buffers,
+        error: None,
+    };
+    let model = model.map(&mut broadcaster);
+    match broadcaster.error {
+        Some(err) => Err(err),
+        None => Ok(model),
     }
 }
 
@@ -147,9 +218,11 @@ pub fn wrap<B: Backend, M: Module<B>>(model: M, group: &ProcessGroup) -> crate::
     DdpConfig::new().wrap(model, group)
 }
 
-/// Replaces every float and int tensor of a module by rank 0's.
+/// Replaces a module's trainable tensors (and, with `buffers`, every other
+/// tensor) by rank 0's.
 struct Broadcaster<'a> {
     group: &'a ProcessGroup,
+    buffers: bool,
     /// The first failure; later tensors are left alone so no rank waits on a
     /// collective the others will not join.
     error: Option<CommError>,
@@ -181,6 +254,9 @@ impl<B: Backend> ModuleMapper<B> for Broadcaster<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (id, tensor, mapper) = param.consume();
         let require_grad = tensor.is_require_grad();
+        if !require_grad && !self.buffers {
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
         let mut value = self.broadcast(tensor);
         if require_grad {
             value = value.require_grad();
@@ -193,37 +269,74 @@ impl<B: Backend> ModuleMapper<B> for Broadcaster<'_> {
         param: Param<Tensor<B, D, Int>>,
     ) -> Param<Tensor<B, D, Int>> {
         let (id, tensor, mapper) = param.consume();
+        if !self.buffers {
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
         Param::from_mapped_value(id, self.broadcast(tensor), mapper)
     }
 }
 
-/// The shape and type of every tensor a module holds, in visiting order.
-struct LayoutOf(Vec<ParamLayout>);
+/// The ids of a module's trainable parameters.
+#[derive(Default)]
+struct TrainableIds(HashSet<ParamId>);
+
+impl<B: Backend> ModuleVisitor<B> for TrainableIds {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if param.val().is_require_grad() {
+            self.0.insert(param.id);
+        }
+    }
+}
+
+/// The shape and type of every tensor a module holds, in visiting order:
+/// trainable parameters apart from buffers.
+struct LayoutOf {
+    rank: usize,
+    trainable: Vec<ParamLayout>,
+    buffers: Vec<ParamLayout>,
+    error: Option<CommError>,
+}
 
 impl LayoutOf {
-    fn push(&mut self, dims: Vec<usize>, dtype: burn::tensor::DType) {
-        use burn_ddp_comm::DType as Wire;
-        let dtype = match dtype {
-            burn::tensor::DType::F64 => Wire::F64,
-            burn::tensor::DType::I64 => Wire::I64,
-            burn::tensor::DType::I32 => Wire::I32,
-            burn::tensor::DType::F16 => Wire::F16,
-            burn::tensor::DType::BF16 => Wire::BF16,
-            _ => Wire::F32,
-        };
-        self.0.push(ParamLayout { shape: dims, dtype });
+    fn new(rank: usize) -> Self {
+        Self {
+            rank,
+            trainable: Vec::new(),
+            buffers: Vec::new(),
+            error: None,
+        }
+    }
+
+    fn push(&mut self, trainable: bool, dims: Vec<usize>, dtype: burn::tensor::DType) {
+        match crate::dtype::wire_or_error(self.rank, dtype, "wrap") {
+            Ok(dtype) => {
+                let layout = ParamLayout { shape: dims, dtype };
+                if trainable {
+                    self.trainable.push(layout);
+                } else {
+                    self.buffers.push(layout);
+                }
+            }
+            Err(err) => {
+                self.error.get_or_insert(err);
+            }
+        }
     }
 }
 
 impl<B: Backend> ModuleVisitor<B> for LayoutOf {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let value = param.val();
-        self.push(value.dims().to_vec(), value.dtype());
+        self.push(
+            value.is_require_grad(),
+            value.dims().to_vec(),
+            value.dtype(),
+        );
     }
 
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
         let value = param.val();
-        self.push(value.dims().to_vec(), value.dtype());
+        self.push(false, value.dims().to_vec(), value.dtype());
     }
 }
 

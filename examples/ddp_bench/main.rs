@@ -10,6 +10,7 @@
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode share
 //! ```
 
+mod alloc;
 #[path = "../common/mod.rs"]
 mod common;
 #[path = "../mnist/net.rs"]
@@ -28,6 +29,9 @@ use common::cli::positive;
 use common::fail;
 use net::Net;
 use std::time::Instant;
+
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 type Plain = Autodiff<Flex>;
 type Wrapped = Ddp<Autodiff<Flex>>;
@@ -67,8 +71,13 @@ fn median(mut times: Vec<f64>) -> f64 {
     times[times.len() / 2]
 }
 
-/// One MNIST CNN training step (forward, backward, AdamW-free SGD step), in seconds.
-fn mnist_step<B: AutodiffBackend>(model: Net<B>, batch: usize, sync: bool) -> (Net<B>, f64, f64) {
+/// One MNIST CNN training step (forward, backward, AdamW-free SGD step):
+/// the model, the step's seconds, the backward's seconds and bytes allocated.
+fn mnist_step<B: AutodiffBackend>(
+    model: Net<B>,
+    batch: usize,
+    sync: bool,
+) -> (Net<B>, f64, f64, u64) {
     let device = Default::default();
     let images =
         Tensor::<B, 4>::random([batch, 1, 28, 28], Distribution::Normal(0.0, 1.0), &device);
@@ -78,16 +87,18 @@ fn mnist_step<B: AutodiffBackend>(model: Net<B>, batch: usize, sync: bool) -> (N
         .init(&device)
         .forward(model.forward(images), labels);
     let backward_started = Instant::now();
+    let allocated = alloc::allocated();
     let grads = if sync {
         loss.backward()
     } else {
         let _local = burn_ddp::no_sync();
         loss.backward()
     };
+    let allocated = alloc::allocated() - allocated;
     let backward = backward_started.elapsed().as_secs_f64();
     let grads = GradientsParams::from_grads(grads, &model);
     let model = SgdConfig::new().init().step(0.01, model, grads);
-    (model, started.elapsed().as_secs_f64(), backward)
+    (model, started.elapsed().as_secs_f64(), backward, allocated)
 }
 
 fn overhead(iters: usize, batch: usize) {
@@ -96,9 +107,9 @@ fn overhead(iters: usize, batch: usize) {
     let (mut plain_times, mut wrapped_times) = (Vec::new(), Vec::new());
     for i in 0..iters + 2 {
         // Interleaved, so drift in the machine's speed hits both alike.
-        let (m, t, _) = mnist_step(plain, batch, true);
+        let (m, t, _, _) = mnist_step(plain, batch, true);
         plain = m;
-        let (m, u, _) = mnist_step(wrapped, batch, true);
+        let (m, u, _, _) = mnist_step(wrapped, batch, true);
         wrapped = m;
         if i >= 2 {
             plain_times.push(t);
@@ -192,6 +203,7 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
         .unwrap_or_else(|e| fail(Some(group.rank()), e));
     let (mut synced, mut local, mut synced_backward, mut local_backward) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut synced_bytes, mut local_bytes) = (Vec::new(), Vec::new());
     for i in 0..iters + 2 {
         if i == 2 {
             burn_ddp::reset_sync_stats();
@@ -201,19 +213,22 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
         group
             .barrier()
             .unwrap_or_else(|e| fail(Some(group.rank()), e));
-        let (m, t, b) = mnist_step(model, batch, true);
+        let (m, t, b, x) = mnist_step(model, batch, true);
         group
             .barrier()
             .unwrap_or_else(|e| fail(Some(group.rank()), e));
-        let (m, u, c) = mnist_step(m, batch, false);
+        let (m, u, c, y) = mnist_step(m, batch, false);
         model = m;
         if i >= 2 {
             synced.push(t);
             local.push(u);
             synced_backward.push(b);
             local_backward.push(c);
+            synced_bytes.push(x as f64);
+            local_bytes.push(y as f64);
         }
     }
+    let sync_allocated = median(synced_bytes) - median(local_bytes);
     let (s, l) = (median(synced), median(local));
     let sync = median(synced_backward) - median(local_backward);
     let stats = burn_ddp::sync_stats();
@@ -248,6 +263,10 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
         println!(
             "| total in sync | {total:.2} ms = {:.1}% of the step |",
             100.0 * total / (s * 1e3)
+        );
+        println!(
+            "| allocated by the sync (backward with sync - without, median) | {:.1} KiB |",
+            sync_allocated / 1024.0
         );
     }
 }

@@ -70,8 +70,11 @@ fn main() {
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| die(e));
     let device = burn_ddp::cuda_device_for_rank(group.local_rank(), group.local_world_size())
         .unwrap_or_else(|e| die(e));
+    if group.device_backend() != CollectiveBackend::Nccl {
+        die("run with BURN_DDP_BACKEND=nccl (scripts/gpu-check.sh does): these checks need NCCL");
+    }
     let comm = group
-        .nccl_communicator(device.index, CollectiveBackend::Nccl)
+        .nccl_communicator(device.index)
         .unwrap_or_else(|e| die(e))
         .expect("BURN_DDP_BACKEND=nccl gives a communicator or an error");
     let ok = match mode {

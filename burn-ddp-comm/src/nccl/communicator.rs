@@ -3,7 +3,7 @@
 
 use super::rendezvous::{share_unique_id, NcclKeys, UNIQUE_ID_BYTES};
 use super::wait::{wait_bounded, Progress, WaitError};
-use crate::element::{DType, ReduceOp};
+use crate::element::{DType, DeviceBuffer, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use cudarc::driver::{sys as cu, CudaContext, CudaSlice, CudaStream};
@@ -12,18 +12,6 @@ use std::ffi::CStr;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// A region of device memory the collectives read or write: `len` elements of
-/// `dtype` at device address `ptr` (a `CUdeviceptr`) on the communicator's GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceBuffer {
-    /// Device address of the first element.
-    pub ptr: u64,
-    /// Number of elements.
-    pub len: usize,
-    /// Element type.
-    pub dtype: DType,
-}
 
 /// An NCCL communicator spanning every rank of a process group.
 ///

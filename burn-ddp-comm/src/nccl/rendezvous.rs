@@ -4,7 +4,7 @@
 //! What ranks agree on before NCCL starts: which communicator this is, its
 //! unique id, and that no two ranks drive the same GPU.
 
-use crate::error::{CommError, Result};
+use crate::error::{CommError, Result, StoreErrorKind};
 use crate::store::Store;
 use std::time::Duration;
 
@@ -60,12 +60,15 @@ pub(crate) fn share_unique_id(
         return Ok(id);
     }
     let bytes = store.get(&key, timeout)?;
-    bytes.try_into().map_err(|bytes: Vec<u8>| CommError::Store {
-        rank: Some(rank),
-        message: format!(
-            "the NCCL unique id under {key:?} has {} bytes, not {UNIQUE_ID_BYTES}",
-            bytes.len()
-        ),
+    bytes.try_into().map_err(|bytes: Vec<u8>| {
+        CommError::store(
+            Some(rank),
+            StoreErrorKind::BadValue,
+            format!(
+                "the NCCL unique id under {key:?} has {} bytes, not {UNIQUE_ID_BYTES}",
+                bytes.len()
+            ),
+        )
     })
 }
 

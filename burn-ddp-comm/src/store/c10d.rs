@@ -18,7 +18,7 @@
 
 use super::connect::connect_with_retry;
 use super::Store;
-use crate::error::{io_is_timeout, CommError, Result};
+use crate::error::{io_is_timeout, CommError, Result, StoreErrorKind};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Mutex;
@@ -69,7 +69,7 @@ impl C10dStoreClient {
     /// validates the connection. Keys are used as given; see [`Self::namespaced`].
     pub fn connect(host: &str, port: u16, rank: Option<usize>, timeout: Duration) -> Result<Self> {
         let (server, conn) = connect_with_retry(host, port, timeout)
-            .map_err(|message| CommError::Store { rank, message })?;
+            .map_err(|message| CommError::store(rank, StoreErrorKind::Unreachable, message))?;
         let client = Self {
             conn: Mutex::new(conn),
             rank,
@@ -97,9 +97,13 @@ impl C10dStoreClient {
     /// The local address of our connection (the interface peers can reach us on).
     pub fn local_ip(&self) -> Result<IpAddr> {
         let conn = self.conn.lock().unwrap();
-        conn.local_addr()
-            .map(|addr| addr.ip())
-            .map_err(|err| self.error(format!("cannot read the local address: {err}")))
+        conn.local_addr().map(|addr| addr.ip()).map_err(|err| {
+            self.error(
+                StoreErrorKind::ConnectionLost,
+                "cannot read the local address",
+            )
+            .caused_by(err)
+        })
     }
 
     fn key(&self, key: &str) -> String {
@@ -110,27 +114,27 @@ impl C10dStoreClient {
         }
     }
 
-    fn error(&self, message: String) -> CommError {
-        CommError::Store {
-            rank: self.rank,
-            message: format!("c10d TCPStore at {}: {message}", self.server),
-        }
+    fn error(&self, kind: StoreErrorKind, message: impl std::fmt::Display) -> CommError {
+        CommError::store(
+            self.rank,
+            kind,
+            format!("c10d TCPStore at {}: {message}", self.server),
+        )
     }
 
     fn lost(&self, what: &str, err: std::io::Error) -> CommError {
-        if io_is_timeout(&err) {
-            self.error(format!(
-                "no answer to {what} within {}s",
-                REPLY_BOUND.as_secs()
-            ))
+        let message = if io_is_timeout(&err) {
+            format!("no answer to {what} within {}s", REPLY_BOUND.as_secs())
         } else if err.kind() == std::io::ErrorKind::UnexpectedEof {
-            self.error(format!(
+            format!(
                 "the server closed the connection during {what}; torchrun's agent \
                  probably exited, or it rejected the request"
-            ))
+            )
         } else {
-            self.error(format!("connection lost during {what}: {err}"))
-        }
+            format!("connection lost during {what}: {err}")
+        };
+        self.error(StoreErrorKind::ConnectionLost, message)
+            .caused_by(err)
     }
 
     fn send(&self, bytes: &[u8], what: &str) -> Result<()> {
@@ -195,7 +199,10 @@ impl Store for C10dStoreClient {
         match read_reply(&mut *conn, Some(1)) {
             Ok(reply) if reply[0] == WAIT_STOP_WAITING => return Ok(()),
             Ok(reply) => {
-                return Err(self.error(format!("unexpected reply {} to {what}", reply[0])));
+                return Err(self.error(
+                    StoreErrorKind::Protocol,
+                    format!("unexpected reply {} to {what}", reply[0]),
+                ));
             }
             Err(err) if io_is_timeout(&err) => {}
             Err(err) => return Err(self.lost(&what, err)),

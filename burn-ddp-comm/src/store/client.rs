@@ -3,7 +3,7 @@
 use super::connect::connect_with_retry;
 use super::protocol::{self, ADD, CHECK, GET, HELLO, SET, WAIT};
 use super::Store;
-use crate::error::{io_is_timeout, CommError, Result};
+use crate::error::{io_is_timeout, CommError, Result, StoreErrorKind};
 use crate::frame::{read_frame, write_frame, FieldReader, FieldWriter};
 use crate::job::JobToken;
 use std::net::{SocketAddr, TcpStream};
@@ -38,7 +38,7 @@ impl TcpStoreClient {
         token: Option<&JobToken>,
     ) -> Result<Self> {
         let (server, conn) = connect_with_retry(host, port, timeout)
-            .map_err(|message| CommError::Store { rank, message })?;
+            .map_err(|message| CommError::store(rank, StoreErrorKind::Unreachable, message))?;
         let client = Self {
             conn: Mutex::new(conn),
             rank,
@@ -63,16 +63,17 @@ impl TcpStoreClient {
     /// the store, which is also the one peers can reach us on.
     pub fn local_ip(&self) -> Result<std::net::IpAddr> {
         let conn = self.conn.lock().unwrap();
-        conn.local_addr()
-            .map(|addr| addr.ip())
-            .map_err(|err| self.error(format!("cannot read the local address: {err}")))
+        conn.local_addr().map(|addr| addr.ip()).map_err(|err| {
+            self.error(
+                StoreErrorKind::ConnectionLost,
+                "cannot read the local address",
+            )
+            .caused_by(err)
+        })
     }
 
-    fn error(&self, message: String) -> CommError {
-        CommError::Store {
-            rank: self.rank,
-            message,
-        }
+    fn error(&self, kind: StoreErrorKind, message: impl Into<String>) -> CommError {
+        CommError::store(self.rank, kind, message)
     }
 
     /// Sends one request and reads its reply, allowing `wait` for the server to answer.
@@ -81,30 +82,38 @@ impl TcpStoreClient {
         let bound = wait + REPLY_GRACE;
         conn.set_read_timeout(Some(bound))
             .and_then(|()| conn.set_write_timeout(Some(bound)))
-            .map_err(|err| self.error(err.to_string()))?;
+            .map_err(|err| {
+                self.error(StoreErrorKind::ConnectionLost, err.to_string())
+                    .caused_by(err)
+            })?;
         let lost = |err: std::io::Error| {
-            if io_is_timeout(&err) {
-                self.error(format!(
+            let message = if io_is_timeout(&err) {
+                format!(
                     "the store at {} did not answer {what} within {:.1}s",
                     self.server,
                     bound.as_secs_f64()
-                ))
+                )
             } else {
-                self.error(format!(
+                format!(
                     "lost the connection to the store at {} during {what}: {err}; \
                      the rank or launcher hosting it probably exited",
                     self.server
-                ))
-            }
+                )
+            };
+            self.error(StoreErrorKind::ConnectionLost, message)
+                .caused_by(err)
         };
         write_frame(&mut *conn, &payload).map_err(lost)?;
         match read_frame(&mut *conn).map_err(lost)? {
             Some(reply) => Ok(reply),
-            None => Err(self.error(format!(
-                "the store at {} closed the connection during {what}; the rank or \
-                 launcher hosting it probably exited",
-                self.server
-            ))),
+            None => Err(self.error(
+                StoreErrorKind::ConnectionLost,
+                format!(
+                    "the store at {} closed the connection during {what}; the rank or \
+                     launcher hosting it probably exited",
+                    self.server
+                ),
+            )),
         }
     }
 
@@ -119,11 +128,14 @@ impl TcpStoreClient {
 
     /// Splits a reply into status and fields, turning server errors into ours.
     fn parse<'a>(&self, reply: &'a [u8]) -> Result<(u8, FieldReader<'a>)> {
-        let (status, mut fields) =
-            FieldReader::new(reply).map_err(|err| self.error(err.to_string()))?;
+        let (status, mut fields) = FieldReader::new(reply)
+            .map_err(|err| self.error(StoreErrorKind::Protocol, err.to_string()))?;
         if status == protocol::ERROR {
             let message = fields.string().unwrap_or("unreadable error").to_owned();
-            return Err(self.error(format!("the store refused the request: {message}")));
+            return Err(self.error(
+                StoreErrorKind::Refused,
+                format!("the store refused the request: {message}"),
+            ));
         }
         Ok((status, fields))
     }
@@ -152,7 +164,7 @@ impl Store for TcpStoreClient {
         fields
             .bytes()
             .map(<[u8]>::to_vec)
-            .map_err(|err| self.error(err.to_string()))
+            .map_err(|err| self.error(StoreErrorKind::Protocol, err.to_string()))
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
@@ -162,7 +174,9 @@ impl Store for TcpStoreClient {
             .finish();
         let reply = self.request(payload, self.request_timeout, &format!("add {key:?}"))?;
         let (_, mut fields) = self.parse(&reply)?;
-        fields.i64().map_err(|err| self.error(err.to_string()))
+        fields
+            .i64()
+            .map_err(|err| self.error(StoreErrorKind::Protocol, err.to_string()))
     }
 
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
@@ -186,7 +200,10 @@ impl Store for TcpStoreClient {
         }
         let reply = self.request(payload.finish(), self.request_timeout, "check")?;
         let (_, mut fields) = self.parse(&reply)?;
-        Ok(fields.i64().map_err(|err| self.error(err.to_string()))? != 0)
+        Ok(fields
+            .i64()
+            .map_err(|err| self.error(StoreErrorKind::Protocol, err.to_string()))?
+            != 0)
     }
 }
 

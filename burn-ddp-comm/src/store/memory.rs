@@ -1,7 +1,7 @@
 //! An in-process store, for a world of one process (and for tests).
 
 use super::Store;
-use crate::error::{CommError, Result};
+use crate::error::{CommError, Result, StoreErrorKind};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -60,17 +60,21 @@ impl Store for MemoryStore {
             Some(bytes) => std::str::from_utf8(bytes)
                 .ok()
                 .and_then(|text| text.parse::<i64>().ok())
-                .ok_or_else(|| CommError::Store {
-                    rank: None,
-                    message: format!("add on key {key:?}, which does not hold an integer"),
+                .ok_or_else(|| {
+                    CommError::store(
+                        None,
+                        StoreErrorKind::BadValue,
+                        format!("add on key {key:?}, which does not hold an integer"),
+                    )
                 })?,
             None => 0,
         };
-        let sum = current.checked_add(delta).ok_or_else(|| CommError::Store {
-            rank: None,
-            message: format!(
-                "add of {delta} to key {key:?} ({current}) overflows a 64-bit counter"
-            ),
+        let sum = current.checked_add(delta).ok_or_else(|| {
+            CommError::store(
+                None,
+                StoreErrorKind::BadValue,
+                format!("add of {delta} to key {key:?} ({current}) overflows a 64-bit counter"),
+            )
         })?;
         values.insert(key.to_owned(), sum.to_string().into_bytes());
         self.changed.notify_all();

@@ -10,7 +10,7 @@
 //! time runs out.
 
 use super::protocol::{self, ADD, CHECK, GET, HELLO, SET, WAIT};
-use crate::error::{CommError, Result};
+use crate::error::{CommError, Result, StoreErrorKind};
 use crate::frame::{FieldReader, FieldWriter, MAX_FRAME_BYTES};
 use crate::job::JobToken;
 use mio::net::{TcpListener, TcpStream};
@@ -111,12 +111,16 @@ impl StoreServer {
     /// machine (NAT, containers), falls back to every interface, with a warning.
     pub fn bind_master(host: &str, port: u16, token: Option<JobToken>) -> Result<Self> {
         let resolved: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
-            .map_err(|err| CommError::Store {
-                rank: None,
-                message: format!(
-                    "cannot resolve the master address {host:?} ({err}); give a host name \
-                     or address of this machine"
-                ),
+            .map_err(|err| {
+                CommError::store(
+                    None,
+                    StoreErrorKind::Listen,
+                    format!(
+                        "cannot resolve the master address {host:?} ({err}); give a host \
+                         name or address of this machine"
+                    ),
+                )
+                .caused_by(err)
             })?
             .collect();
         let mut last_error = None;
@@ -126,7 +130,12 @@ impl StoreServer {
                 Err(err) => last_error = Some(err),
             }
         }
-        let not_local = |err: &CommError| err.to_string().contains("Cannot assign requested");
+        // The address is not one of this machine's (the bind's own error says so).
+        let not_local = |err: &CommError| {
+            std::error::Error::source(err)
+                .and_then(|source| source.downcast_ref::<io::Error>())
+                .is_some_and(|source| source.kind() == io::ErrorKind::AddrNotAvailable)
+        };
         match (resolved.first(), last_error) {
             (Some(first), Some(err)) if not_local(&err) && !first.ip().is_loopback() => {
                 let any: std::net::IpAddr = if first.is_ipv4() {
@@ -146,18 +155,16 @@ impl StoreServer {
                 Self::start(SocketAddr::new(any, port), token)
             }
             (_, Some(err)) => Err(err),
-            (_, None) => Err(CommError::Store {
-                rank: None,
-                message: format!("the master address {host:?} resolves to no address"),
-            }),
+            (_, None) => Err(CommError::store(
+                None,
+                StoreErrorKind::Listen,
+                format!("the master address {host:?} resolves to no address"),
+            )),
         }
     }
 
     fn start(addr: SocketAddr, token: Option<JobToken>) -> Result<Self> {
-        let fail = |message: String| CommError::Store {
-            rank: None,
-            message,
-        };
+        let fail = |message: String| CommError::store(None, StoreErrorKind::Listen, message);
         let listener = TcpListener::bind(addr).map_err(|err| {
             let fix = if err.kind() == io::ErrorKind::AddrInUse {
                 "another job (or a stale process) holds that port: set MASTER_PORT to a free \
@@ -165,7 +172,7 @@ impl StoreServer {
             } else {
                 "check MASTER_ADDR names an address of this machine"
             };
-            fail(format!("cannot listen on {addr}: {err}; {fix}"))
+            fail(format!("cannot listen on {addr}: {err}; {fix}")).caused_by(err)
         })?;
         let addr = listener
             .local_addr()

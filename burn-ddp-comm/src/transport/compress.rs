@@ -22,7 +22,12 @@ pub enum WireCompression {
 impl WireCompression {
     /// From [`COMPRESSION_VAR`] (unset: none).
     pub fn from_env(rank: usize) -> Result<Self> {
-        match std::env::var(COMPRESSION_VAR).ok().as_deref() {
+        Self::parse(rank, std::env::var(COMPRESSION_VAR).ok().as_deref())
+    }
+
+    /// Parses a [`COMPRESSION_VAR`] value (`None` when unset).
+    pub fn parse(rank: usize, value: Option<&str>) -> Result<Self> {
+        match value {
             None | Some("") | Some("none") => Ok(Self::None),
             Some("bf16") => Ok(Self::Bf16),
             Some("f16") => Ok(Self::F16),

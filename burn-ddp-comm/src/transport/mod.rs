@@ -75,6 +75,7 @@ macro_rules! typed_transport {
 }
 
 mod compress;
+mod encoding;
 mod hierarchical;
 mod local;
 mod shm;
@@ -83,7 +84,7 @@ mod tcp;
 pub use compress::{WireCompression, COMPRESSION_VAR};
 pub use hierarchical::{Hierarchical, Topology};
 pub use local::SingleProcess;
-pub use shm::{remove_segments_of, segment_dir, SharedMemory};
+pub use shm::SharedMemory;
 #[cfg(test)]
 pub(crate) use tcp::Handshake;
 pub use tcp::TcpRing;

@@ -15,6 +15,7 @@
 use super::{chunk_range, Rendezvous};
 use crate::element::{finish_reduce, reduce_into, Element, ReduceOp};
 use crate::error::{CommError, Result};
+use crate::job::segments;
 use memmap2::MmapMut;
 use std::fs::OpenOptions;
 use std::path::PathBuf;
@@ -30,42 +31,8 @@ const FAILED: u64 = u64::MAX;
 /// The segment starts with its magic, world size, size and the job's token.
 const SEGMENT_HEADER: usize = 4 * LINE;
 const SEGMENT_MAGIC: &[u8; 8] = b"BDDPSHM2";
-/// Segment files are named `burn-ddp-<pid of rank 0>-<random>`.
-const SEGMENT_PREFIX: &str = "burn-ddp-";
-
 fn segment_size(world_size: usize) -> usize {
     SEGMENT_HEADER + LINE * world_size + SLOT_BYTES * (world_size + 1)
-}
-
-/// Where segments are made: `/dev/shm` (memory), else the temporary directory.
-pub fn segment_dir() -> PathBuf {
-    if std::path::Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    }
-}
-
-/// Removes the segment files that processes `pids` created and left behind
-/// (killed before they could unlink them); a launcher calls it for its workers.
-/// Returns how many it removed.
-pub fn remove_segments_of(pids: &[u32]) -> usize {
-    let Ok(entries) = std::fs::read_dir(segment_dir()) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter(|entry| {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            let creator = name
-                .strip_prefix(SEGMENT_PREFIX)
-                .and_then(|rest| rest.split('-').next())
-                .and_then(|pid| pid.parse::<u32>().ok());
-            creator.is_some_and(|pid| pids.contains(&pid))
-        })
-        .filter(|entry| std::fs::remove_file(entry.path()).is_ok())
-        .count()
 }
 
 /// Rank 0's segment file until every rank has mapped it; removed when dropped.
@@ -79,8 +46,7 @@ impl CreatedSegment {
         use std::os::unix::fs::OpenOptionsExt;
         let mut random = [0u8; 8];
         getrandom::fill(&mut random).map_err(|err| format!("no randomness: {err}"))?;
-        let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
-        let path = segment_dir().join(format!("{SEGMENT_PREFIX}{}-{suffix}", std::process::id()));
+        let path = segments::path_for(std::process::id(), &random);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -131,15 +97,11 @@ fn open_segment(
     rdzv: &Rendezvous<'_>,
 ) -> std::result::Result<MmapMut, String> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let named_right = path.parent() == Some(segment_dir().as_path())
-        && path
-            .file_name()
-            .is_some_and(|name| name.to_string_lossy().starts_with(SEGMENT_PREFIX));
-    if !named_right {
+    if !segments::is_segment_path(path) {
         return Err(format!(
             "the store names {} as the segment, which is not a burn-ddp segment in {}",
             path.display(),
-            segment_dir().display()
+            segments::dir().display()
         ));
     }
     let file = OpenOptions::new()
@@ -230,6 +192,7 @@ impl SharedMemory {
             peer: members[rank],
             op: "shared-memory transport setup".into(),
             detail,
+            source: None,
         };
         let path_key = format!("{key_prefix}shm/path");
         let (map, created) = if rank == 0 {
@@ -312,6 +275,7 @@ impl SharedMemory {
                     peer,
                     op: op.into(),
                     detail: format!("rank {peer} failed an earlier collective"),
+                    source: None,
                 });
             }
             let lagging =
@@ -342,6 +306,7 @@ impl SharedMemory {
                             "rank {} (pid {}) exited, crashed or failed earlier",
                             self.members[peer], self.pids[peer]
                         ),
+                        source: None,
                     });
                 }
                 if now >= deadline {
@@ -373,6 +338,7 @@ impl SharedMemory {
                 detail: format!(
                     "shared-memory transport unusable after an earlier error: {reason}"
                 ),
+                source: None,
             });
         }
         let result = body(self);
@@ -561,7 +527,7 @@ mod tests {
 
     #[test]
     fn a_rank_refuses_a_path_that_is_not_this_jobs_segment() {
-        let dir = segment_dir();
+        let dir = segments::dir();
         // A creator pid no process has, so the sweep below touches nothing else.
         let creator = 3_999_999_999u32;
         let short = dir.join(format!("burn-ddp-{creator}-short"));
@@ -588,7 +554,7 @@ mod tests {
             );
         }
         assert_eq!(std::fs::read(&short).unwrap(), b"too short", "untouched");
-        assert_eq!(remove_segments_of(&[creator]), 1);
+        assert_eq!(segments::remove_left_by(&[creator]), 1);
         assert!(!short.exists());
     }
 

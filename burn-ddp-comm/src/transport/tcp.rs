@@ -6,18 +6,15 @@
 //! buffer size whatever the world size, and large chunks stream in pieces so the
 //! reduction overlaps the transfer.
 
+use super::encoding::{Landing, Plain, Scratch, Sixteen, WireEncoding, PIECE_BYTES};
 use super::{chunk_range, Rendezvous, WireCompression};
-use crate::element::{finish_reduce, reduce_into, DType, Element, ReduceOp};
+use crate::element::{finish_reduce, DType, Element, ReduceOp};
 use crate::error::{io_is_timeout, CommError, Result};
 use crate::job::MAX_TOKEN_BYTES;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::time::{Duration, Instant};
-
-/// Bytes received and reduced at a time: big enough to amortise system calls,
-/// small enough to stay in cache while being reduced.
-const PIECE_BYTES: usize = 256 << 10;
 
 /// Sends at or below this size are written before reading instead of from a
 /// helper thread: the kernel's socket buffers hold them without the peer reading.
@@ -42,13 +39,8 @@ pub struct TcpRing {
     broken: Option<String>,
     /// How f32 all-reduces travel (the ring crosses machines when it is set).
     compression: WireCompression,
-}
-
-/// How a received chunk lands in the local buffer.
-#[derive(Clone, Copy)]
-enum Landing {
-    Overwrite,
-    Reduce(ReduceOp),
+    /// Piece buffers for sending and receiving, kept across collectives.
+    scratch: [Scratch; 2],
 }
 
 impl TcpRing {
@@ -76,6 +68,7 @@ impl TcpRing {
             peer: name(rank),
             op: "TCP transport setup".into(),
             detail: what,
+            source: None,
         };
         let listener = TcpListener::bind(SocketAddr::new(bind_ip, 0))
             .map_err(|err| setup_err(format!("cannot listen on {bind_ip}: {err}")))?;
@@ -102,28 +95,29 @@ impl TcpRing {
             peer: name(next_rank),
             op: "connecting the TCP ring".into(),
             detail: format!("cannot connect to {next_addr}: {err}"),
+            source: None,
         })?;
         (&next)
             .write_all(&Handshake::encode(&rdzv))
             .map_err(|err| setup_err(format!("handshake with rank {}: {err}", name(next_rank))))?;
 
-        let prev = accept_from(&listener, &rdzv, prev_rank, deadline).map_err(|detail| {
-            if detail.contains("timed out") {
-                CommError::Timeout {
-                    rank: name(rank),
-                    peer: Some(name(prev_rank)),
-                    what: format!("rank {} to connect to the TCP ring", name(prev_rank)),
-                    after: timeout,
-                }
-            } else {
-                CommError::Peer {
-                    rank: name(rank),
-                    peer: name(prev_rank),
-                    op: "accepting the TCP ring connection".into(),
-                    detail,
-                }
-            }
-        })?;
+        let prev =
+            accept_from(&listener, &rdzv, prev_rank, deadline).map_err(
+                |failure| match failure {
+                    AcceptFailure::TimedOut => CommError::Timeout {
+                        rank: name(rank),
+                        peer: Some(name(prev_rank)),
+                        what: format!("rank {} to connect to the TCP ring", name(prev_rank)),
+                        after: timeout,
+                    },
+                    AcceptFailure::Failed(detail) => CommError::peer(
+                        name(rank),
+                        name(prev_rank),
+                        "accepting the TCP ring connection",
+                        detail,
+                    ),
+                },
+            )?;
 
         for stream in [&next, &prev] {
             stream
@@ -141,6 +135,7 @@ impl TcpRing {
             prev,
             broken: None,
             compression: WireCompression::None,
+            scratch: Default::default(),
         })
     }
 
@@ -164,16 +159,24 @@ impl TcpRing {
                 peer: self.name(self.rank),
                 op: op.into(),
                 detail: format!("the TCP ring is unusable after an earlier error: {reason}"),
+                source: None,
             }),
             None => Ok(()),
         }
     }
 
-    /// Runs `body`; on failure, marks the ring broken and closes both connections
-    /// so the neighbours fail at once instead of waiting out their timeouts.
-    fn guarded(&mut self, op: &str, body: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+    /// Runs `body` with the ring's piece buffers; on failure, marks the ring
+    /// broken and closes both connections so the neighbours fail at once
+    /// instead of waiting out their timeouts.
+    fn guarded(
+        &mut self,
+        op: &str,
+        body: impl FnOnce(&Self, &mut [Scratch; 2]) -> Result<()>,
+    ) -> Result<()> {
         self.check_usable(op)?;
-        let result = body(self);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = body(self, &mut scratch);
+        self.scratch = scratch;
         if let Err(err) = &result {
             self.broken = Some(err.to_string());
             self.break_ring();
@@ -209,138 +212,149 @@ impl TcpRing {
                 ),
                 _ => err.to_string(),
             };
-            CommError::Peer {
-                rank,
-                peer,
-                op: op.into(),
-                detail,
-            }
+            CommError::peer(rank, peer, op, detail).caused_by(err)
         }
     }
 
     /// One ring step: sends `data[send]` to the next rank while receiving the
-    /// previous rank's chunk into `data[recv]`.
-    fn step<T: Element>(
+    /// previous rank's chunk into `data[recv]`, both in `encoding`.
+    #[allow(clippy::too_many_arguments)]
+    fn step<T: Element, E: WireEncoding<T>>(
         &self,
+        scratch: &mut [Scratch; 2],
         data: &mut [T],
         send: Range<usize>,
         recv: Range<usize>,
         landing: Landing,
+        encoding: &E,
         op: &str,
     ) -> Result<()> {
         let (outgoing, incoming) = split_disjoint(data, send, recv);
-        let out_bytes: &[u8] = bytemuck::cast_slice(outgoing);
+        let [send_scratch, recv_scratch] = scratch;
         // One bound for the whole step: a peer that takes a byte now and then
         // must not stretch it (per-call socket timeouts would).
         let deadline = Instant::now() + self.timeout;
-        if out_bytes.len() <= INLINE_SEND_BYTES {
-            write_all_by(&self.next, out_bytes, deadline)
-                .map_err(|err| self.io_error(err, self.next_rank(), op, "sending to"))?;
-            return self.receive(incoming, landing, op, deadline);
+        let inline = encoding.wire_bytes(outgoing.len()) <= INLINE_SEND_BYTES;
+        let mut send_all = move || {
+            encoding
+                .send(outgoing, send_scratch, &mut |bytes| {
+                    write_all_by(&self.next, bytes, deadline)
+                })
+                .map_err(|err| self.io_error(err, self.next_rank(), op, "sending to"))
+        };
+        let mut receive_all = || {
+            encoding
+                .receive(incoming, landing, recv_scratch, &mut |buf| {
+                    read_exact_by(&self.prev, buf, deadline)
+                })
+                .map_err(|err| self.io_error(err, self.prev_rank(), op, "receiving from"))
+        };
+        if inline {
+            send_all()?;
+            return receive_all();
         }
         std::thread::scope(|scope| {
-            let writer = scope.spawn(|| write_all_by(&self.next, out_bytes, deadline));
-            let received = self.receive(incoming, landing, op, deadline);
+            let writer = scope.spawn(send_all);
+            let received = receive_all();
             if received.is_err() {
                 // Unblock a writer stuck on a peer that stopped reading, before
                 // waiting for it (it would wait out its own timeout).
                 let _ = self.next.shutdown(Shutdown::Both);
             }
-            let sent = match writer.join() {
-                Ok(sent) => {
-                    sent.map_err(|err| self.io_error(err, self.next_rank(), op, "sending to"))
-                }
-                Err(_) => Err(CommError::Peer {
-                    rank: self.name(self.rank),
-                    peer: self.name(self.next_rank()),
-                    op: op.into(),
-                    detail: "the sending thread panicked".into(),
-                }),
-            };
+            let sent = writer.join().unwrap_or_else(|_| {
+                Err(CommError::peer(
+                    self.name(self.rank),
+                    self.name(self.next_rank()),
+                    op,
+                    "the sending thread panicked",
+                ))
+            });
             received.and(sent)
         })
     }
 
-    /// Receives `target.len()` elements from the previous rank.
-    fn receive<T: Element>(
-        &self,
-        target: &mut [T],
-        landing: Landing,
-        op: &str,
-        deadline: Instant,
-    ) -> Result<()> {
-        let peer = self.prev_rank();
-        let read_err = |err| self.io_error(err, peer, op, "receiving from");
-        match landing {
-            Landing::Overwrite => {
-                read_exact_by(&self.prev, bytemuck::cast_slice_mut(target), deadline)
-                    .map_err(read_err)?;
-            }
-            Landing::Reduce(reduce_op) => {
-                let piece_len = (PIECE_BYTES / std::mem::size_of::<T>()).min(target.len());
-                let mut scratch = vec![T::zeroed(); piece_len];
-                for acc in target.chunks_mut(piece_len.max(1)) {
-                    let incoming = &mut scratch[..acc.len()];
-                    read_exact_by(&self.prev, bytemuck::cast_slice_mut(incoming), deadline)
-                        .map_err(read_err)?;
-                    reduce_into(reduce_op, acc, incoming);
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Reduce-scatter phase: afterwards `chunks(rank)` holds the reduced chunk.
-    fn ring_reduce_scatter<T: Element>(
+    fn ring_reduce_scatter<T: Element, E: WireEncoding<T>>(
         &self,
+        scratch: &mut [Scratch; 2],
         data: &mut [T],
         op: ReduceOp,
-        chunks: &dyn Fn(usize) -> Range<usize>,
+        encoding: &E,
         name: &str,
     ) -> Result<()> {
-        let n = self.world_size;
+        let (n, len) = (self.world_size, data.len());
+        let chunks = |i| chunk_range(len, n, i);
         for s in 0..n - 1 {
             let send = chunks((self.rank + 2 * n - s - 1) % n);
             let recv = chunks((self.rank + 2 * n - s - 2) % n);
-            self.step(data, send, recv, Landing::Reduce(op), name)?;
+            self.step(
+                scratch,
+                data,
+                send,
+                recv,
+                Landing::Reduce(op),
+                encoding,
+                name,
+            )?;
         }
         Ok(())
     }
 
     /// All-gather phase: starting from `chunks(rank)`, fills every chunk.
-    fn ring_all_gather<T: Element>(
+    fn ring_all_gather<T: Element, E: WireEncoding<T>>(
         &self,
+        scratch: &mut [Scratch; 2],
         data: &mut [T],
-        chunks: &dyn Fn(usize) -> Range<usize>,
+        encoding: &E,
         name: &str,
     ) -> Result<()> {
-        let n = self.world_size;
+        let (n, len) = (self.world_size, data.len());
+        let chunks = |i| chunk_range(len, n, i);
         for s in 0..n - 1 {
             let send = chunks((self.rank + n - s) % n);
             let recv = chunks((self.rank + 2 * n - s - 1) % n);
-            self.step(data, send, recv, Landing::Overwrite, name)?;
+            self.step(
+                scratch,
+                data,
+                send,
+                recv,
+                Landing::Overwrite,
+                encoding,
+                name,
+            )?;
         }
         Ok(())
     }
 
+    /// This rank's chunk of the ring's partition of `len` elements.
+    fn own_chunk(&self, len: usize) -> Range<usize> {
+        chunk_range(len, self.world_size, self.rank)
+    }
+
     fn all_reduce_typed<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<()> {
         let n = self.world_size;
-        let len = data.len();
         let compressible = matches!(op, ReduceOp::Sum | ReduceOp::Mean) && T::DTYPE == DType::F32;
         if compressible && self.compression != WireCompression::None {
-            let codec = self.compression;
+            let codec = Sixteen(self.compression);
             let data: &mut [f32] = bytemuck::cast_slice_mut(data);
-            return self.guarded("all_reduce", |ring| {
-                ring.compressed_all_reduce(data, codec)?;
+            return self.guarded("all_reduce", |ring, scratch| {
+                ring.ring_reduce_scatter(scratch, data, op, &codec, "all_reduce")?;
+                // Round the chunk this rank finished as the others receive it,
+                // so every rank ends with the same bits.
+                let own = ring.own_chunk(data.len());
+                for value in &mut data[own] {
+                    *value = codec.0.decode(codec.0.encode(*value));
+                }
+                ring.ring_all_gather(scratch, data, &codec, "all_reduce")?;
                 finish_reduce(op, data, n);
                 Ok(())
             });
         }
-        self.guarded("all_reduce", |ring| {
-            let chunks = |i| chunk_range(len, n, i);
-            ring.ring_reduce_scatter(data, op, &chunks, "all_reduce")?;
-            finish_reduce(op, &mut data[chunks(ring.rank)], n);
-            ring.ring_all_gather(data, &chunks, "all_reduce")
+        self.guarded("all_reduce", |ring, scratch| {
+            ring.ring_reduce_scatter(scratch, data, op, &Plain, "all_reduce")?;
+            let own = ring.own_chunk(data.len());
+            finish_reduce(op, &mut data[own], n);
+            ring.ring_all_gather(scratch, data, &Plain, "all_reduce")
         })
     }
 
@@ -350,108 +364,24 @@ impl TcpRing {
         true
     }
 
-    /// The ring all-reduce (sum) with every chunk sent as 16-bit floats and
-    /// added in f32 where it arrives. Each rank rounds the chunk it finished
-    /// as the others receive it, so every rank ends with the same bits.
-    fn compressed_all_reduce(&self, data: &mut [f32], codec: WireCompression) -> Result<()> {
-        let n = self.world_size;
-        let len = data.len();
-        let chunks = |i: usize| chunk_range(len, n, i);
-        for s in 0..n - 1 {
-            let send = chunks((self.rank + 2 * n - s - 1) % n);
-            let recv = chunks((self.rank + 2 * n - s - 2) % n);
-            self.compressed_step(data, send, recv, true, codec)?;
-        }
-        for value in &mut data[chunks(self.rank)] {
-            *value = codec.decode(codec.encode(*value));
-        }
-        for s in 0..n - 1 {
-            let send = chunks((self.rank + n - s) % n);
-            let recv = chunks((self.rank + 2 * n - s - 1) % n);
-            self.compressed_step(data, send, recv, false, codec)?;
-        }
-        Ok(())
-    }
-
-    /// One ring step in 16 bits: sends `data[send]` encoded while receiving
-    /// the previous rank's chunk, added to (or written over) `data[recv]`.
-    /// Both sides convert a piece at a time, so encoding and decoding overlap
-    /// the link instead of adding to it.
-    fn compressed_step(
-        &self,
-        data: &mut [f32],
-        send: Range<usize>,
-        recv: Range<usize>,
-        add: bool,
-        codec: WireCompression,
-    ) -> Result<()> {
-        let op = "all_reduce";
-        let (outgoing, incoming) = split_disjoint(data, send, recv);
-        let deadline = Instant::now() + self.timeout;
-        let piece = PIECE_BYTES / std::mem::size_of::<u16>();
-        let send_all = || -> io::Result<()> {
-            let mut bits = vec![0u16; piece.min(outgoing.len())];
-            for values in outgoing.chunks(piece) {
-                let bits = &mut bits[..values.len()];
-                for (slot, &value) in bits.iter_mut().zip(values) {
-                    *slot = codec.encode(value);
-                }
-                write_all_by(&self.next, bytemuck::cast_slice(bits), deadline)?;
-            }
-            Ok(())
-        };
-        let mut receive_all = || -> Result<()> {
-            let mut bits = vec![0u16; piece.min(incoming.len())];
-            for slots in incoming.chunks_mut(piece) {
-                let bits = &mut bits[..slots.len()];
-                read_exact_by(&self.prev, bytemuck::cast_slice_mut(bits), deadline)
-                    .map_err(|err| self.io_error(err, self.prev_rank(), op, "receiving from"))?;
-                for (slot, &bits) in slots.iter_mut().zip(bits.iter()) {
-                    let value = codec.decode(bits);
-                    *slot = if add { *slot + value } else { value };
-                }
-            }
-            Ok(())
-        };
-        if outgoing.len() * std::mem::size_of::<u16>() <= INLINE_SEND_BYTES {
-            send_all().map_err(|err| self.io_error(err, self.next_rank(), op, "sending to"))?;
-            return receive_all();
-        }
-        std::thread::scope(|scope| {
-            let writer = scope.spawn(send_all);
-            let received = receive_all();
-            if received.is_err() {
-                let _ = self.next.shutdown(Shutdown::Both);
-            }
-            let sent = writer
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("the sending thread panicked")))
-                .map_err(|err| self.io_error(err, self.next_rank(), op, "sending to"));
-            received.and(sent)
-        })
-    }
-
     fn reduce_scatter_typed<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<()> {
         let n = self.world_size;
-        let len = data.len();
-        self.guarded("reduce_scatter", |ring| {
-            let chunks = |i| chunk_range(len, n, i);
-            ring.ring_reduce_scatter(data, op, &chunks, "reduce_scatter")?;
-            finish_reduce(op, &mut data[chunks(ring.rank)], n);
+        self.guarded("reduce_scatter", |ring, scratch| {
+            ring.ring_reduce_scatter(scratch, data, op, &Plain, "reduce_scatter")?;
+            let own = ring.own_chunk(data.len());
+            finish_reduce(op, &mut data[own], n);
             Ok(())
         })
     }
 
     fn all_gather_typed<T: Element>(&mut self, data: &mut [T]) -> Result<()> {
-        let n = self.world_size;
-        let len = data.len();
-        self.guarded("all_gather", |ring| {
-            ring.ring_all_gather(data, &|i| chunk_range(len, n, i), "all_gather")
+        self.guarded("all_gather", |ring, scratch| {
+            ring.ring_all_gather(scratch, data, &Plain, "all_gather")
         })
     }
 
     fn broadcast_typed<T: Element>(&mut self, data: &mut [T], root: usize) -> Result<()> {
-        self.guarded("broadcast", |ring| {
+        self.guarded("broadcast", |ring, _scratch| {
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(data);
             let forward = ring.next_rank() != root;
             let deadline = Instant::now() + ring.timeout;
@@ -636,6 +566,14 @@ impl Handshake {
 /// How long an accepted connection may take to send its handshake.
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
 
+/// Why the previous rank's connection was not accepted.
+enum AcceptFailure {
+    /// It did not come before the deadline.
+    TimedOut,
+    /// It came with a conflicting view of the job, or the socket failed.
+    Failed(String),
+}
+
 /// A connection accepted while waiting for the previous rank.
 struct Pending {
     stream: TcpStream,
@@ -653,10 +591,10 @@ fn accept_from(
     rdzv: &Rendezvous<'_>,
     expected_rank: usize,
     deadline: Instant,
-) -> std::result::Result<TcpStream, String> {
+) -> std::result::Result<TcpStream, AcceptFailure> {
     listener
         .set_nonblocking(true)
-        .map_err(|err| err.to_string())?;
+        .map_err(|err| AcceptFailure::Failed(err.to_string()))?;
     let mut pending: Vec<Pending> = Vec::new();
     let mut logged_stranger = false;
     loop {
@@ -665,7 +603,7 @@ fn accept_from(
             Ok((stream, from)) => {
                 stream
                     .set_nonblocking(true)
-                    .map_err(|err| err.to_string())?;
+                    .map_err(|err| AcceptFailure::Failed(err.to_string()))?;
                 pending.push(Pending {
                     stream,
                     from,
@@ -675,7 +613,7 @@ fn accept_from(
                 progressed = true;
             }
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
-            Err(err) => return Err(err.to_string()),
+            Err(err) => return Err(AcceptFailure::Failed(err.to_string())),
         }
         let mut index = 0;
         while index < pending.len() {
@@ -706,31 +644,31 @@ fn accept_from(
                     let members = rdzv.member_ranks();
                     let name = |index: usize| members.get(index).copied().unwrap_or(index);
                     if world != rdzv.world_size {
-                        return Err(format!(
+                        return Err(AcceptFailure::Failed(format!(
                             "rank {} believes WORLD_SIZE is {world}, this rank {}; \
                              start every rank with the same WORLD_SIZE",
                             name(rank),
                             rdzv.world_size
-                        ));
+                        )));
                     }
                     if rank != expected_rank {
-                        return Err(format!(
+                        return Err(AcceptFailure::Failed(format!(
                             "expected rank {} to connect, got rank {}; two processes may \
                              share a RANK",
                             name(expected_rank),
                             name(rank)
-                        ));
+                        )));
                     }
                     let conn = pending.swap_remove(index);
                     conn.stream
                         .set_nonblocking(false)
-                        .map_err(|err| err.to_string())?;
+                        .map_err(|err| AcceptFailure::Failed(err.to_string()))?;
                     return Ok(conn.stream);
                 }
             }
         }
         if Instant::now() >= deadline {
-            return Err("timed out".into());
+            return Err(AcceptFailure::TimedOut);
         }
         if !progressed {
             std::thread::sleep(Duration::from_millis(2));

@@ -4,8 +4,10 @@
 //! It wraps an autodiff backend (`Ddp<Autodiff<NdArray>>`, `Ddp<Autodiff<Cuda>>`)
 //! and uses its tensor types unchanged, so every operation is a plain call into
 //! `B` (the per-family files in `ops/`). Two things differ: leaf tensors marked
-//! `require_grad` are recorded as parameters ([`crate::tracking`]), and
-//! `backward` all-reduces their gradients ([`crate::sync`]).
+//! `require_grad` are recorded as parameters of their model
+//! ([`crate::tracking`]; `inner` tells which parameter an optimizer update
+//! replaces), and `backward` all-reduces each wrapped model's gradients
+//! ([`crate::sync`]).
 
 mod ops;
 
@@ -142,6 +144,8 @@ impl<B: TrackedAutodiff> AutodiffBackend for Ddp<B> {
     }
 
     fn inner(tensor: FloatTensor<Self>) -> FloatTensor<Self::InnerBackend> {
+        // An optimizer replacing this parameter marks the new one next.
+        crate::tracking::taking_inner::<B>(&tensor);
         B::inner(tensor)
     }
 

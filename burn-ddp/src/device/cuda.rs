@@ -22,19 +22,17 @@
 
 use super::packed::{empty_packed_like, is_packed_tensor, readable, writable};
 use super::TensorOp;
-use crate::{CommError, ProcessGroup, Reducer, Result};
+use crate::{CommError, ProcessGroup, Result};
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Float, Int, Tensor, TensorPrimitive};
 use burn_autodiff::Autodiff;
 use burn_backend::backend::AutodiffBackend;
 use burn_backend::tensor::{FloatTensor, IntTensor};
-use burn_backend::DType;
 use burn_backend::TensorMetadata;
 use burn_cubecl::fusion::FusionCubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use burn_ddp_comm::nccl::DeviceBuffer;
-use burn_ddp_comm::{CollectiveBackend, DType as WireDType};
+use burn_ddp_comm::{DeviceBucket, DeviceBuffer};
 use burn_fusion::stream::OperationStreams;
 use burn_fusion::{Fusion, FusionTensor, NoOp};
 use burn_ir::{BackendIr, InitOperationIr, OperationIr, OperationOutput};
@@ -127,28 +125,61 @@ pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Resul
     })
 }
 
-/// Averages a flat gradient bucket in place over NCCL; `Err` hands back a
-/// bucket that is not on CUDA, or when the group reduces through host memory.
-pub(crate) fn average_bucket<I: Backend>(
-    reducer: &Reducer,
-    bucket: FloatTensor<I>,
-    backend: CollectiveBackend,
-) -> Result<std::result::Result<FloatTensor<I>, FloatTensor<I>>> {
-    let (cuda, wrap) = match float_to_cuda::<I>(bucket) {
-        Ok(found) => found,
-        Err(other) => return Ok(Err(other)),
-    };
-    let group = reducer.group();
-    let Some(comm) = group.nccl_communicator(cuda.device.index, backend)? else {
-        return Ok(Err(wrap(cuda)));
+/// The GPU of `device` when tensors of `I` are CUDA tensors burn-ddp can
+/// hand to NCCL (Burn's plain or fused `Cuda` with its default element
+/// types), else `None`.
+pub(crate) fn ordinal_of<I: Backend>(device: &I::Device) -> Option<usize> {
+    use std::any::TypeId;
+    let primitive = TypeId::of::<FloatTensor<I>>();
+    if primitive != TypeId::of::<CudaTensor>() && primitive != TypeId::of::<FusedTensor>() {
+        return None;
+    }
+    (device as &dyn Any)
+        .downcast_ref::<CudaDevice>()
+        .map(|device| device.index)
+}
+
+/// A gradient bucket handed to the reducer: the CUDA tensor, the way back to
+/// `I`'s tensor, and the held allocation.
+struct Packed<I: Backend> {
+    cuda: CudaTensor,
+    wrap: Wrap<FloatTensor<I>>,
+    pinned: Box<dyn Any>,
+}
+
+/// `bucket` (a flat tensor this synchronisation owns) as a device buffer
+/// for NCCL to average in place.
+pub(crate) fn pack<I: Backend>(rank: usize, bucket: FloatTensor<I>) -> Result<DeviceBucket> {
+    let Ok((cuda, wrap)) = float_to_cuda::<I>(bucket) else {
+        return Err(CommError::Device {
+            rank,
+            message: "a gradient bucket said to be on a GPU is not a CUDA tensor (a burn-ddp \
+                      bug; please report it)"
+                .into(),
+        });
     };
     let cuda = writable(cuda);
-    let pinned = pin(group.rank(), &cuda)?;
-    // SAFETY: `pin` waited for every write and holds the allocation; the tensor
-    // is exclusively ours, contiguous, and the call returns once NCCL is done.
-    unsafe { reducer.reduce_device_bucket(&comm, pinned.buffer)? };
+    let pinned = pin(rank, &cuda)?;
+    let buffer = pinned.buffer;
+    let packed = Packed::<I> {
+        cuda,
+        wrap,
+        pinned: Box::new(pinned),
+    };
+    // SAFETY: `pin` waited for every write and holds the allocation (in
+    // `packed`) until `unpack`; the tensor is exclusively ours and packed.
+    Ok(unsafe { DeviceBucket::new(buffer, Box::new(packed)) })
+}
+
+/// The averaged bucket back as a tensor of `I`.
+pub(crate) fn unpack<I: Backend>(bucket: DeviceBucket) -> FloatTensor<I> {
+    let packed = bucket
+        .into_keep()
+        .downcast::<Packed<I>>()
+        .expect("a bucket made by pack");
+    let Packed { cuda, wrap, pinned } = *packed;
     drop(pinned);
-    Ok(Ok(wrap(cuda)))
+    wrap(cuda)
 }
 
 /// Runs a tensor collective over NCCL when `tensor` is a CUDA tensor and the
@@ -157,15 +188,14 @@ pub(crate) fn tensor_collective<B: Backend, const D: usize, K: BasicOps<B> + 'st
     group: &ProcessGroup,
     tensor: Tensor<B, D, K>,
     op: TensorOp,
-    backend: CollectiveBackend,
 ) -> Result<std::result::Result<Tensor<B, D, K>, Tensor<B, D, K>>> {
     let (cuda, wrap) = match tensor_to_cuda(tensor) {
         Ok(found) => found,
         Err(other) => return Ok(Err(other)),
     };
-    let Some(comm) = group.nccl_communicator(cuda.device.index, backend)? else {
+    if !group.uses_device_collectives(cuda.device.index)? {
         return Ok(Err(wrap(cuda)));
-    };
+    }
     let rank = group.rank();
     let world = group.world_size();
     // SAFETY (every call below): `pin` waited for all writes to the buffers and
@@ -175,27 +205,27 @@ pub(crate) fn tensor_collective<B: Backend, const D: usize, K: BasicOps<B> + 'st
         TensorOp::AllReduce(op) => {
             let data = writable(cuda);
             let pinned = pin(rank, &data)?;
-            unsafe { comm.all_reduce(pinned.buffer, op)? };
+            unsafe { group.all_reduce_device(pinned.buffer, op)? };
             data
         }
         TensorOp::Broadcast(root) => {
             let data = writable(cuda);
             let pinned = pin(rank, &data)?;
-            unsafe { comm.broadcast(pinned.buffer, root)? };
+            unsafe { group.broadcast_device(pinned.buffer, root)? };
             data
         }
         TensorOp::AllGather => {
             let input = readable(cuda);
             let output = empty_packed_like(&input, |rows| rows * world);
             let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
-            unsafe { comm.all_gather(send.buffer, recv.buffer)? };
+            unsafe { group.all_gather_device(send.buffer, recv.buffer)? };
             output
         }
         TensorOp::ReduceScatter(op) => {
             let input = readable(cuda);
             let output = empty_packed_like(&input, |rows| rows / world);
             let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
-            unsafe { comm.reduce_scatter(send.buffer, recv.buffer, op)? };
+            unsafe { group.reduce_scatter_device(send.buffer, recv.buffer, op)? };
             output
         }
     };
@@ -211,17 +241,16 @@ pub fn nccl_view<B: Backend, const D: usize>(
     group: &ProcessGroup,
     tensor: Tensor<B, D>,
 ) -> Result<Option<Vec<u8>>> {
-    let backend = super::configured_backend(group)?;
     let Ok((cuda, _wrap)) = tensor_to_cuda(tensor) else {
         return Ok(None);
     };
-    let Some(comm) = group.nccl_communicator(cuda.device.index, backend)? else {
+    if !group.uses_device_collectives(cuda.device.index)? {
         return Ok(None);
-    };
+    }
     let data = writable(cuda);
     let pinned = pin(group.rank(), &data)?;
     // SAFETY: `pin` waited for every write and holds the allocation while we read.
-    let bytes = unsafe { comm.read_back(pinned.buffer)? };
+    let bytes = unsafe { group.read_back_device(pinned.buffer)? };
     drop(pinned);
     Ok(Some(bytes))
 }
@@ -235,8 +264,8 @@ struct Pinned<Alive> {
 /// Takes `tensor`'s memory (so this thread's cubecl stream waits for whatever
 /// stream wrote it), waits for every kernel queued on that stream, and hands
 /// out its device address. Only a packed buffer is handed out.
-fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized>> {
-    let dtype = wire_dtype(rank, tensor.dtype)?;
+fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized + 'static>> {
+    let dtype = crate::dtype::wire_or_error(rank, tensor.dtype, "collectives")?;
     let device = |what: &str, detail: String| CommError::Device {
         rank,
         message: format!("{what} on cuda:{}: {detail}", tensor.device.index),
@@ -267,24 +296,6 @@ fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized>> {
         },
         _alive: resource,
     })
-}
-
-fn wire_dtype(rank: usize, dtype: DType) -> Result<WireDType> {
-    match dtype {
-        DType::F32 => Ok(WireDType::F32),
-        DType::F64 => Ok(WireDType::F64),
-        DType::I32 => Ok(WireDType::I32),
-        DType::I64 => Ok(WireDType::I64),
-        DType::F16 => Ok(WireDType::F16),
-        DType::BF16 => Ok(WireDType::BF16),
-        other => Err(CommError::InvalidArgument {
-            rank,
-            message: format!(
-                "collectives support f32, f64, f16, bf16, i32 and i64 tensors, not {other:?}; convert \
-                 the tensor first"
-            ),
-        }),
-    }
 }
 
 /// `value` as `T`, which the caller knows is its own type.

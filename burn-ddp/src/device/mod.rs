@@ -3,7 +3,8 @@
 //!
 //! Everything else (CPU backends, WebGPU, a build without the `cuda` feature,
 //! `BURN_DDP_BACKEND=tcp`) takes the host path: `into_data`, the host
-//! transports, `from_data`.
+//! transports, `from_data`. Which backend applies is the group's setting,
+//! read once when it started.
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
@@ -14,21 +15,25 @@ mod packed;
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_device_for_rank, nccl_view, FusedCuda, PlainCuda};
 
-use crate::{CommError, ProcessGroup, Reducer, Result};
+use crate::{CommError, ProcessGroup, Result};
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Tensor};
-use burn_backend::tensor::FloatTensor;
-use burn_ddp_comm::{CollectiveBackend, ReduceOp};
+use burn_ddp_comm::{CollectiveBackend, Placement, ReduceOp};
 
-/// The configured backend (`BURN_DDP_BACKEND`). Read at every use (it costs
-/// microseconds); what it decides is kept by the group after the first CUDA
-/// collective.
-pub(crate) fn configured_backend(group: &ProcessGroup) -> Result<CollectiveBackend> {
-    CollectiveBackend::from_env(group.rank())
+/// Where tensors of backend `I` on `device` live, for the reducer: on a GPU
+/// when they are CUDA tensors burn-ddp can hand to NCCL, else in host memory
+/// (read back with `into_data`).
+pub(crate) fn placement<I: Backend>(device: &I::Device) -> Placement {
+    #[cfg(feature = "cuda")]
+    if let Some(ordinal) = cuda::ordinal_of::<I>(device) {
+        return Placement::Device { ordinal };
+    }
+    let _ = device;
+    Placement::Host
 }
 
 /// Why `BURN_DDP_BACKEND=nccl` cannot apply to a tensor of primitive type `P`.
-fn nccl_refused<P>(group: &ProcessGroup) -> CommError {
+pub(crate) fn nccl_refused<P>(group: &ProcessGroup) -> CommError {
     let why = if cfg!(feature = "cuda") {
         format!(
             "this tensor is not a CUDA tensor of Burn's Cuda backend, plain or fused, with \
@@ -42,34 +47,6 @@ fn nccl_refused<P>(group: &ProcessGroup) -> CommError {
         "rank {}: BURN_DDP_BACKEND=nccl, but {why}; unset it to reduce through host memory",
         group.rank()
     ))
-}
-
-/// A gradient bucket after [`average_bucket`]: averaged on the device, or
-/// handed back for the host path.
-// Without the `cuda` feature only the host variant is built.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) enum Bucket<P> {
-    Averaged(P),
-    OnHost(P),
-}
-
-/// Averages a flat gradient bucket over NCCL when it lives on a GPU and the
-/// group uses NCCL; otherwise returns it untouched for the host path.
-pub(crate) fn average_bucket<I: Backend>(
-    reducer: &Reducer,
-    bucket: FloatTensor<I>,
-) -> Result<Bucket<FloatTensor<I>>> {
-    let group = reducer.group();
-    let backend = configured_backend(group)?;
-    #[cfg(feature = "cuda")]
-    let bucket = match cuda::average_bucket::<I>(reducer, bucket, backend)? {
-        Ok(averaged) => return Ok(Bucket::Averaged(averaged)),
-        Err(not_cuda) => not_cuda,
-    };
-    if backend == CollectiveBackend::Nccl {
-        return Err(nccl_refused::<FloatTensor<I>>(group));
-    }
-    Ok(Bucket::OnHost(bucket))
 }
 
 /// Which tensor collective to run on the device.
@@ -91,14 +68,13 @@ pub(crate) fn tensor_collective<B: Backend, const D: usize, K: BasicOps<B> + 'st
     tensor: Tensor<B, D, K>,
     op: TensorOp,
 ) -> Result<std::result::Result<Tensor<B, D, K>, Tensor<B, D, K>>> {
-    let backend = configured_backend(group)?;
     #[cfg(feature = "cuda")]
-    let tensor = match cuda::tensor_collective(group, tensor, op, backend)? {
+    let tensor = match cuda::tensor_collective(group, tensor, op)? {
         Ok(done) => return Ok(Ok(done)),
         Err(not_cuda) => not_cuda,
     };
     let _ = op;
-    if backend == CollectiveBackend::Nccl {
+    if group.device_backend() == CollectiveBackend::Nccl {
         return Err(nccl_refused::<K::Primitive>(group));
     }
     Ok(Err(tensor))

@@ -65,7 +65,7 @@ pub use quiet::{NeverCheckpoint, SilentRenderer};
 pub use strategy::DdpLearningStrategy;
 
 use crate::data::{DistributedDataset, DistributedSampler, EpochHandle};
-use crate::{ProcessGroup, Result};
+use crate::{BucketConfig, ProcessGroup, Reducer, Result};
 use burn::data::dataset::Dataset;
 use burn::train::{LearningComponentsTypes, SupervisedTraining, TrainingStrategy};
 use metrics::{GlobalMetricLogger, MetricTotals};
@@ -73,11 +73,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// One rank's part in a Learner run: the group, the experiment folder and the
-/// shards whose epochs the strategy advances.
+/// One rank's part in a Learner run: the group, the model's gradient reducer
+/// (its own, over that group), the experiment folder and the shards whose
+/// epochs the strategy advances.
 #[derive(Clone)]
 pub struct DdpTraining {
-    group: Arc<ProcessGroup>,
+    group: ProcessGroup,
+    reducer: Arc<Mutex<Reducer>>,
     directory: PathBuf,
     shards: Arc<Mutex<Vec<EpochHandle>>>,
     totals: Arc<MetricTotals>,
@@ -103,11 +105,14 @@ pub struct EpochReport {
 }
 
 impl DdpTraining {
-    /// For `group` (the one [`init_process_group`](crate::init_process_group)
-    /// returned) and the experiment folder given to `SupervisedTraining::new`.
-    pub fn new(group: &Arc<ProcessGroup>, directory: impl AsRef<Path>) -> Self {
+    /// For `group` (usually the one [`init_process_group`](crate::init_process_group)
+    /// returned; any group will do, gradients are averaged over it) and the
+    /// experiment folder given to `SupervisedTraining::new`. Buckets are
+    /// PyTorch's defaults; see [`with_buckets`](Self::with_buckets).
+    pub fn new(group: &ProcessGroup, directory: impl AsRef<Path>) -> Self {
         Self {
-            group: Arc::clone(group),
+            group: group.clone(),
+            reducer: Arc::new(Mutex::new(Reducer::new(group, BucketConfig::new()))),
             directory: directory.as_ref().to_path_buf(),
             shards: Arc::default(),
             totals: Arc::default(),
@@ -121,6 +126,17 @@ impl DdpTraining {
     pub fn on_epoch_end(mut self, report: impl Fn(&EpochReport) + Send + Sync + 'static) -> Self {
         self.on_epoch_end = Some(Arc::new(report));
         self
+    }
+
+    /// Gradient buckets of other sizes than PyTorch's defaults.
+    pub fn with_buckets(self, buckets: BucketConfig) -> Self {
+        self.reducer.lock().unwrap().set_config(buckets);
+        self
+    }
+
+    /// What averaging the model's gradients has cost so far.
+    pub fn sync_stats(&self) -> crate::SyncStats {
+        self.reducer.lock().unwrap().stats()
     }
 
     /// How long the end of an epoch waits for this rank's metric threads to
@@ -156,7 +172,7 @@ impl DdpTraining {
     }
 
     /// The group.
-    pub fn group(&self) -> &Arc<ProcessGroup> {
+    pub fn group(&self) -> &ProcessGroup {
         &self.group
     }
 

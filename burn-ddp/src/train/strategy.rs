@@ -20,7 +20,6 @@ use burn::train::{
     LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
     TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
 };
-use std::sync::Arc;
 use std::time::Instant;
 
 type InferenceModelOf<LC> = <LC as LearningComponentsTypes>::InferenceModel;
@@ -182,8 +181,9 @@ impl DdpLearningStrategy {
                 None => Some(output.grads),
             };
             if let Some(grads) = grads {
-                let grads = crate::sync_gradients(&model, grads)
-                    .unwrap_or_else(|err| self.fail("averaging gradients", err));
+                let grads =
+                    crate::sync::sync_module(&self.ddp.reducer, &self.ddp.group, &model, grads)
+                        .unwrap_or_else(|err| self.fail("averaging gradients", err));
                 learner.optimizer_step(grads);
             }
             let item = TrainingItem::new(
@@ -241,7 +241,7 @@ impl DdpLearningStrategy {
 
     /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
     fn broadcast_parameters<LC: LearningComponentsTypes>(&self, learner: &mut Learner<LC>) {
-        let model = crate::wrap(learner.model(), &self.ddp.group)
+        let model = crate::wrap::broadcast_module(learner.model(), &self.ddp.group, true)
             .unwrap_or_else(|err| self.fail("broadcasting rank 0's parameters", err));
         learner.load_model(model.into_record());
     }
@@ -286,19 +286,6 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         dataloader_valid: ValidLoader<LC>,
         mut components: TrainingComponents<LC>,
     ) -> LearningResult<InferenceModelOf<LC>> {
-        // Gradients are averaged over the default group: it must be this one.
-        let default = crate::default_group();
-        if !default
-            .as_ref()
-            .is_some_and(|group| Arc::ptr_eq(group, &self.ddp.group))
-        {
-            panic!(
-                "rank {}: DdpTraining was given a group that is not the default one, over \
-                 which gradients are averaged; pass the group burn_ddp::init_process_group() \
-                 returned",
-                self.rank()
-            );
-        }
         let device = device_of(&learner);
         let starting_epoch = match components.checkpoint {
             Some(epoch) => {

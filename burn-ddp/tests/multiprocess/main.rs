@@ -1,6 +1,7 @@
 //! burn-ddp across real processes: tensor collectives and `Ddp<B>` training on
 //! NdArray, checked against single-process references.
 
+mod gan;
 mod half;
 mod models;
 mod scenarios;
@@ -45,6 +46,14 @@ fn main() {
         (
             "a_layout_change_on_one_rank_fails_every_rank",
             layout_change,
+        ),
+        (
+            "two_wrapped_models_synchronise_separately_a_gan",
+            two_models,
+        ),
+        (
+            "a_gradient_outside_every_wrapped_model_fails_every_rank",
+            stray_gradient,
         ),
         ("two_thousand_steps_do_not_grow_memory", memory),
         (
@@ -156,6 +165,36 @@ fn layout_change() -> Result<(), String> {
             o.stderr.contains("gradient synchronisation failed")
                 && o.stderr.contains("parameters differ between rank")
                 && o.stderr.contains("[7]"),
+            || o.stderr.clone(),
+        )?;
+    }
+    Ok(())
+}
+
+/// The GAN of `gan.rs` at 2 and 3 ranks.
+fn two_models() -> Result<(), String> {
+    for world in [2, 3] {
+        let outcomes = World::new(world).run("gan");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(o.value("max_rel_diff").is_some(), || o.stdout.clone())?;
+        }
+    }
+    Ok(())
+}
+
+fn stray_gradient() -> Result<(), String> {
+    let outcomes = World::new(2).run("stray_gradient");
+    for o in &outcomes {
+        check(o.code.is_some_and(|c| c != 0), || format!("{o:?}"))?;
+        check(
+            o.stderr.contains("gradient synchronisation failed")
+                && o.stderr.contains(&format!(
+                    "rank {}: a tensor that requires gradients",
+                    o.rank
+                ))
+                && o.stderr.contains("belongs to no wrapped model")
+                && o.stderr.contains("burn_ddp::wrap"),
             || o.stderr.clone(),
         )?;
     }

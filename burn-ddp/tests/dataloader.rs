@@ -4,7 +4,7 @@ use burn::backend::NdArray;
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::{Dataset, InMemDataset};
 use burn::tensor::backend::Backend;
-use burn_ddp_sampler::{DistributedDataset, DistributedSampler};
+use burn_ddp::data::{DistributedDataset, DistributedSampler};
 
 type B = NdArray;
 

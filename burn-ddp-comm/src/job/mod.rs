@@ -7,6 +7,13 @@
 //! by hand) is admitted by a token only if the user exports the same
 //! [`JOB_TOKEN_VAR`] to every rank; without one, anything that can reach the
 //! store's port can talk to it (as with torchrun and PyTorch's TCPStore).
+//!
+//! What else belongs to a job lives here too, so a launcher needs nothing
+//! below it: the layout of its store keys ([`keys`]) and the names of its
+//! shared-memory files ([`segments`]).
+
+pub mod keys;
+pub mod segments;
 
 use std::fmt;
 

@@ -1,0 +1,124 @@
+//! The interface between the reducer and a front-end (the Burn 0.21 crate, a
+//! Burn 0.22 crate, anything else that has gradients): the front-end lists its
+//! parameters and moves each gradient in and out as bytes, or a bucket of
+//! them as one device buffer; the reducer does everything else.
+
+use super::layout::ParamLayout;
+use crate::element::{DType, DeviceBuffer};
+use crate::error::{CommError, Result};
+use std::any::Any;
+
+/// Where a gradient lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// Host memory (CPU backends, or any tensor read back to the host).
+    Host,
+    /// The memory of GPU `ordinal` (`cuda:ordinal`), which NCCL can work on.
+    Device {
+        /// The GPU's index among those this process sees.
+        ordinal: usize,
+    },
+}
+
+/// One parameter taking part in a synchronisation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// The front-end's id for it (for messages; the reducer goes by position).
+    pub id: u64,
+    /// Its gradient's shape and element type.
+    pub layout: ParamLayout,
+    /// Where its gradient lives.
+    pub placement: Placement,
+}
+
+/// A packed device buffer holding one bucket's gradients, with whatever keeps
+/// its memory alive until the front-end takes it back.
+pub struct DeviceBucket {
+    buffer: DeviceBuffer,
+    keep: Box<dyn Any>,
+}
+
+impl DeviceBucket {
+    /// A bucket in `buffer`, kept alive by `keep` (the front-end's tensor and
+    /// its pinned allocation).
+    ///
+    /// # Safety
+    /// `buffer` must be live device memory holding its `len` elements, fully
+    /// written (every kernel writing it has finished), on the GPU the group
+    /// reduces on, and used by nothing else until the bucket is handed back
+    /// to [`GradientSet::unpack_device`] (it is reduced in place meanwhile).
+    pub unsafe fn new(buffer: DeviceBuffer, keep: Box<dyn Any>) -> Self {
+        Self { buffer, keep }
+    }
+
+    /// The device memory.
+    pub fn buffer(&self) -> DeviceBuffer {
+        self.buffer
+    }
+
+    /// What the front-end keeps alive with it.
+    pub fn into_keep(self) -> Box<dyn Any> {
+        self.keep
+    }
+}
+
+/// A front-end's gradients for one synchronisation, averaged in place.
+///
+/// The reducer calls, for every bucket of its plan: either [`read_host`]
+/// for each member then [`write_host`] for each (host path), or
+/// [`pack_device`] then [`unpack_device`] (device path, when the group
+/// reduces device buffers on the GPU). Every parameter is read exactly once
+/// and written exactly once.
+///
+/// [`read_host`]: GradientSet::read_host
+/// [`write_host`]: GradientSet::write_host
+/// [`pack_device`]: GradientSet::pack_device
+/// [`unpack_device`]: GradientSet::unpack_device
+pub trait GradientSet {
+    /// The parameters, in the same order on every rank (declaration order).
+    fn params(&self) -> &[ParamInfo];
+
+    /// Whether this rank has any gradient to share (a rank with none still
+    /// takes part, with zeros, if another rank has some).
+    fn has_gradients(&self) -> bool {
+        true
+    }
+
+    /// Writes parameter `index`'s gradient into `out` (exactly
+    /// `layout.bytes()` bytes, the elements in row-major order), or zeros if
+    /// it has none.
+    fn read_host(&mut self, index: usize, out: &mut [u8]) -> Result<()>;
+
+    /// Takes back parameter `index`'s averaged gradient (`layout.bytes()`
+    /// bytes).
+    fn write_host(&mut self, index: usize, averaged: &[u8]) -> Result<()>;
+
+    /// The gradients of `members` (zeros for missing ones) packed, in that
+    /// order, into one device buffer of `numel` elements of `dtype`. Only
+    /// called for parameters on a device, when the group reduces on it.
+    fn pack_device(
+        &mut self,
+        members: &[usize],
+        numel: usize,
+        dtype: DType,
+    ) -> Result<DeviceBucket> {
+        let _ = (members, numel, dtype);
+        Err(CommError::config(
+            "this front-end keeps its gradients in host memory but said they were on a GPU",
+        ))
+    }
+
+    /// Takes back the averaged bucket: member `members[i]` is at element
+    /// `offsets[i]`.
+    fn unpack_device(
+        &mut self,
+        members: &[usize],
+        offsets: &[usize],
+        bucket: DeviceBucket,
+    ) -> Result<()> {
+        let _ = (members, offsets, bucket);
+        Err(CommError::config(
+            "this front-end keeps its gradients in host memory but said they were on a GPU",
+        ))
+    }
+}

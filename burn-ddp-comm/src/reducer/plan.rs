@@ -1,0 +1,153 @@
+//! Which parameter goes into which bucket: PyTorch's assignment, last
+//! parameter first, a new bucket at each cap or change of element type.
+
+use super::layout::ParamLayout;
+use crate::element::DType;
+use std::ops::Range;
+
+/// How gradients are grouped, as PyTorch's `bucket_cap_mb`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketConfig {
+    /// Largest bucket, in bytes (PyTorch: 25 MiB).
+    pub cap_bytes: usize,
+    /// Largest first bucket, in bytes (PyTorch: 1 MiB), so the first collective
+    /// can start early once reduction overlaps backward.
+    pub first_cap_bytes: usize,
+}
+
+impl Default for BucketConfig {
+    fn default() -> Self {
+        Self {
+            cap_bytes: 25 << 20,
+            first_cap_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A run of consecutive parameters (in bucket order) reduced by one collective.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bucket {
+    /// Positions in [`BucketPlan::order`] of the parameters it holds.
+    pub slots: Range<usize>,
+    /// Offset of each of those parameters in the flat buffer.
+    pub offsets: Vec<usize>,
+    /// Total elements.
+    pub numel: usize,
+    /// Element type shared by its parameters.
+    pub dtype: DType,
+}
+
+/// Which parameter goes into which bucket, for one layout.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BucketPlan {
+    /// Parameter indices in bucket order: last parameter first, as PyTorch
+    /// orders them (roughly the order backward produces gradients).
+    pub order: Vec<usize>,
+    /// The buckets, covering `order` without gaps.
+    pub buckets: Vec<Bucket>,
+}
+
+impl BucketPlan {
+    /// The parameters of bucket `index`, in bucket order.
+    pub fn members(&self, index: usize) -> &[usize] {
+        &self.order[self.buckets[index].slots.clone()]
+    }
+
+    /// Assigns parameters to buckets: in reverse order, a new bucket whenever the
+    /// cap would be exceeded or the element type changes. A parameter larger than
+    /// the cap gets a bucket of its own.
+    pub fn new(layout: &[ParamLayout], config: BucketConfig) -> Self {
+        let order: Vec<usize> = (0..layout.len()).rev().collect();
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut bytes = 0usize;
+        for (slot, &param) in order.iter().enumerate() {
+            let p = &layout[param];
+            let fits = buckets.last().is_some_and(|b| {
+                let cap = if buckets.len() == 1 {
+                    config.first_cap_bytes
+                } else {
+                    config.cap_bytes
+                };
+                b.dtype == p.dtype && bytes + p.bytes() <= cap
+            });
+            if fits {
+                let bucket = buckets.last_mut().unwrap();
+                bucket.offsets.push(bucket.numel);
+                bucket.numel += p.numel();
+                bucket.slots.end = slot + 1;
+                bytes += p.bytes();
+            } else {
+                buckets.push(Bucket {
+                    slots: slot..slot + 1,
+                    offsets: vec![0],
+                    numel: p.numel(),
+                    dtype: p.dtype,
+                });
+                bytes = p.bytes();
+            }
+        }
+        Self { order, buckets }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reducer::layout::tests::f32s;
+
+    #[test]
+    fn buckets_respect_caps_in_reverse_order() {
+        // Four params of 1 KiB (256 f32) each; first cap 1 KiB, then 2 KiB.
+        let layout = f32s(&[&[256], &[16, 16], &[256], &[256]]);
+        let config = BucketConfig {
+            cap_bytes: 2048,
+            first_cap_bytes: 1024,
+        };
+        let plan = BucketPlan::new(&layout, config);
+        assert_eq!(plan.order, vec![3, 2, 1, 0]);
+        let slots: Vec<_> = plan.buckets.iter().map(|b| b.slots.clone()).collect();
+        assert_eq!(slots, vec![0..1, 1..3, 3..4]);
+        assert_eq!(plan.buckets[1].offsets, vec![0, 256]);
+        assert_eq!(plan.buckets[1].numel, 512);
+    }
+
+    #[test]
+    fn oversized_params_and_dtype_changes_start_new_buckets() {
+        let mut layout = f32s(&[&[10], &[1000], &[10]]);
+        layout[0].dtype = DType::F64;
+        let plan = BucketPlan::new(
+            &layout,
+            BucketConfig {
+                cap_bytes: 1000,
+                first_cap_bytes: 1000,
+            },
+        );
+        let slots: Vec<_> = plan
+            .buckets
+            .iter()
+            .map(|b| (b.slots.clone(), b.dtype))
+            .collect();
+        assert_eq!(
+            slots,
+            vec![(0..1, DType::F32), (1..2, DType::F32), (2..3, DType::F64)]
+        );
+    }
+
+    #[test]
+    fn default_caps_put_small_models_in_two_buckets_at_most() {
+        let layout = f32s(&[
+            &[32, 1, 3, 3],
+            &[32],
+            &[64, 32, 3, 3],
+            &[64],
+            &[9216, 128],
+            &[128],
+            &[128, 10],
+            &[10],
+        ]);
+        let plan = BucketPlan::new(&layout, BucketConfig::default());
+        assert!(plan.buckets.len() <= 3, "{:?}", plan.buckets);
+        let covered: usize = plan.buckets.iter().map(|b| b.slots.len()).sum();
+        assert_eq!(covered, layout.len());
+    }
+}

@@ -1,0 +1,94 @@
+//! Where gradient synchronisation spends its time: per reducer (one per
+//! model), and summed over the process.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Where gradient synchronisation spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SyncStats {
+    /// Synchronisations (backward passes or `sync_gradients` calls) that
+    /// moved gradients.
+    pub syncs: u64,
+    /// Buckets reduced.
+    pub buckets: u64,
+    /// Gradient bytes reduced.
+    pub bytes: u64,
+    /// Buckets averaged on the GPU over NCCL (the others went through host memory).
+    pub device_buckets: u64,
+    /// Waiting for the slowest rank to finish its backward pass (load imbalance,
+    /// not communication).
+    pub wait: Duration,
+    /// Flattening gradients into buckets (and, on the host path, reading them
+    /// out of the backend).
+    pub pack: Duration,
+    /// The collectives themselves (on the GPU path, including the wait for the
+    /// kernels that fill the bucket).
+    pub reduce: Duration,
+    /// Writing buckets back and splitting them into gradients.
+    pub unpack: Duration,
+}
+
+impl SyncStats {
+    /// Adds `other`'s counts and times to these.
+    pub fn add(&mut self, other: &SyncStats) {
+        self.syncs += other.syncs;
+        self.buckets += other.buckets;
+        self.bytes += other.bytes;
+        self.device_buckets += other.device_buckets;
+        self.wait += other.wait;
+        self.pack += other.pack;
+        self.reduce += other.reduce;
+        self.unpack += other.unpack;
+    }
+}
+
+static PROCESS: Mutex<SyncStats> = Mutex::new(SyncStats {
+    syncs: 0,
+    buckets: 0,
+    bytes: 0,
+    device_buckets: 0,
+    wait: Duration::ZERO,
+    pack: Duration::ZERO,
+    reduce: Duration::ZERO,
+    unpack: Duration::ZERO,
+});
+
+/// Every reducer's synchronisations in this process, summed.
+pub fn process_stats() -> SyncStats {
+    *PROCESS.lock().unwrap()
+}
+
+/// Starts [`process_stats`] from zero (each reducer's own are kept).
+pub fn reset_process_stats() {
+    *PROCESS.lock().unwrap() = SyncStats::default();
+}
+
+pub(super) fn add_to_process(stats: &SyncStats) {
+    PROCESS.lock().unwrap().add(stats);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_add_up() {
+        let one = SyncStats {
+            syncs: 1,
+            buckets: 2,
+            bytes: 30,
+            device_buckets: 1,
+            wait: Duration::from_millis(1),
+            pack: Duration::from_millis(2),
+            reduce: Duration::from_millis(3),
+            unpack: Duration::from_millis(4),
+        };
+        let mut total = SyncStats::default();
+        total.add(&one);
+        total.add(&one);
+        assert_eq!(total.bytes, 60);
+        assert_eq!(total.buckets, 4);
+        assert_eq!(total.unpack, Duration::from_millis(8));
+    }
+}

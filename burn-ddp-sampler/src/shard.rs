@@ -1,0 +1,122 @@
+//! One rank's shard, epoch by epoch: the sampler and its current indices,
+//! shared between the training loop (which advances the epoch) and whatever
+//! reads the data (a framework's dataset wrapper, on loader threads).
+
+use crate::DistributedSampler;
+use std::sync::{Arc, RwLock};
+
+struct State {
+    sampler: DistributedSampler,
+    indices: Vec<usize>,
+}
+
+/// The dataset indices this rank visits in the current epoch. Cloning it
+/// shares it: a framework's dataset wrapper holds one, the training loop an
+/// [`EpochHandle`].
+///
+/// ```
+/// use burn_ddp_sampler::{DistributedSampler, ShardIndices};
+///
+/// let shard = ShardIndices::new(DistributedSampler::new(10, 2, 1).unwrap());
+/// let epochs = shard.epoch_handle();
+/// for epoch in 0..2 {
+///     epochs.set_epoch(epoch); // before iterating, every epoch
+///     let items: Vec<usize> = (0..shard.len()).map(|i| shard.source(i).unwrap()).collect();
+///     assert_eq!(items.len(), 5);
+/// }
+/// ```
+#[derive(Clone)]
+pub struct ShardIndices {
+    state: Arc<RwLock<State>>,
+}
+
+impl ShardIndices {
+    /// The shard `sampler` gives, at its current epoch.
+    pub fn new(sampler: DistributedSampler) -> Self {
+        let indices = sampler.indices();
+        Self {
+            state: Arc::new(RwLock::new(State { sampler, indices })),
+        }
+    }
+
+    /// The length of the dataset it shards.
+    pub fn dataset_len(&self) -> usize {
+        self.state.read().unwrap().sampler.dataset_len()
+    }
+
+    /// The dataset index of the shard's `index`-th item this epoch.
+    pub fn source(&self, index: usize) -> Option<usize> {
+        self.state.read().unwrap().indices.get(index).copied()
+    }
+
+    /// Items in the shard.
+    pub fn len(&self) -> usize {
+        self.state.read().unwrap().indices.len()
+    }
+
+    /// Whether the shard is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A handle for advancing the epoch from the training loop.
+    pub fn epoch_handle(&self) -> EpochHandle {
+        EpochHandle {
+            shard: self.clone(),
+        }
+    }
+}
+
+/// A cloneable handle on the shard's sampler: the training loop keeps one and
+/// calls [`EpochHandle::set_epoch`] at the start of every epoch, while the data
+/// loader holds the dataset.
+#[derive(Clone)]
+pub struct EpochHandle {
+    shard: ShardIndices,
+}
+
+impl EpochHandle {
+    /// Moves the shard to `epoch`: the next pass over the dataset visits that
+    /// epoch's indices (PyTorch's `sampler.set_epoch(epoch)`).
+    pub fn set_epoch(&self, epoch: usize) {
+        let mut state = self.shard.state.write().unwrap();
+        state.sampler.set_epoch(epoch);
+        state.indices = state.sampler.indices();
+    }
+
+    /// The epoch the shard currently follows.
+    pub fn epoch(&self) -> usize {
+        self.shard.state.read().unwrap().sampler.epoch()
+    }
+
+    /// The dataset indices of the current epoch, in order.
+    pub fn indices(&self) -> Vec<usize> {
+        self.shard.state.read().unwrap().indices.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_clone_follows_the_epoch_the_handle_sets() {
+        let sampler = DistributedSampler::new(11, 3, 2).unwrap().seed(7);
+        let shard = ShardIndices::new(sampler.clone());
+        let reader = shard.clone();
+        let epochs = shard.epoch_handle();
+        for epoch in [0, 1, 5] {
+            epochs.set_epoch(epoch);
+            let mut want = sampler.clone();
+            want.set_epoch(epoch);
+            let got: Vec<usize> = (0..reader.len())
+                .map(|i| reader.source(i).unwrap())
+                .collect();
+            assert_eq!(got, want.indices(), "epoch {epoch}");
+            assert_eq!(epochs.epoch(), epoch);
+            assert_eq!(epochs.indices(), got);
+        }
+        assert_eq!(reader.source(reader.len()), None);
+        assert_eq!(reader.dataset_len(), 11);
+    }
+}
