@@ -7,15 +7,17 @@
 #
 #   cargo build --release -p burn-ddp-run -p burn-ddp-comm --bins --example allreduce_bench
 #   sudo scripts/two-machine-bench.sh [--rate 1gbit] [--sizes 16M,64M] [--iters 5]
-#                                     [--python PATH]
+#                                     [--python PATH] [--bin DIR]
 #   sudo scripts/two-machine-bench.sh [--rate 1gbit] -- PROGRAM ARGS...
 #       (instead of the benchmarks: PROGRAM on 2 machines x 2 ranks under
 #       burn-ddp-run, with this environment; machine 0's output is printed)
 # (tc's token bucket shapes the rate; netem, for delay, is not in every kernel.)
+# --bin DIR takes burn-ddp-run and examples/allreduce_bench from DIR instead of
+# target/release (scripts/compare-builds.sh runs two builds this way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3} PROGRAM=()
+RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3} PROGRAM=() BIN=$PWD/target/release
 while [ $# -gt 0 ]; do
   case "$1" in
     --) shift; PROGRAM=("$@"); break ;;
@@ -23,12 +25,13 @@ while [ $# -gt 0 ]; do
     --sizes) SIZES=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --bin) BIN=$(cd "$2" && pwd); shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-LAUNCHER=$PWD/target/release/burn-ddp-run
-BENCH=$PWD/target/release/examples/allreduce_bench
+LAUNCHER=$BIN/burn-ddp-run
+BENCH=$BIN/examples/allreduce_bench
 for f in "$LAUNCHER" "$BENCH"; do
   [ -x "$f" ] || { echo "$f is missing: build it first (see --help)" >&2; exit 2; }
 done

@@ -18,7 +18,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 pub use burn_ddp_comm::SyncStats;
 
@@ -173,12 +173,21 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
     if !scope::all_enabled() {
         return Ok(());
     }
+    // Parameters of a model forgotten with its group (destroy_process_group)
+    // are back in the default scope, as if never wrapped.
     let mut by_scope: BTreeMap<u64, Vec<LiveParam<B>>> = BTreeMap::new();
     for param in tracking::live_params::<B>() {
         by_scope.entry(param.scope).or_default().push(param);
     }
-    let wrapped = scope::any_wrapped();
+    let mut models: BTreeMap<u64, (Option<Arc<ModelScope>>, Vec<LiveParam<B>>)> = BTreeMap::new();
     for (id, params) in by_scope {
+        let model = (id != DEFAULT_SCOPE).then(|| scope::by_id(id)).flatten();
+        let id = model.as_ref().map_or(DEFAULT_SCOPE, |m| m.id);
+        let entry = models.entry(id).or_insert_with(|| (model, Vec::new()));
+        entry.1.extend(params);
+    }
+    let wrapped = scope::any_wrapped();
+    for (id, (model, params)) in models {
         if !scope::enabled(id) {
             continue;
         }
@@ -193,10 +202,7 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
             sync_params::<B>(&state.reducer, &state.group, params, grads)?;
             continue;
         }
-        // A scope forgotten with its group (destroy_process_group) syncs no more.
-        let Some(model) = scope::by_id(id) else {
-            continue;
-        };
+        let model = model.expect("a wrapped model's scope");
         let group = model.reducer.lock().unwrap().group().map_err(|_| {
             CommError::config(
                 "a wrapped model's process group was destroyed, but its backward pass \
@@ -244,7 +250,7 @@ fn check_outside_models<B: TrackedAutodiff>(
     let Some(stray) = params.iter().find(|p| B::grad(&p.key, grads).is_some()) else {
         return Ok(());
     };
-    let rank = global::state().map_or(0, |state| state.group.rank());
+    let rank = crate::LaunchEnv::from_env().map_or(0, |env| env.rank);
     Err(CommError::config(format!(
         "rank {rank}: a tensor that requires gradients (shape {:?}) got a gradient in \
          backward() but belongs to no wrapped model, so it would train on this rank's \

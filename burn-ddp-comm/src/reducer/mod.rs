@@ -227,11 +227,7 @@ impl Reducer {
             let len = self.layout[param].numel() * size;
             set.write_host(param, &bytes[offset * size..offset * size + len])?;
         }
-        stats.buckets += 1;
-        stats.bytes += bytes.len() as u64;
-        stats.pack += packed - started;
-        stats.reduce += reduced - packed;
-        stats.unpack += reduced.elapsed();
+        stats.count_bucket(bytes.len(), [started, packed, reduced]);
         Ok(())
     }
 
@@ -256,12 +252,11 @@ impl Reducer {
         unsafe { group.all_reduce_device(packed_bucket.buffer(), ReduceOp::Mean)? };
         let reduced = Instant::now();
         set.unpack_device(members, &bucket.offsets, packed_bucket)?;
-        stats.buckets += 1;
         stats.device_buckets += 1;
-        stats.bytes += (bucket.numel * bucket.dtype.size()) as u64;
-        stats.pack += packed - started;
-        stats.reduce += reduced - packed;
-        stats.unpack += reduced.elapsed();
+        stats.count_bucket(
+            bucket.numel * bucket.dtype.size(),
+            [started, packed, reduced],
+        );
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 //! model), and summed over the process.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where gradient synchronisation spent its time.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -30,6 +30,16 @@ pub struct SyncStats {
 }
 
 impl SyncStats {
+    /// One bucket of `bytes`, packed, reduced and unpacked at the three
+    /// moments given (unpacking lasts until now).
+    pub(super) fn count_bucket(&mut self, bytes: usize, [started, packed, reduced]: [Instant; 3]) {
+        self.buckets += 1;
+        self.bytes += bytes as u64;
+        self.pack += packed - started;
+        self.reduce += reduced - packed;
+        self.unpack += reduced.elapsed();
+    }
+
     /// Adds `other`'s counts and times to these.
     pub fn add(&mut self, other: &SyncStats) {
         self.syncs += other.syncs;

@@ -106,8 +106,10 @@ impl<B: TrackedAutodiff> AutodiffBackend for Ddp<B> {
     type InnerBackend = B::InnerBackend;
     type Gradients = B::Gradients;
 
-    /// `B`'s backward, then every parameter's gradient averaged over all ranks
-    /// (unless inside [`crate::no_sync`]).
+    /// `B`'s backward, then the gradients of every wrapped model averaged over
+    /// all ranks of its group, model by model (all parameters over the default
+    /// group when no model was wrapped), except on a thread inside
+    /// [`crate::no_sync`] or, for one model, [`crate::no_sync_for`].
     ///
     /// # Panics
     /// If the all-reduce fails (a rank died, timed out, or the models differ):
