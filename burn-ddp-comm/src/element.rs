@@ -237,11 +237,6 @@ impl AlignedBuf {
         let raw: &mut [u8] = bytemuck::cast_slice_mut(&mut self.words[..words]);
         &mut raw[..len]
     }
-
-    /// `len` elements of `T` (any contents).
-    pub(crate) fn typed<T: bytemuck::Pod>(&mut self, len: usize) -> &mut [T] {
-        bytemuck::cast_slice_mut(self.bytes(len * std::mem::size_of::<T>()))
-    }
 }
 
 /// Combines `incoming` into `acc` element-wise. Mean accumulates as a sum; the
