@@ -166,6 +166,9 @@ fn synchronize<I: burn::tensor::backend::Backend>(
     })
 }
 
+/// A wrapped model's state (none: the default scope) and its live parameters.
+type ScopeParams<B> = (Option<Arc<ModelScope>>, Vec<LiveParam<B>>);
+
 /// Called by `Ddp<B>::backward` with the fresh gradients: each wrapped model's
 /// parameters averaged with its own reducer, in wrap order; without wrapped
 /// models, every parameter over the default group.
@@ -179,7 +182,7 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
     for param in tracking::live_params::<B>() {
         by_scope.entry(param.scope).or_default().push(param);
     }
-    let mut models: BTreeMap<u64, (Option<Arc<ModelScope>>, Vec<LiveParam<B>>)> = BTreeMap::new();
+    let mut models: BTreeMap<u64, ScopeParams<B>> = BTreeMap::new();
     for (id, params) in by_scope {
         let model = (id != DEFAULT_SCOPE).then(|| scope::by_id(id)).flatten();
         let id = model.as_ref().map_or(DEFAULT_SCOPE, |m| m.id);
