@@ -3,7 +3,7 @@
 //!
 //! A model that was never wrapped is synchronised over it (so does
 //! `Ddp<B>::backward` for parameters of no wrapped model, when no model was
-//! wrapped); wrapped models hold their own state (`crate::scope`).
+//! wrapped); wrapped models hold their own state (`burn_ddp_comm::reducer::models`).
 
 use crate::{BucketConfig, CommError, LaunchEnv, ProcessGroup, Reducer, Result};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -73,6 +73,6 @@ pub(crate) fn require_state_if_distributed() -> Result<Option<Arc<DdpState>>> {
 /// to it is dropped.
 pub fn destroy_process_group() -> Result<()> {
     let state = DEFAULT.lock().unwrap().take().ok_or(CommError::Destroyed)?;
-    crate::scope::forget_group(&state.group);
+    burn_ddp_comm::reducer::models::forget_group(&state.group);
     state.group.barrier()
 }

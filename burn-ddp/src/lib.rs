@@ -50,7 +50,6 @@ mod device;
 mod dtype;
 mod global;
 mod gradients;
-mod scope;
 pub(crate) mod sync;
 pub mod tracking;
 #[cfg(feature = "train")]

@@ -9,7 +9,6 @@
 
 use crate::global;
 use crate::gradients::TensorGradients;
-use crate::scope::{self, ModelScope, Silence, DEFAULT_SCOPE};
 use crate::tracking::{self, LiveParam, TrackedAutodiff};
 use crate::{CollectiveBackend, CommError, ProcessGroup, Reducer, Result};
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
@@ -17,6 +16,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
+use burn_ddp_comm::reducer::models::{self as scope, ModelScope, Silence, DEFAULT_SCOPE};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -116,7 +116,7 @@ fn scope_of<B: AutodiffBackend, M: AutodiffModule<B>>(
 ) -> Option<std::sync::Arc<ModelScope>> {
     let mut first = FirstTrainable(None);
     model.visit(&mut first);
-    first.0.and_then(scope::of_param)
+    first.0.and_then(|id| scope::of_param(id.val()))
 }
 
 /// The id of a module's first trainable parameter.

@@ -17,13 +17,13 @@
 //! the last `inner()` of a parameter on this thread, if its shape and type
 //! match, names the predecessor. Anything else is in the default scope.
 
-use crate::scope::DEFAULT_SCOPE;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::Autodiff;
 use burn_backend::backend::{AutodiffBackend, Backend};
 use burn_backend::ops::FloatTensorOps;
 use burn_backend::tensor::FloatTensor;
 use burn_backend::{DType, Shape, TensorMetadata};
+use burn_ddp_comm::reducer::models::DEFAULT_SCOPE;
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

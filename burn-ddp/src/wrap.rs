@@ -1,12 +1,12 @@
 //! Preparing a model for data-parallel training, as `DistributedDataParallel(model)`.
 
-use crate::scope;
 use crate::tracking::WrappingScope;
 use crate::{CommError, ProcessGroup};
 use burn::config::Config;
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Int, Tensor};
+use burn_ddp_comm::reducer::models as scope;
 use burn_ddp_comm::reducer::{check_layouts_agree, check_same_layout};
 use burn_ddp_comm::ParamLayout;
 use std::collections::HashSet;
@@ -122,7 +122,8 @@ impl DdpConfig {
         check_module(&model, group, self.broadcast_buffers)?;
         let mut trainable = TrainableIds::default();
         model.visit(&mut trainable);
-        let scope = (!trainable.0.is_empty()).then(|| scope::register(group, config, trainable.0));
+        let scope =
+            (!trainable.0.is_empty()).then(|| scope::register(group, config.into(), trainable.0));
         // Parameters marked while broadcasting are this model's (`Ddp<B>`).
         let _wrapping = scope.map(|scope| WrappingScope::enter(scope.id));
         broadcast_checked(model, group, self.broadcast_buffers)
@@ -278,12 +279,12 @@ impl<B: Backend> ModuleMapper<B> for Broadcaster<'_> {
 
 /// The ids of a module's trainable parameters.
 #[derive(Default)]
-struct TrainableIds(HashSet<ParamId>);
+struct TrainableIds(HashSet<u64>);
 
 impl<B: Backend> ModuleVisitor<B> for TrainableIds {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if param.val().is_require_grad() {
-            self.0.insert(param.id);
+            self.0.insert(param.id.val());
         }
     }
 }

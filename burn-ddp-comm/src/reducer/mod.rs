@@ -10,6 +10,7 @@
 
 mod front_end;
 mod layout;
+pub mod models;
 mod plan;
 mod stats;
 

@@ -1,46 +1,49 @@
-//! What `wrap` sets up for one model: its group, its reducer (and so its
-//! buckets and statistics), and which parameters are its, by `ParamId`
-//! (stable across optimizer steps). Two models wrapped separately are
-//! synchronised separately; a model never wrapped is synchronised over the
-//! default group, as `torch.distributed`'s default group serves everyone.
+//! What a front-end's `wrap` sets up for one model: its reducer (over its
+//! group; and so its buckets and statistics), and which parameters are its,
+//! by the framework's parameter ids (Burn's `ParamId`, stable across
+//! optimizer steps). Two models wrapped separately are synchronised
+//! separately; a model never wrapped is synchronised over the default group,
+//! as `torch.distributed`'s default group serves everyone.
 //!
-//! Also the per-thread `no_sync` state, for every model or one.
+//! Also the per-thread `no_sync` state, for every model or one. Both are
+//! framework-free, so every front-end shares them.
 
-use crate::{BucketConfig, ProcessGroup, Reducer};
-use burn::module::ParamId;
+use super::{BucketConfig, Reducer};
+use crate::group::ProcessGroup;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The synchronisation state of one wrapped model.
-pub(crate) struct ModelScope {
+pub struct ModelScope {
     /// 1, 2, ... in wrap order; every rank wraps its models in the same order,
     /// so ids agree across ranks (0 is the default scope).
     pub id: u64,
+    /// The model's reducer (its group, buckets and statistics).
     pub reducer: Mutex<Reducer>,
-    params: Mutex<HashSet<ParamId>>,
+    params: Mutex<HashSet<u64>>,
 }
 
 impl ModelScope {
     /// Whether `param` is one of this model's parameters.
-    pub fn holds(&self, param: ParamId) -> bool {
+    pub fn holds(&self, param: u64) -> bool {
         self.params.lock().unwrap().contains(&param)
     }
 }
 
 /// The default scope's id: parameters of no wrapped model.
-pub(crate) const DEFAULT_SCOPE: u64 = 0;
+pub const DEFAULT_SCOPE: u64 = 0;
 
 static SCOPES: Mutex<Vec<Arc<ModelScope>>> = Mutex::new(Vec::new());
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The scope for a model with trainable `params`, over `group`: the one these
 /// parameters already belong to (wrapping a model again), or a new one.
-pub(crate) fn register(
+pub fn register(
     group: &ProcessGroup,
     config: BucketConfig,
-    params: HashSet<ParamId>,
+    params: HashSet<u64>,
 ) -> Arc<ModelScope> {
     let mut scopes = SCOPES.lock().unwrap();
     let existing = scopes
@@ -65,8 +68,8 @@ pub(crate) fn register(
     }
 }
 
-/// The scope of the model whose first trainable parameter is `param`.
-pub(crate) fn of_param(param: ParamId) -> Option<Arc<ModelScope>> {
+/// The scope of the model that holds parameter `param`.
+pub fn of_param(param: u64) -> Option<Arc<ModelScope>> {
     SCOPES
         .lock()
         .unwrap()
@@ -76,7 +79,7 @@ pub(crate) fn of_param(param: ParamId) -> Option<Arc<ModelScope>> {
 }
 
 /// The scope with `id`.
-pub(crate) fn by_id(id: u64) -> Option<Arc<ModelScope>> {
+pub fn by_id(id: u64) -> Option<Arc<ModelScope>> {
     SCOPES
         .lock()
         .unwrap()
@@ -86,13 +89,13 @@ pub(crate) fn by_id(id: u64) -> Option<Arc<ModelScope>> {
 }
 
 /// Whether any model was wrapped (and not forgotten since).
-pub(crate) fn any_wrapped() -> bool {
+pub fn any_wrapped() -> bool {
     !SCOPES.lock().unwrap().is_empty()
 }
 
 /// Forgets the models wrapped over groups that no longer exist or over
 /// `group` (which is being destroyed).
-pub(crate) fn forget_group(group: &ProcessGroup) {
+pub fn forget_group(group: &ProcessGroup) {
     SCOPES.lock().unwrap().retain(|scope| {
         let reducer = scope.reducer.lock().unwrap();
         reducer.group().is_ok_and(|g| !g.is_same(group))
@@ -107,17 +110,19 @@ thread_local! {
 }
 
 /// Keeps gradients local on this thread while alive: for every model, or for
-/// the model of one scope.
-pub(crate) struct Silence {
+/// the model of one scope (a front-end's `no_sync` guard holds one).
+pub struct Silence {
     scope: Option<u64>,
 }
 
 impl Silence {
+    /// Silences every model on this thread.
     pub fn all() -> Self {
         ALL_LOCAL.with(|depth| *depth.borrow_mut() += 1);
         Self { scope: None }
     }
 
+    /// Silences the model of `scope` on this thread.
     pub fn one(scope: u64) -> Self {
         MODELS_LOCAL.with(|silenced| silenced.borrow_mut().push(scope));
         Self { scope: Some(scope) }
@@ -139,12 +144,12 @@ impl Drop for Silence {
 }
 
 /// Whether backward passes on this thread synchronise at all.
-pub(crate) fn all_enabled() -> bool {
+pub fn all_enabled() -> bool {
     ALL_LOCAL.with(|depth| *depth.borrow() == 0)
 }
 
 /// Whether backward passes on this thread synchronise the model of `scope`.
-pub(crate) fn enabled(scope: u64) -> bool {
+pub fn enabled(scope: u64) -> bool {
     all_enabled() && MODELS_LOCAL.with(|silenced| !silenced.borrow().contains(&scope))
 }
 
@@ -170,11 +175,11 @@ mod tests {
     #[test]
     fn wrapping_again_keeps_the_scope_and_new_models_get_their_own() {
         let group = ProcessGroup::builder(0, 1).build().unwrap();
-        let (a, b, c) = (ParamId::new(), ParamId::new(), ParamId::new());
-        let first = register(&group, BucketConfig::new(), [a, b].into());
-        let again = register(&group, BucketConfig::new(), [a, b].into());
+        let (a, b, c) = (11, 12, 13);
+        let first = register(&group, BucketConfig::default(), [a, b].into());
+        let again = register(&group, BucketConfig::default(), [a, b].into());
         assert_eq!(first.id, again.id);
-        let other = register(&group, BucketConfig::new(), [c].into());
+        let other = register(&group, BucketConfig::default(), [c].into());
         assert_ne!(other.id, first.id);
         assert_eq!(of_param(b).map(|s| s.id), Some(first.id));
         assert_eq!(by_id(other.id).map(|s| s.id), Some(other.id));
