@@ -1,112 +1,13 @@
 //! The example trainers end to end: real processes through the launcher.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// target/debug (or release), where cargo put the examples and the launcher.
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
-fn example(name: &str) -> PathBuf {
-    let path = target_dir().join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo test --workspace`",
-        path.display()
-    );
-    path
-}
-
-fn launcher() -> PathBuf {
-    let path = target_dir().join("burn-ddp-run");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo test --workspace`, which builds the launcher",
-        path.display()
-    );
-    path
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("burn-ddp-examples-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Runs `cmd` in `dir`, killing it after `limit`. Output is read while the
-/// program runs, so a chatty one cannot fill the pipe and stall.
-fn run(mut cmd: Command, dir: &Path, limit: Duration) -> Output {
-    // The test's own RUST_LOG must not change what a program prints.
-    if cmd.get_envs().all(|(name, _)| name != "RUST_LOG") {
-        cmd.env_remove("RUST_LOG");
-    }
-    cmd.current_dir(dir)
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().expect("starting the example");
-    let drain = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = pipe.read_to_end(&mut bytes);
-            bytes
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().unwrap()));
-    let stderr = drain(Box::new(child.stderr.take().unwrap()));
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            panic!("{cmd:?} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-    }
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn assert_success(out: &Output) {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        stdout(out),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// `(epoch, loss)` from the toy trainer's "Epoch e/E, Avg Loss: x" lines.
-fn toy_losses(text: &str) -> Vec<(usize, f64)> {
-    text.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix("Epoch ")?;
-            let (epoch, rest) = rest.split_once('/')?;
-            let loss = rest.split("Avg Loss: ").nth(1)?;
-            Some((epoch.parse().ok()?, loss.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-fn relative(a: f64, b: f64) -> f64 {
-    (a - b).abs() / b.abs().max(1e-12)
-}
+use burn_ddp_testkit::programs::{
+    assert_success, example, field, launcher, mnist_data, relative, run, scratch, stdout,
+    toy_losses,
+};
 
 #[test]
 fn toy_two_ranks_equal_one_big_batch_and_resume_from_a_checkpoint() {
@@ -282,16 +183,6 @@ fn toy_resume_from_a_missing_checkpoint_names_the_file() {
     );
 }
 
-fn mnist_data() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist");
-    assert!(
-        dir.join("train-images-idx3-ubyte.gz").is_file(),
-        "the real MNIST files are expected in {} (the project's shared data)",
-        dir.display()
-    );
-    dir
-}
-
 #[test]
 fn mnist_short_run_on_two_ranks_learns_and_saves_the_model() {
     let dir = scratch("mnist");
@@ -299,7 +190,7 @@ fn mnist_short_run_on_two_ranks_learns_and_saves_the_model() {
     cmd.args(["--standalone", "--nproc-per-node", "2"])
         .arg(example("mnist"))
         .arg("--data-dir")
-        .arg(mnist_data())
+        .arg(mnist_data(env!("CARGO_MANIFEST_DIR")))
         .args([
             "--train-samples",
             "640",
@@ -313,12 +204,6 @@ fn mnist_short_run_on_two_ranks_learns_and_saves_the_model() {
     let out = run(cmd, &dir, Duration::from_secs(600));
     assert_success(&out);
     let text = stdout(&out);
-    let field = |line: &str, name: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{name}=")))
-            .map(|v| v.trim_end_matches(['%', 's']).parse().unwrap())
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-    };
     let epochs: Vec<&str> = text.lines().filter(|l| l.starts_with("epoch=")).collect();
     assert_eq!(
         epochs.len(),
@@ -520,7 +405,7 @@ fn mnist_learner_on_two_ranks_writes_one_experiment() {
         .arg(example("mnist"))
         .arg("--learner")
         .arg("--data-dir")
-        .arg(mnist_data())
+        .arg(mnist_data(env!("CARGO_MANIFEST_DIR")))
         .args(["--train-samples", "512", "--test-samples", "256"])
         .args([
             "--epochs",
@@ -577,7 +462,10 @@ fn fill_burn_dataset_cache(cache_home: &Path) {
         let folder = cache_home.join("burn-dataset").join("mnist").join(split);
         std::fs::create_dir_all(&folder).unwrap();
         for name in files {
-            let gz = std::fs::File::open(mnist_data().join(format!("{name}.gz"))).unwrap();
+            let gz = std::fs::File::open(
+                mnist_data(env!("CARGO_MANIFEST_DIR")).join(format!("{name}.gz")),
+            )
+            .unwrap();
             let mut bytes = Vec::new();
             flate2::read::GzDecoder::new(gz)
                 .read_to_end(&mut bytes)

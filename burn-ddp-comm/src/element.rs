@@ -1,5 +1,6 @@
 //! Element types the collectives move, and how they combine.
 
+use crate::error::CommError;
 use bytemuck::Pod;
 
 /// A reduction applied element-wise across ranks.
@@ -61,6 +62,29 @@ impl DType {
     /// (layouts, call signatures): its index in [`DType::ALL`].
     pub fn code(self) -> i64 {
         Self::ALL.iter().position(|d| *d == self).unwrap() as i64
+    }
+
+    /// The error for a front-end's element type the collectives do not move
+    /// (`what`: the operation, for the message).
+    pub fn unsupported(rank: usize, what: &str, name: &dyn std::fmt::Debug) -> CommError {
+        CommError::InvalidArgument {
+            rank,
+            message: format!(
+                "{what}: burn-ddp moves f32, f64, f16, bf16, i32 and i64 tensors, not \
+                 {name:?}; convert the tensor first (e.g. `.cast(DType::F32)`)"
+            ),
+        }
+    }
+
+    /// The error for a parameter whose gradients cannot be averaged.
+    pub fn unsupported_gradient(rank: usize, name: &dyn std::fmt::Debug) -> CommError {
+        CommError::InvalidArgument {
+            rank,
+            message: format!(
+                "burn-ddp averages f32, f64, f16 and bf16 gradients; a parameter has \
+                 {name:?} (train in one of those, or cast the parameter)"
+            ),
+        }
     }
 
     /// The type a [`DType::code`] stands for.

@@ -30,15 +30,18 @@
 #![deny(missing_docs)]
 
 mod backend;
+pub mod default_group;
 mod element;
 pub mod env;
 mod error;
+pub mod files;
 pub mod frame;
 mod group;
 pub mod job;
 pub mod nccl;
 pub mod reducer;
 pub mod store;
+pub mod sum;
 pub mod transport;
 #[cfg(test)]
 mod wire_properties;

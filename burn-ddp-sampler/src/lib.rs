@@ -12,10 +12,14 @@
 
 #![deny(missing_docs)]
 
+#[cfg(feature = "group")]
+mod group;
 mod mt19937;
 mod sampler;
 mod shard;
 
+#[cfg(feature = "group")]
+pub use group::{distributed_sampler, evaluation_sampler};
 pub use mt19937::{randperm, Mt19937};
 pub use sampler::{DistributedSampler, SamplerError};
 pub use shard::{EpochHandle, ShardIndices};

@@ -44,6 +44,18 @@ impl ShardIndices {
         self.state.read().unwrap().sampler.dataset_len()
     }
 
+    /// Panics unless the sampler was made for a dataset of `len` items: a
+    /// framework's wrapper calls it with its dataset's length (a mismatch is a
+    /// bug in the calling code that would otherwise surface later, past the end).
+    pub fn check_dataset_len(&self, len: usize) {
+        let expected = self.dataset_len();
+        assert_eq!(
+            expected, len,
+            "the DistributedSampler was made for {expected} items but the dataset has \
+             {len}; create it with dataset.len()"
+        );
+    }
+
     /// The dataset index of the shard's `index`-th item this epoch.
     pub fn source(&self, index: usize) -> Option<usize> {
         self.state.read().unwrap().indices.get(index).copied()

@@ -2,35 +2,22 @@
 //! intact, never a truncated one.
 //!
 //! The file is Burn's named MessagePack format (`NamedMpkFileRecorder` with full
-//! precision reads it too); it is first written to a temporary file beside the
-//! target, flushed to disk, then renamed over the target.
+//! precision reads it too), written by `burn_ddp_comm::files::write_atomic`
+//! (a temporary file beside the target, flushed, renamed over it).
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder, RecorderError};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
+use burn_ddp_comm::files::{self, FileError};
 use std::fmt;
-use std::fs::{self, File};
-use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 /// Why a checkpoint could not be written or read.
 #[derive(Debug)]
 pub enum CheckpointError {
-    /// The file system refused.
-    Io {
-        /// The file involved.
-        path: PathBuf,
-        /// What it said.
-        source: io::Error,
-    },
-    /// The folder for the checkpoint cannot be created or written into.
-    Folder {
-        /// The folder.
-        folder: PathBuf,
-        /// What the file system said.
-        source: io::Error,
-    },
+    /// The file or its folder (see [`FileError`]).
+    File(FileError),
     /// The record could not be encoded or decoded (a different model, a
     /// corrupt file).
     Record {
@@ -56,16 +43,7 @@ pub enum CheckpointError {
 impl fmt::Display for CheckpointError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CheckpointError::Io { path, source } => {
-                write!(f, "checkpoint {}: {source}", path.display())
-            }
-            CheckpointError::Folder { folder, source } => write!(
-                f,
-                "cannot write checkpoints into the folder {}: {source}; choose a folder this \
-                 user can write to (the trainers' --output or --checkpoint-dir), or fix its \
-                 permissions or free space",
-                folder.display()
-            ),
+            CheckpointError::File(err) => err.fmt(f),
             CheckpointError::Record { path, source } => write!(
                 f,
                 "checkpoint {}: not a record of this model ({source}); was it written by a \
@@ -91,26 +69,22 @@ impl fmt::Display for CheckpointError {
 impl std::error::Error for CheckpointError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            CheckpointError::Io { source, .. } | CheckpointError::Folder { source, .. } => {
-                Some(source)
-            }
+            CheckpointError::File(err) => Some(err),
             CheckpointError::Record { source, .. } => Some(source),
             CheckpointError::Shape { .. } => None,
         }
     }
 }
 
+impl From<FileError> for CheckpointError {
+    fn from(err: FileError) -> Self {
+        CheckpointError::File(err)
+    }
+}
+
 /// `path` with the `.mpk` extension Burn's recorders use.
 pub fn checkpoint_path(path: impl AsRef<Path>) -> PathBuf {
-    let path = path.as_ref();
-    match path.extension() {
-        Some(ext) if ext == "mpk" => path.to_path_buf(),
-        _ => {
-            let mut name = path.as_os_str().to_owned();
-            name.push(".mpk");
-            PathBuf::from(name)
-        }
-    }
+    files::with_extension(path, "mpk")
 }
 
 /// Writes `record` to `path` (`.mpk` added if missing) atomically; returns the
@@ -126,65 +100,8 @@ pub fn save_atomic<B: Backend, R: Record<B>>(
             path: target.clone(),
             source,
         })?;
-    let dir = match target.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let folder_err = |source| CheckpointError::Folder {
-        folder: dir.clone(),
-        source,
-    };
-    fs::create_dir_all(&dir).map_err(folder_err)?;
-    let file_name = target.file_name().unwrap_or_default().to_string_lossy();
-    remove_abandoned_partials(&dir, &file_name);
-    let temporary = dir.join(format!(".{file_name}.{}.partial", std::process::id()));
-    let mut file = File::create(&temporary).map_err(folder_err)?;
-    let written = file.write_all(&bytes).and_then(|()| file.sync_all());
-    drop(file);
-    if let Err(source) = written {
-        let _ = fs::remove_file(&temporary);
-        // Mostly a full disk: the folder's problem, not the file's.
-        return Err(folder_err(source));
-    }
-    fs::rename(&temporary, &target).map_err(|source| {
-        let _ = fs::remove_file(&temporary);
-        CheckpointError::Io {
-            path: target.clone(),
-            source,
-        }
-    })?;
-    // Make the rename itself durable.
-    if let Ok(dir) = File::open(&dir) {
-        let _ = dir.sync_all();
-    }
+    files::write_atomic(&target, &bytes)?;
     Ok(target)
-}
-
-/// Deletes what earlier saves of `file_name` left when they were killed
-/// between writing and renaming: `.{file_name}.{pid}.partial` files whose
-/// process no longer exists (Linux's `/proc` tells; elsewhere none is touched).
-fn remove_abandoned_partials(dir: &Path, file_name: &str) {
-    let proc = Path::new("/proc");
-    if !proc.join("self").exists() {
-        return;
-    }
-    let prefix = format!(".{file_name}.");
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let pid = name
-            .strip_prefix(&prefix)
-            .and_then(|rest| rest.strip_suffix(".partial"))
-            .and_then(|pid| pid.parse::<u32>().ok());
-        if let Some(pid) = pid {
-            if pid != std::process::id() && !proc.join(pid.to_string()).exists() {
-                let _ = fs::remove_file(entry.path());
-            }
-        }
-    }
 }
 
 /// Reads a record written by [`save_atomic`] (or Burn's `NamedMpkFileRecorder`).
@@ -193,10 +110,7 @@ pub fn load<B: Backend, R: Record<B>>(
     device: &B::Device,
 ) -> Result<R, CheckpointError> {
     let path = checkpoint_path(path);
-    let bytes = fs::read(&path).map_err(|source| CheckpointError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let bytes = files::read(&path)?;
     NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
         .load(bytes, device)
         .map_err(|source| CheckpointError::Record { path, source })
@@ -279,6 +193,7 @@ mod tests {
     use burn::module::Module;
     use burn::nn::{Linear, LinearConfig};
     use burn::record::NamedMpkFileRecorder;
+    use std::fs;
 
     type B = NdArray;
 

@@ -1,7 +1,7 @@
 //! The one table between Burn's element types and the ones the collectives
 //! move, and the typed views of a `TensorData` that go with it.
 
-use crate::{CommError, Result};
+use crate::Result;
 use burn::tensor::{DType, TensorData};
 use burn_ddp_comm::DType as Wire;
 
@@ -34,26 +34,14 @@ pub(crate) fn to_burn(wire: Wire) -> DType {
 
 /// [`to_wire`], or an error naming the rank, the type and the fix.
 pub(crate) fn wire_or_error(rank: usize, dtype: DType, what: &str) -> Result<Wire> {
-    to_wire(dtype).ok_or_else(|| CommError::InvalidArgument {
-        rank,
-        message: format!(
-            "{what}: burn-ddp moves f32, f64, f16, bf16, i32 and i64 tensors, not {dtype:?}; \
-             convert the tensor first (e.g. `.cast(DType::F32)`)"
-        ),
-    })
+    to_wire(dtype).ok_or_else(|| Wire::unsupported(rank, what, &dtype))
 }
 
 /// The wire type of a gradient: floats only.
 pub(crate) fn gradient_wire(rank: usize, dtype: DType) -> Result<Wire> {
     match to_wire(dtype) {
         Some(wire) if wire.is_float() => Ok(wire),
-        _ => Err(CommError::InvalidArgument {
-            rank,
-            message: format!(
-                "burn-ddp averages f32, f64, f16 and bf16 gradients; a parameter has \
-                 {dtype:?} (train in one of those, or cast the parameter)"
-            ),
-        }),
+        _ => Err(Wire::unsupported_gradient(rank, &dtype)),
     }
 }
 

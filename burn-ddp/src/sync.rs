@@ -7,7 +7,6 @@
 //! [`sync_gradients`] (parameters found by walking a module, for any
 //! autodiff backend).
 
-use crate::global;
 use crate::gradients::TensorGradients;
 use crate::tracking::{self, LiveParam, TrackedAutodiff};
 use crate::{CollectiveBackend, CommError, ProcessGroup, Reducer, Result};
@@ -16,6 +15,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
+use burn_ddp_comm::default_group;
 use burn_ddp_comm::reducer::models::{self as scope, ModelScope, Silence, DEFAULT_SCOPE};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -36,10 +36,7 @@ pub fn reset_sync_stats() {
 /// figures if it was wrapped, else those of the default group's reducer
 /// (shared by every model never wrapped); `None` without either.
 pub fn sync_stats_of<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> Option<SyncStats> {
-    match scope_of(model) {
-        Some(scope) => Some(scope.reducer.lock().unwrap().stats()),
-        None => global::state().map(|state| state.reducer.lock().unwrap().stats()),
-    }
+    scope::stats_of(first_trainable(model))
 }
 
 /// While alive, `Ddp<B>::backward` on this thread keeps gradients local
@@ -114,9 +111,14 @@ pub fn sync_enabled() -> bool {
 fn scope_of<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
 ) -> Option<std::sync::Arc<ModelScope>> {
+    first_trainable(model).and_then(scope::of_param)
+}
+
+/// The id of `model`'s first trainable parameter, which names its scope.
+fn first_trainable<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> Option<u64> {
     let mut first = FirstTrainable(None);
     model.visit(&mut first);
-    first.0.and_then(|id| scope::of_param(id.val()))
+    first.0.map(|id| id.val())
 }
 
 /// The id of a module's first trainable parameter.
@@ -199,7 +201,7 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
                 check_outside_models::<B>(&params, grads)?;
                 continue;
             }
-            let Some(state) = global::require_state_if_distributed()? else {
+            let Some(state) = default_group::required_if_distributed()? else {
                 continue;
             };
             sync_params::<B>(&state.reducer, &state.group, params, grads)?;
@@ -275,16 +277,11 @@ pub fn sync_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: GradientsParams,
 ) -> Result<GradientsParams> {
-    match scope_of(module) {
-        Some(model) => {
-            let group = model.reducer.lock().unwrap().group()?;
-            sync_module(&model.reducer, &group, module, grads)
-        }
-        None => match global::require_state_if_distributed()? {
-            Some(state) => sync_module(&state.reducer, &state.group, module, grads),
-            None => Ok(grads),
-        },
-    }
+    let Some(target) = scope::target_for(first_trainable(module))? else {
+        return Ok(grads);
+    };
+    let group = target.group()?;
+    sync_module(target.reducer(), &group, module, grads)
 }
 
 /// [`sync_gradients`] with a given reducer (the Learner strategy's own).

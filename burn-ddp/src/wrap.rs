@@ -6,10 +6,8 @@ use burn::config::Config;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Int, Tensor};
-use burn_ddp_comm::reducer::models as scope;
-use burn_ddp_comm::reducer::{check_layouts_agree, check_same_layout};
+use burn_ddp_comm::reducer::models::{self as scope, ModuleLayout, WrapSettings};
 use burn_ddp_comm::ParamLayout;
-use std::collections::HashSet;
 
 /// How gradients are grouped into buckets, in bytes: a Burn `Config` (save it
 /// with `.save(path)`, read it back with `BucketConfig::load(path)`).
@@ -115,15 +113,12 @@ impl DdpConfig {
         model: M,
         group: &ProcessGroup,
     ) -> crate::Result<M> {
-        let config = self.bucket_config(group.rank())?;
-        if self.gradient_compression != GradientCompression::None {
-            group.set_wire_compression(self.gradient_compression.into());
-        }
-        check_module(&model, group, self.broadcast_buffers)?;
-        let mut trainable = TrainableIds::default();
-        model.visit(&mut trainable);
-        let scope =
-            (!trainable.0.is_empty()).then(|| scope::register(group, config.into(), trainable.0));
+        let settings = WrapSettings {
+            buckets: self.bucket_config(group.rank())?.into(),
+            compression: self.gradient_compression.into(),
+            broadcast_buffers: self.broadcast_buffers,
+        };
+        let scope = scope::wrap(group, settings, module_layout(&model, group.rank())?)?;
         // Parameters marked while broadcasting are this model's (`Ddp<B>`).
         let _wrapping = scope.map(|scope| WrappingScope::enter(scope.id));
         broadcast_checked(model, group, self.broadcast_buffers)
@@ -143,37 +138,27 @@ pub(crate) fn broadcast_module<B: Backend, M: Module<B>>(
 }
 
 /// Fails on every rank unless all hold the same trainable parameters (and,
-/// with `buffers`, the same other tensors): broadcasting tensors of
-/// different sizes would garble or hang.
+/// with `buffers`, the same other tensors).
 fn check_module<B: Backend, M: Module<B>>(
     model: &M,
     group: &ProcessGroup,
     buffers: bool,
 ) -> crate::Result<()> {
-    let rank = group.rank();
-    let mut layout = LayoutOf::new(rank);
+    scope::check_module(group, &module_layout(model, group.rank())?, buffers)
+}
+
+/// The shapes and types of `model`'s tensors, and its trainable ids.
+fn module_layout<B: Backend, M: Module<B>>(model: &M, rank: usize) -> crate::Result<ModuleLayout> {
+    let mut layout = LayoutOf {
+        rank,
+        found: ModuleLayout::default(),
+        error: None,
+    };
     model.visit(&mut layout);
-    let LayoutOf {
-        trainable,
-        buffers: buffer_layout,
-        error,
-        ..
-    } = layout;
-    if let Some(err) = error {
-        return Err(err);
+    match layout.error {
+        Some(err) => Err(err),
+        None => Ok(layout.found),
     }
-    check_same_layout(group, &trainable)?;
-    if buffers {
-        check_layouts_agree(
-            group,
-            &buffer_layout,
-            "buffers",
-            "Buffers are tensors without gradients (batch-norm statistics, frozen \
-             weights); build the same ones on every rank, or keep each rank's own with \
-             DdpConfig::new().with_broadcast_buffers(false)",
-        )?;
-    }
-    Ok(())
 }
 
 /// [`broadcast_module`] once [`check_module`] passed.
@@ -197,19 +182,14 @@ fn broadcast_checked<B: Backend, M: Module<B>>(
 impl DdpConfig {
     /// The bucket sizes in bytes; an error names `rank` and the bad setting.
     pub fn bucket_config(&self, rank: usize) -> crate::Result<BucketConfig> {
-        let to_bytes = |mb: f64, name: &str| {
-            if mb.is_finite() && mb > 0.0 && mb * 1024.0 * 1024.0 < usize::MAX as f64 {
-                Ok(((mb * 1024.0 * 1024.0) as usize).max(1))
-            } else {
-                Err(CommError::config(format!(
-                    "rank {rank}: DdpConfig {name} = {mb} must be a positive number of MiB \
-                     (PyTorch's default is 25 for bucket_cap_mb, 1 for the first bucket)"
-                )))
-            }
-        };
+        let bytes = burn_ddp_comm::BucketConfig::from_mib(
+            rank,
+            self.bucket_cap_mb,
+            self.first_bucket_cap_mb,
+        )?;
         Ok(BucketConfig {
-            cap_bytes: to_bytes(self.bucket_cap_mb, "bucket_cap_mb")?,
-            first_cap_bytes: to_bytes(self.first_bucket_cap_mb, "first_bucket_cap_mb")?,
+            cap_bytes: bytes.cap_bytes,
+            first_cap_bytes: bytes.first_cap_bytes,
         })
     }
 }
@@ -277,45 +257,25 @@ impl<B: Backend> ModuleMapper<B> for Broadcaster<'_> {
     }
 }
 
-/// The ids of a module's trainable parameters.
-#[derive(Default)]
-struct TrainableIds(HashSet<u64>);
-
-impl<B: Backend> ModuleVisitor<B> for TrainableIds {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if param.val().is_require_grad() {
-            self.0.insert(param.id.val());
-        }
-    }
-}
-
 /// The shape and type of every tensor a module holds, in visiting order:
-/// trainable parameters apart from buffers.
+/// trainable parameters (with their ids) apart from buffers.
 struct LayoutOf {
     rank: usize,
-    trainable: Vec<ParamLayout>,
-    buffers: Vec<ParamLayout>,
+    found: ModuleLayout,
     error: Option<CommError>,
 }
 
 impl LayoutOf {
-    fn new(rank: usize) -> Self {
-        Self {
-            rank,
-            trainable: Vec::new(),
-            buffers: Vec::new(),
-            error: None,
-        }
-    }
-
-    fn push(&mut self, trainable: bool, dims: Vec<usize>, dtype: burn::tensor::DType) {
+    fn push(&mut self, trainable: Option<u64>, dims: Vec<usize>, dtype: burn::tensor::DType) {
         match crate::dtype::wire_or_error(self.rank, dtype, "wrap") {
             Ok(dtype) => {
                 let layout = ParamLayout { shape: dims, dtype };
-                if trainable {
-                    self.trainable.push(layout);
-                } else {
-                    self.buffers.push(layout);
+                match trainable {
+                    Some(id) => {
+                        self.found.trainable.push(layout);
+                        self.found.trainable_ids.insert(id);
+                    }
+                    None => self.found.buffers.push(layout),
                 }
             }
             Err(err) => {
@@ -328,16 +288,13 @@ impl LayoutOf {
 impl<B: Backend> ModuleVisitor<B> for LayoutOf {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let value = param.val();
-        self.push(
-            value.is_require_grad(),
-            value.dims().to_vec(),
-            value.dtype(),
-        );
+        let trainable = value.is_require_grad().then(|| param.id.val());
+        self.push(trainable, value.dims().to_vec(), value.dtype());
     }
 
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
         let value = param.val();
-        self.push(false, value.dims().to_vec(), value.dtype());
+        self.push(None, value.dims().to_vec(), value.dtype());
     }
 }
 

@@ -152,3 +152,14 @@ fn read_idx(path: &Path, magic: u32, ndims: usize) -> Result<(Vec<usize>, Vec<u8
     }
     Ok((dims, body.to_vec()))
 }
+
+/// burn-dataset's MNIST cache: `dirs::cache_dir()/burn-dataset/mnist`, that is
+/// `$XDG_CACHE_HOME` (when absolute) or `$HOME/.cache` on Linux.
+pub fn burn_dataset_cache() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|path| path.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    base.join("burn-dataset").join("mnist")
+}

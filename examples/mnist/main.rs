@@ -12,12 +12,14 @@
 #[macro_use]
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "args.rs"]
+mod args;
 mod idx;
 mod learner;
 mod net;
 mod source;
 
-use burn::config::Config;
+use args::{MnistArgs, MnistTrainingConfig};
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};
@@ -28,111 +30,11 @@ use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use burn_ddp::data::DistributedDataset;
 use burn_ddp::ReduceOp;
 use clap::Parser;
-use common::cli::{positive, BackendChoice};
 use common::{fail, run_config};
 use net::Net;
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The trainer's command line: the document's argparse flags (dashes or
-/// underscores).
-#[derive(Parser, Debug, Clone)]
-#[command(
-    name = "mnist",
-    version,
-    about = "DDP training of the document's MNIST CNN."
-)]
-pub struct MnistArgs {
-    /// Training epochs.
-    #[arg(long, default_value_t = 2)]
-    epochs: usize,
-    /// Batch size per process.
-    #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 128,
-          value_parser = positive)]
-    batch_size: usize,
-    /// AdamW learning rate.
-    #[arg(long, default_value_t = 0.001)]
-    lr: f64,
-    /// Folder with the four MNIST IDX files (.gz or not). Without it, burn-dataset's
-    /// MnistDataset (downloaded once per machine into ~/.cache/burn-dataset/mnist).
-    #[arg(long = "data-dir", visible_alias = "data_dir")]
-    data_dir: Option<PathBuf>,
-    /// Without --data-dir: seconds the download of MNIST may take (burn-dataset's
-    /// downloader has no timeout of its own).
-    #[arg(long = "download-timeout", value_name = "SECS", default_value_t = 600,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    download_timeout: u64,
-    /// Use only the first N training images.
-    #[arg(
-        long = "train-samples",
-        visible_alias = "train_samples",
-        value_name = "N"
-    )]
-    train_samples: Option<usize>,
-    /// Use only the first N test images.
-    #[arg(
-        long = "test-samples",
-        visible_alias = "test_samples",
-        value_name = "N"
-    )]
-    test_samples: Option<usize>,
-    /// Batch size for evaluation.
-    #[arg(long = "test-batch-size", visible_alias = "test_batch_size", default_value_t = 1000,
-          value_parser = positive)]
-    test_batch_size: usize,
-    /// Stop each epoch after N steps (quick runs; hand-written loop only).
-    #[arg(
-        long = "max-steps",
-        visible_alias = "max_steps",
-        value_name = "N",
-        conflicts_with = "learner"
-    )]
-    max_steps: Option<usize>,
-    /// Seed of the initial model and the shuffle.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Where rank 0 saves the final model (.mpk) and its configuration (.config.json).
-    #[arg(long, default_value = "mnist_ddp")]
-    output: PathBuf,
-    /// Backend: flex (fast CPU), ndarray (slow convolutions), or cuda / cuda-fused with the cuda feature.
-    #[arg(long, value_enum, default_value = "flex")]
-    backend: BackendChoice,
-    /// Train through Burn's Learner (SupervisedTraining) instead of the hand-written loop.
-    #[arg(long)]
-    learner: bool,
-    /// With --learner: the experiment folder (logs, metrics, checkpoints, the model).
-    #[arg(
-        long = "artifact-dir",
-        visible_alias = "artifact_dir",
-        default_value = "mnist_learner",
-        requires = "learner"
-    )]
-    artifact_dir: PathBuf,
-    /// With --learner: resume after this epoch from the experiment's checkpoints.
-    #[arg(long, value_name = "EPOCH", requires = "learner")]
-    resume: Option<usize>,
-}
-
-/// The hyper-parameters of a run, saved next to the model it produced.
-#[derive(Config, Debug)]
-pub struct MnistTrainingConfig {
-    /// Training epochs.
-    epochs: usize,
-    /// Batch size per process.
-    batch_size: usize,
-    /// Processes; the global batch is `batch_size * world_size`.
-    world_size: usize,
-    /// AdamW learning rate.
-    lr: f64,
-    /// Seed of the initial model and the shuffle.
-    seed: u64,
-    /// Training images used (all when not limited).
-    train_samples: usize,
-    /// Steps per epoch, when limited.
-    max_steps: Option<usize>,
-}
 
 /// One split of MNIST as a Burn dataset of indices into shared pixel buffers.
 #[derive(Clone)]

@@ -1,24 +1,13 @@
 //! Where the trainers' MNIST comes from: IDX files in `--data-dir`, or
 //! burn-dataset's `MnistDataset` (downloaded once into its cache folder).
 
-use crate::idx::{self, Split};
+use crate::idx::{self, burn_dataset_cache, Split};
 use burn::data::dataset::Dataset;
 use burn_dataset::vision::MnistDataset;
 use burn_ddp::ProcessGroup;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
-
-/// burn-dataset's MNIST cache: `dirs::cache_dir()/burn-dataset/mnist`, that is
-/// `$XDG_CACHE_HOME` (when absolute) or `$HOME/.cache` on Linux.
-pub fn burn_dataset_cache() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|path| path.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    base.join("burn-dataset").join("mnist")
-}
 
 /// The training and test splits, each rank's full copy.
 ///

@@ -13,8 +13,14 @@
 #[macro_use]
 #[path = "../common/mod.rs"]
 pub(crate) mod common;
+#[path = "args.rs"]
+mod args;
+pub(crate) use args::ToyArgs;
+use args::{ToyTrainingConfig, CONFIG_FILE};
 
-use burn::config::Config;
+/// `--backend`'s default.
+const DEFAULT_BACKEND: &str = "ndarray";
+
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::Module;
@@ -26,86 +32,7 @@ use burn::tensor::{ElementConversion, Tensor, TensorData};
 use burn_ddp::data::DistributedDataset;
 use burn_ddp::ReduceOp;
 use clap::Parser;
-use common::cli::{positive, BackendChoice};
-use common::{fail, run_config, Normal};
-use std::path::PathBuf;
-
-/// The trainer's command line: the document's argparse flags (dashes or
-/// underscores).
-#[derive(Parser, Debug, Clone)]
-#[command(
-    name = "toy",
-    version,
-    about = "DDP training of the document's ToyModel (Linear 10 -> 1)."
-)]
-pub(crate) struct ToyArgs {
-    /// Training epochs.
-    #[arg(long, default_value_t = 5)]
-    pub epochs: usize,
-    /// Batch size per process.
-    #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 64,
-          value_parser = positive)]
-    pub batch_size: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = 0.01)]
-    pub lr: f64,
-    /// Number of synthetic samples.
-    #[arg(
-        long = "dataset-size",
-        visible_alias = "dataset_size",
-        default_value_t = 2048
-    )]
-    pub dataset_size: usize,
-    /// Save a checkpoint every N epochs.
-    #[arg(long = "save-interval", visible_alias = "save_interval", default_value_t = 2,
-          value_parser = positive)]
-    pub save_interval: usize,
-    /// Where model_epoch_N.mpk and toy_config.json go.
-    #[arg(
-        long = "checkpoint-dir",
-        visible_alias = "checkpoint_dir",
-        default_value = "."
-    )]
-    pub checkpoint_dir: PathBuf,
-    /// Checkpoint to resume from (every rank loads it).
-    #[arg(long)]
-    pub resume: Option<PathBuf>,
-    /// Seed of the data and the initial model.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Decimals of the logged loss.
-    #[arg(
-        long = "loss-precision",
-        visible_alias = "loss_precision",
-        default_value_t = 4
-    )]
-    pub loss_precision: usize,
-    /// Backend: ndarray, flex, or cuda when built with the cuda feature.
-    #[arg(long, value_enum, default_value = "ndarray")]
-    pub backend: BackendChoice,
-}
-
-/// Beside the checkpoints; not `config.json`, which the default folder (the
-/// current one) may already hold.
-const CONFIG_FILE: &str = "toy_config.json";
-
-/// The hyper-parameters that define a run, saved as `toy_config.json` next to the
-/// checkpoints; a resume compares them with its own.
-#[derive(Config, Debug)]
-pub(crate) struct ToyTrainingConfig {
-    /// Training epochs (a resume may raise it).
-    pub epochs: usize,
-    /// Batch size per process.
-    pub batch_size: usize,
-    /// Processes; the global batch is `batch_size * world_size`.
-    pub world_size: usize,
-    /// SGD learning rate.
-    pub lr: f64,
-    /// Synthetic samples.
-    pub dataset_size: usize,
-    /// Seed of the data and the initial model.
-    pub seed: u64,
-}
+use common::{fail, run_config};
 
 /// The document's ToyModel.
 #[derive(Module, Debug)]
@@ -125,8 +52,7 @@ impl<B: Backend> ToyModel<B> {
     }
 }
 
-/// The document's ToyDataset: `randn(size, 10)` features and `randn(size, 1)`
-/// labels, drawn from a fixed seed so every rank holds the same data.
+/// The document's ToyDataset ([`args::toy_data`]).
 struct ToyDataset {
     features: Vec<[f32; 10]>,
     labels: Vec<f32>,
@@ -134,11 +60,7 @@ struct ToyDataset {
 
 impl ToyDataset {
     fn new(size: usize, seed: u64) -> Self {
-        let mut normal = Normal::new(seed);
-        let features = (0..size)
-            .map(|_| std::array::from_fn(|_| normal.sample()))
-            .collect();
-        let labels = (0..size).map(|_| normal.sample()).collect();
+        let (features, labels) = args::toy_data(size, seed);
         Self { features, labels }
     }
 }

@@ -7,10 +7,12 @@
 mod c10d_server;
 mod machines;
 mod mpirun;
+pub mod numbers;
+pub mod programs;
 
 pub use c10d_server::C10dTestServer;
 pub use machines::{Machines, REQUIRE_NETNS_VAR};
-pub use mpirun::{mpirun_world, REQUIRE_MPIRUN_VAR};
+pub use mpirun::{mpirun_program, mpirun_world, REQUIRE_MPIRUN_VAR};
 
 use burn_ddp_comm::job::{JobToken, JOB_TOKEN_VAR};
 use burn_ddp_comm::store::StoreServer;
@@ -83,6 +85,11 @@ pub struct World {
     /// Runs the ranks on these machines, this many on each (rank r on machine
     /// r / n); rank 0 then hosts the store at machine 0's address.
     pub machines: Option<(std::sync::Arc<Machines>, usize)>,
+    /// Runs this program with these arguments, in `dir`, instead of the test
+    /// binary on a scenario (a trainer under a simulated launcher).
+    pub program: Option<(std::path::PathBuf, Vec<String>)>,
+    /// The ranks' working folder (the driver's own by default).
+    pub dir: Option<std::path::PathBuf>,
 }
 
 impl World {
@@ -98,7 +105,16 @@ impl World {
             start_delay: None,
             signal_when: None,
             machines: None,
+            program: None,
+            dir: None,
         }
+    }
+
+    /// Runs `program` with `args` as every rank (see [`World::program`]).
+    pub fn program(mut self, program: impl Into<std::path::PathBuf>, args: &[&str]) -> Self {
+        let args = args.iter().map(|a| a.to_string()).collect();
+        self.program = Some((program.into(), args));
+        self
     }
 
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -132,7 +148,10 @@ impl World {
             (_, Some(agent)) => agent.port(),
             _ => free_port(),
         };
-        let exe = std::env::current_exe().unwrap();
+        let exe = match &self.program {
+            Some((program, _)) => program.clone(),
+            None => std::env::current_exe().unwrap(),
+        };
         let start = Instant::now();
         let mut children: Vec<(usize, Child)> = self
             .started
@@ -156,6 +175,12 @@ impl World {
                         "127.0.0.1".to_string(),
                     ),
                 };
+                if let Some((_, args)) = &self.program {
+                    cmd.args(args);
+                }
+                if let Some(dir) = &self.dir {
+                    cmd.current_dir(dir);
+                }
                 cmd.env(SCENARIO_VAR, scenario)
                     .env("RANK", rank.to_string())
                     .env("WORLD_SIZE", self.world_size.to_string())

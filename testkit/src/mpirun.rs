@@ -15,6 +15,19 @@ pub fn mpirun_world(
     scenario: &str,
     deadline: Duration,
 ) -> Result<Option<Vec<RankOutcome>>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    mpirun_program(world_size, scenario, &exe, &[], deadline)
+}
+
+/// [`mpirun_world`] of `program` with `args` (a trainer), each rank in the
+/// driver's folder.
+pub fn mpirun_program(
+    world_size: usize,
+    scenario: &str,
+    exe: &std::path::Path,
+    args: &[&str],
+    deadline: Duration,
+) -> Result<Option<Vec<RankOutcome>>, String> {
     let installed = Command::new("mpirun")
         .arg("--version")
         .stdout(Stdio::null())
@@ -30,7 +43,6 @@ pub fn mpirun_world(
         eprintln!("    skipped: mpirun is not installed (.ci/run installs openmpi-bin)");
         return Ok(None);
     }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let port = free_port().to_string();
     let started = Instant::now();
     let child = Command::new("mpirun")
@@ -40,7 +52,8 @@ pub fn mpirun_world(
         .args(["-x", "MASTER_ADDR=127.0.0.1"])
         .args(["-x", &format!("MASTER_PORT={port}")])
         .args(["-x", "BURN_DDP_TIMEOUT_SECS=20"])
-        .arg(&exe)
+        .arg(exe)
+        .args(args)
         .env_remove("RANK")
         .env_remove("WORLD_SIZE")
         .env_remove("BURN_DDP_LAUNCHER_STORE")

@@ -53,6 +53,15 @@ impl ProcessGroup {
         self.inner.device.choice
     }
 
+    /// The error for a buffer `BURN_DDP_BACKEND=nccl` cannot apply to (`why`:
+    /// what the buffer is, in the front-end's terms).
+    pub fn nccl_refused(&self, why: &str) -> CommError {
+        CommError::config(format!(
+            "rank {}: BURN_DDP_BACKEND=nccl, but {why}; unset it to reduce through host memory",
+            self.rank()
+        ))
+    }
+
     /// Whether collectives on buffers in the memory of GPU `ordinal` run on the
     /// device (NCCL): `false` sends them through host memory (`BURN_DDP_BACKEND`
     /// is `tcp`, or `auto` found NCCL unusable on some rank, which is said once

@@ -7,6 +7,7 @@
 //! transport), `device` (the NCCL decision and device collectives),
 //! `signature` (the debug check), `failure` (what an error is reported as).
 
+mod bytes;
 mod device;
 mod failure;
 mod host;

@@ -8,8 +8,11 @@
 //! Also the per-thread `no_sync` state, for every model or one. Both are
 //! framework-free, so every front-end shares them.
 
-use super::{BucketConfig, Reducer};
+use super::{check_layouts_agree, check_same_layout, BucketConfig, ParamLayout, Reducer};
+use crate::default_group::{self, DefaultGroup};
+use crate::error::{CommError, Result};
 use crate::group::ProcessGroup;
+use crate::transport::WireCompression;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,6 +69,129 @@ pub fn register(
             scope
         }
     }
+}
+
+/// What a front-end's `wrap` found in a model, in visiting order.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ModuleLayout {
+    /// The trainable parameters' layouts.
+    pub trainable: Vec<ParamLayout>,
+    /// Their ids.
+    pub trainable_ids: HashSet<u64>,
+    /// Every other tensor (batch-norm statistics, frozen weights).
+    pub buffers: Vec<ParamLayout>,
+}
+
+/// How a model is wrapped (a front-end's `DdpConfig`, resolved).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WrapSettings {
+    /// Its buckets.
+    pub buckets: BucketConfig,
+    /// The group's wire compression (only ever turned on).
+    pub compression: WireCompression,
+    /// Whether the buffers are broadcast too, so they must agree.
+    pub broadcast_buffers: bool,
+}
+
+const BUFFERS_DIFFER: &str = "Buffers are tensors without gradients (batch-norm \
+    statistics, frozen weights); build the same ones on every rank, or keep each rank's \
+    own with DdpConfig::new().with_broadcast_buffers(false)";
+
+/// Fails on every rank unless all hold the same trainable parameters (and,
+/// with `buffers`, the same other tensors): broadcasting tensors of
+/// different sizes would garble or hang. Collective.
+pub fn check_module(group: &ProcessGroup, layout: &ModuleLayout, buffers: bool) -> Result<()> {
+    check_same_layout(group, &layout.trainable)?;
+    if buffers {
+        check_layouts_agree(group, &layout.buffers, "buffers", BUFFERS_DIFFER)?;
+    }
+    Ok(())
+}
+
+/// Everything of `wrap` but the broadcast, which the front-end does next
+/// (inside the returned scope, so its tensors are marked as the model's):
+/// the layouts checked across ranks, the compression set, the model's scope
+/// registered (`None`: nothing trainable). Collective.
+pub fn wrap(
+    group: &ProcessGroup,
+    settings: WrapSettings,
+    layout: ModuleLayout,
+) -> Result<Option<Arc<ModelScope>>> {
+    if settings.compression != WireCompression::None {
+        group.set_wire_compression(settings.compression);
+    }
+    check_module(group, &layout, settings.broadcast_buffers)?;
+    Ok((!layout.trainable_ids.is_empty())
+        .then(|| register(group, settings.buckets, layout.trainable_ids)))
+}
+
+/// Where a model's gradients are synchronised: its own scope, or the
+/// default group's reducer.
+pub enum SyncTarget {
+    /// A wrapped model's scope.
+    Model(Arc<ModelScope>),
+    /// The default group (models never wrapped).
+    Default(Arc<DefaultGroup>),
+}
+
+impl SyncTarget {
+    /// The reducer to synchronise with.
+    pub fn reducer(&self) -> &Mutex<Reducer> {
+        match self {
+            SyncTarget::Model(scope) => &scope.reducer,
+            SyncTarget::Default(state) => &state.reducer,
+        }
+    }
+
+    /// The group it reduces over (an error once destroyed).
+    pub fn group(&self) -> Result<ProcessGroup> {
+        match self {
+            SyncTarget::Model(scope) => scope.reducer.lock().unwrap().group(),
+            SyncTarget::Default(state) => Ok(state.group.clone()),
+        }
+    }
+
+    /// The scope's id ([`DEFAULT_SCOPE`] for the default group).
+    pub fn scope(&self) -> u64 {
+        match self {
+            SyncTarget::Model(scope) => scope.id,
+            SyncTarget::Default(_) => DEFAULT_SCOPE,
+        }
+    }
+}
+
+/// The target of the model whose first trainable parameter is
+/// `first_trainable`: its scope if it was wrapped, else the default group
+/// (`None` without one, in a world of one; an error when launched with
+/// several ranks and no group).
+pub fn target_for(first_trainable: Option<u64>) -> Result<Option<SyncTarget>> {
+    if let Some(scope) = first_trainable.and_then(of_param) {
+        return Ok(Some(SyncTarget::Model(scope)));
+    }
+    Ok(default_group::required_if_distributed()?.map(SyncTarget::Default))
+}
+
+/// What synchronising the model whose first trainable parameter is
+/// `first_trainable` cost so far: its own reducer's figures if it was wrapped,
+/// else the default group's (shared by every model never wrapped).
+pub fn stats_of(first_trainable: Option<u64>) -> Option<super::SyncStats> {
+    let target = match first_trainable.and_then(of_param) {
+        Some(scope) => SyncTarget::Model(scope),
+        None => SyncTarget::Default(default_group::current()?),
+    };
+    let stats = target.reducer().lock().unwrap().stats();
+    Some(stats)
+}
+
+/// Synchronises `set` with `target`'s reducer; whether gradients moved.
+pub fn synchronize(target: &SyncTarget, set: &mut dyn super::GradientSet) -> Result<bool> {
+    target.group().map_err(|_| {
+        CommError::config(
+            "a wrapped model's process group was destroyed, but its gradients are still \
+             synchronised; wrap the model again over a live group",
+        )
+    })?;
+    target.reducer().lock().unwrap().synchronize(set)
 }
 
 /// The scope of the model that holds parameter `param`.

@@ -24,6 +24,27 @@ impl Default for BucketConfig {
     }
 }
 
+impl BucketConfig {
+    /// Sizes given in MiB (a front-end's `DdpConfig`, as PyTorch's
+    /// `bucket_cap_mb`); an error names `rank` and the bad setting.
+    pub fn from_mib(rank: usize, cap_mb: f64, first_cap_mb: f64) -> crate::Result<Self> {
+        let to_bytes = |mb: f64, name: &str| {
+            if mb.is_finite() && mb > 0.0 && mb * 1024.0 * 1024.0 < usize::MAX as f64 {
+                Ok(((mb * 1024.0 * 1024.0) as usize).max(1))
+            } else {
+                Err(crate::CommError::config(format!(
+                    "rank {rank}: DdpConfig {name} = {mb} must be a positive number of MiB \
+                     (PyTorch's default is 25 for bucket_cap_mb, 1 for the first bucket)"
+                )))
+            }
+        };
+        Ok(Self {
+            cap_bytes: to_bytes(cap_mb, "bucket_cap_mb")?,
+            first_cap_bytes: to_bytes(first_cap_mb, "first_bucket_cap_mb")?,
+        })
+    }
+}
+
 /// A run of consecutive parameters (in bucket order) reduced by one collective.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bucket {

@@ -43,10 +43,7 @@ pub(crate) fn nccl_refused<P>(group: &ProcessGroup) -> CommError {
     } else {
         "burn-ddp was built without its `cuda` feature".to_string()
     };
-    CommError::config(format!(
-        "rank {}: BURN_DDP_BACKEND=nccl, but {why}; unset it to reduce through host memory",
-        group.rank()
-    ))
+    group.nccl_refused(&why)
 }
 
 /// Which tensor collective to run on the device.

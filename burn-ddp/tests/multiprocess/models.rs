@@ -77,31 +77,11 @@ impl<B: Backend> TwoHeads<B> {
     }
 }
 
-/// A deterministic value in [-1, 1) for (item, feature): the same on every rank.
-pub fn value(item: usize, feature: usize) -> f32 {
-    let mut h = (item as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ (feature as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
-    h ^= h >> 29;
-    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    h ^= h >> 32;
-    (h % 20_000) as f32 / 10_000.0 - 1.0
-}
+pub use burn_ddp_testkit::numbers::{max_relative_difference, value};
 
 /// Features [n, 10] and regression targets [n, 1] of the given items.
 pub fn toy_batch<B: Backend>(items: &[usize], device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 2>) {
-    let x: Vec<f32> = items
-        .iter()
-        .flat_map(|&i| (0..10).map(move |f| value(i, f)))
-        .collect();
-    let y: Vec<f32> = items
-        .iter()
-        .map(|&i| {
-            (0..10)
-                .map(|f| value(i, f) * (f as f32 - 4.5) / 5.0)
-                .sum::<f32>()
-                + 0.1 * value(i, 99)
-        })
-        .collect();
+    let (x, y) = burn_ddp_testkit::numbers::toy_rows(items);
     (
         Tensor::from_data(TensorData::new(x, [items.len(), 10]), device),
         Tensor::from_data(TensorData::new(y, [items.len(), 1]), device),
@@ -113,11 +93,7 @@ pub fn image_batch<B: Backend>(
     items: &[usize],
     device: &B::Device,
 ) -> (Tensor<B, 4>, Tensor<B, 1, Int>) {
-    let x: Vec<f32> = items
-        .iter()
-        .flat_map(|&i| (0..64).map(move |f| value(i, f)))
-        .collect();
-    let y: Vec<i64> = items.iter().map(|&i| (i % 3) as i64).collect();
+    let (x, y) = burn_ddp_testkit::numbers::image_rows(items);
     (
         Tensor::from_data(TensorData::new(x, [items.len(), 1, 8, 8]), device),
         Tensor::from_data(TensorData::new(y, [items.len()]), device),
@@ -166,14 +142,4 @@ pub fn load_params<B: Backend, M: Module<B>>(model: M, values: &[f32]) -> M {
     let model = model.map(&mut load);
     assert_eq!(load.at, values.len(), "parameter count mismatch");
     model
-}
-
-/// Largest difference relative to the largest magnitude (at least 1).
-pub fn max_relative_difference(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-    a.iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
 }

@@ -10,7 +10,7 @@ use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer,
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 use burn_ddp::{Ddp, ProcessGroup};
-use burn_ddp_sampler::DistributedSampler;
+use burn_ddp_testkit::numbers::{identical_across_ranks as check_identical_across_ranks, shards};
 
 pub type Wrapped = Ddp<Autodiff<NdArray>>;
 pub type Plain = Autodiff<NdArray>;
@@ -66,36 +66,6 @@ impl Task for ConvTask {
             .init(device)
             .forward(model.forward(x), y)
     }
-}
-
-/// Fails unless every rank holds exactly (bit for bit) the same values.
-fn check_identical_across_ranks(group: &ProcessGroup, values: &[f32], when: &str) -> Res<()> {
-    let all = group.all_gather(values).map_err(e)?;
-    for (r, theirs) in all.chunks(values.len().max(1)).enumerate() {
-        let same = theirs
-            .iter()
-            .zip(values)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        if !same {
-            return Err(format!(
-                "{when}: parameters of rank {r} differ from rank {}",
-                group.rank()
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Each rank's indices for the epoch, as the sampler gives them.
-fn shards(len: usize, world: usize) -> Vec<Vec<usize>> {
-    (0..world)
-        .map(|r| {
-            DistributedSampler::new(len, world, r)
-                .unwrap()
-                .seed(3)
-                .indices()
-        })
-        .collect()
 }
 
 /// A `Ddp` model wrapped from per-rank seeds, and the reference with its start.

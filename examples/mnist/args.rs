@@ -1,0 +1,105 @@
+//! The MNIST trainer's command line and saved hyper-parameters, shared by its
+//! Burn 0.21 and Burn 0.22 programs (no Burn tensor API here).
+
+use super::common::cli::{positive, BackendChoice};
+use burn::config::Config;
+use clap::Parser;
+use std::path::PathBuf;
+
+/// The trainer's command line: the document's argparse flags (dashes or
+/// underscores).
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "mnist",
+    version,
+    about = "DDP training of the document's MNIST CNN."
+)]
+pub(crate) struct MnistArgs {
+    /// Training epochs.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) epochs: usize,
+    /// Batch size per process.
+    #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 128,
+          value_parser = positive)]
+    pub(crate) batch_size: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 0.001)]
+    pub(crate) lr: f64,
+    /// Folder with the four MNIST IDX files (.gz or not). Without it, burn-dataset's
+    /// MnistDataset (downloaded once per machine into ~/.cache/burn-dataset/mnist).
+    #[arg(long = "data-dir", visible_alias = "data_dir")]
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Without --data-dir: seconds the download of MNIST may take (burn-dataset's
+    /// downloader has no timeout of its own).
+    #[arg(long = "download-timeout", value_name = "SECS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) download_timeout: u64,
+    /// Use only the first N training images.
+    #[arg(
+        long = "train-samples",
+        visible_alias = "train_samples",
+        value_name = "N"
+    )]
+    pub(crate) train_samples: Option<usize>,
+    /// Use only the first N test images.
+    #[arg(
+        long = "test-samples",
+        visible_alias = "test_samples",
+        value_name = "N"
+    )]
+    pub(crate) test_samples: Option<usize>,
+    /// Batch size for evaluation.
+    #[arg(long = "test-batch-size", visible_alias = "test_batch_size", default_value_t = 1000,
+          value_parser = positive)]
+    pub(crate) test_batch_size: usize,
+    /// Stop each epoch after N steps (quick runs; hand-written loop only).
+    #[arg(
+        long = "max-steps",
+        visible_alias = "max_steps",
+        value_name = "N",
+        conflicts_with = "learner"
+    )]
+    pub(crate) max_steps: Option<usize>,
+    /// Seed of the initial model and the shuffle.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Where rank 0 saves the final model (.mpk) and its configuration (.config.json).
+    #[arg(long, default_value = "mnist_ddp")]
+    pub(crate) output: PathBuf,
+    /// Backend: flex (fast CPU), ndarray (slow convolutions), or cuda / cuda-fused with the cuda feature.
+    #[arg(long, value_enum, default_value = "flex")]
+    pub(crate) backend: BackendChoice,
+    /// Train through Burn's Learner (SupervisedTraining) instead of the hand-written loop.
+    #[arg(long)]
+    pub(crate) learner: bool,
+    /// With --learner: the experiment folder (logs, metrics, checkpoints, the model).
+    #[arg(
+        long = "artifact-dir",
+        visible_alias = "artifact_dir",
+        default_value = "mnist_learner",
+        requires = "learner"
+    )]
+    pub(crate) artifact_dir: PathBuf,
+    /// With --learner: resume after this epoch from the experiment's checkpoints.
+    #[arg(long, value_name = "EPOCH", requires = "learner")]
+    pub(crate) resume: Option<usize>,
+}
+
+/// The hyper-parameters of a run, saved next to the model it produced.
+#[derive(Config, Debug)]
+pub(crate) struct MnistTrainingConfig {
+    /// Training epochs.
+    pub(crate) epochs: usize,
+    /// Batch size per process.
+    pub(crate) batch_size: usize,
+    /// Processes; the global batch is `batch_size * world_size`.
+    pub(crate) world_size: usize,
+    /// AdamW learning rate.
+    pub(crate) lr: f64,
+    /// Seed of the initial model and the shuffle.
+    pub(crate) seed: u64,
+    /// Training images used (all when not limited).
+    pub(crate) train_samples: usize,
+    /// Steps per epoch, when limited.
+    pub(crate) max_steps: Option<usize>,
+}

@@ -1,0 +1,97 @@
+//! The toy trainer's command line, saved hyper-parameters and data, shared by its
+//! Burn 0.21 and Burn 0.22 programs (no Burn tensor API here; the `Config`
+//! derive reads the same in both versions).
+
+use super::common::cli::{positive, BackendChoice};
+use burn::config::Config;
+use clap::Parser;
+use std::path::PathBuf;
+
+/// The trainer's command line: the document's argparse flags (dashes or
+/// underscores).
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "toy",
+    version,
+    about = "DDP training of the document's ToyModel (Linear 10 -> 1)."
+)]
+pub(crate) struct ToyArgs {
+    /// Training epochs.
+    #[arg(long, default_value_t = 5)]
+    pub epochs: usize,
+    /// Batch size per process.
+    #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 64,
+          value_parser = positive)]
+    pub batch_size: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f64,
+    /// Number of synthetic samples.
+    #[arg(
+        long = "dataset-size",
+        visible_alias = "dataset_size",
+        default_value_t = 2048
+    )]
+    pub dataset_size: usize,
+    /// Save a checkpoint every N epochs.
+    #[arg(long = "save-interval", visible_alias = "save_interval", default_value_t = 2,
+          value_parser = positive)]
+    pub save_interval: usize,
+    /// Where model_epoch_N.mpk and toy_config.json go.
+    #[arg(
+        long = "checkpoint-dir",
+        visible_alias = "checkpoint_dir",
+        default_value = "."
+    )]
+    pub checkpoint_dir: PathBuf,
+    /// Checkpoint to resume from (every rank loads it).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Seed of the data and the initial model.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Decimals of the logged loss.
+    #[arg(
+        long = "loss-precision",
+        visible_alias = "loss_precision",
+        default_value_t = 4
+    )]
+    pub loss_precision: usize,
+    /// Backend: flex, ndarray (Burn 0.21 only), or cuda when built with the cuda
+    /// feature.
+    #[arg(long, value_enum, default_value = super::DEFAULT_BACKEND)]
+    pub backend: BackendChoice,
+}
+
+/// Beside the checkpoints; not `config.json`, which the default folder (the
+/// current one) may already hold.
+pub(crate) const CONFIG_FILE: &str = "toy_config.json";
+
+/// The hyper-parameters that define a run, saved as `toy_config.json` next to the
+/// checkpoints; a resume compares them with its own.
+#[derive(Config, Debug)]
+pub(crate) struct ToyTrainingConfig {
+    /// Training epochs (a resume may raise it).
+    pub epochs: usize,
+    /// Batch size per process.
+    pub batch_size: usize,
+    /// Processes; the global batch is `batch_size * world_size`.
+    pub world_size: usize,
+    /// SGD learning rate.
+    pub lr: f64,
+    /// Synthetic samples.
+    pub dataset_size: usize,
+    /// Seed of the data and the initial model.
+    pub seed: u64,
+}
+
+/// The document's ToyDataset: `randn(size, 10)` features and `randn(size, 1)`
+/// labels, drawn from a fixed seed so every rank holds the same data.
+pub(crate) fn toy_data(size: usize, seed: u64) -> (Vec<[f32; 10]>, Vec<f32>) {
+    let mut normal = super::common::Normal::new(seed);
+    let features = (0..size)
+        .map(|_| std::array::from_fn(|_| normal.sample()))
+        .collect();
+    let labels = (0..size).map(|_| normal.sample()).collect();
+    (features, labels)
+}
