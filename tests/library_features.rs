@@ -1,5 +1,5 @@
 //! The library crates impose no Burn backend: a program that depends on
-//! burn-ddp compiles only the backends it picks itself.
+//! burn-ddp (or burn-ddp-22) compiles only the backends it picks itself.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -61,30 +61,41 @@ fn the_core_crates_depend_on_no_burn() {
     }
 }
 
+/// Each Burn front-end takes Burn's core only (the features it names) and
+/// leaves backends to the program.
 #[test]
-fn burn_ddp_alone_compiles_no_backend() {
-    let library = "burn-ddp";
-    let packages = resolved_features(library);
-    let burn = packages
-        .get("burn")
-        .unwrap_or_else(|| panic!("{library} depends on burn: {packages:?}"));
-    let extra: Vec<&String> = burn
-        .iter()
-        .filter(|f| !["std", "dataset", "default"].contains(&f.as_str()))
-        .collect();
-    assert!(
-        extra.is_empty() && !burn.contains(&"default".to_string()),
-        "{library} turns on Burn features {extra:?} (all: {burn:?}); libraries take Burn's \
-         core only and leave backends to the program"
-    );
-    let backends: Vec<&str> = BACKENDS
-        .into_iter()
-        .filter(|b| packages.contains_key(*b))
-        .collect();
-    assert!(
-        backends.is_empty(),
-        "{library} pulls in Burn backends {backends:?}"
-    );
+fn the_front_ends_alone_compile_no_backend() {
+    let allowed: [(&str, &[&str]); 2] = [
+        ("burn-ddp", &["std", "dataset"]),
+        // `optim` (GradientsParams) turns on `autodiff` and the optional crate.
+        (
+            "burn-ddp-22",
+            &["std", "dataset", "optim", "autodiff", "burn-optim"],
+        ),
+    ];
+    for (library, features) in allowed {
+        let packages = resolved_features(library);
+        let burn = packages
+            .get("burn")
+            .unwrap_or_else(|| panic!("{library} depends on burn: {packages:?}"));
+        let extra: Vec<&String> = burn
+            .iter()
+            .filter(|f| !features.contains(&f.as_str()))
+            .collect();
+        assert!(
+            extra.is_empty(),
+            "{library} turns on Burn features {extra:?} (all: {burn:?}); libraries take \
+             Burn's core only and leave backends to the program"
+        );
+        let backends: Vec<&str> = BACKENDS
+            .into_iter()
+            .filter(|b| packages.contains_key(*b))
+            .collect();
+        assert!(
+            backends.is_empty(),
+            "{library} pulls in Burn backends {backends:?}"
+        );
+    }
 }
 
 /// The same inspection sees the backends the examples choose, so the check
@@ -97,4 +108,6 @@ fn the_examples_pick_their_backends() {
     }
     let burn = &packages["burn"];
     assert!(burn.contains(&"ndarray".to_string()), "{burn:?}");
+    let packages = resolved_features("burn-ddp-22-examples");
+    assert!(packages.contains_key("burn-flex"), "{packages:?}");
 }

@@ -1,0 +1,180 @@
+//! Burn 0.22 gradients as the reducer's [`GradientSet`]: the tensor glue
+//! between `GradientsParams` and burn-ddp-comm's reducer, and nothing else.
+//!
+//! Each gradient is handed over as its own data: `into_data` of a uniquely
+//! held gradient gives its buffer (Flex: without a copy), the average is
+//! written into that same buffer, and `from_data` makes the tensor of it
+//! again.
+
+use crate::{dtype, CommError, ParamLayout, Result};
+use burn::tensor::{Device, Tensor, TensorData};
+use burn_ddp_comm::{GradientSet, ParamInfo, Placement};
+
+/// One synchronisation's gradients, in parameter order, flattened.
+pub(crate) struct TensorGradients {
+    rank: usize,
+    params: Vec<ParamInfo>,
+    /// Each gradient until it is read (`None`: this rank has none, so zeros).
+    grads: Vec<Option<Tensor<1>>>,
+    /// The data a gradient was read into, to write its average back into.
+    read: Vec<Option<TensorData>>,
+    averaged: Vec<Option<Tensor<1>>>,
+    device: Device,
+}
+
+impl TensorGradients {
+    /// An empty set for gradients on `device` (the gradients' device, without
+    /// autodiff).
+    pub fn new(rank: usize, device: Device) -> Self {
+        Self {
+            rank,
+            params: Vec::new(),
+            grads: Vec::new(),
+            read: Vec::new(),
+            averaged: Vec::new(),
+            device,
+        }
+    }
+
+    /// Adds a parameter (`id` for messages), with its gradient if it has one.
+    pub fn push(
+        &mut self,
+        id: u64,
+        shape: Vec<usize>,
+        dtype: burn::tensor::DType,
+        grad: Option<Tensor<1>>,
+    ) -> Result<()> {
+        let layout = ParamLayout {
+            shape,
+            dtype: dtype::gradient_wire(self.rank, dtype)?,
+        };
+        self.params.push(ParamInfo {
+            id,
+            layout,
+            placement: Placement::Host,
+        });
+        self.grads.push(grad);
+        self.read.push(None);
+        self.averaged.push(None);
+        Ok(())
+    }
+
+    /// The averaged gradients in parameter order, flattened, after a
+    /// synchronisation (`None` for those it did not produce).
+    pub fn into_averaged(self) -> Vec<Option<Tensor<1>>> {
+        self.averaged
+    }
+
+    /// The gradients as they were given, when no synchronisation ran.
+    pub fn into_original(self) -> Vec<Option<Tensor<1>>> {
+        self.grads
+    }
+
+    fn layout(&self, index: usize) -> &ParamLayout {
+        &self.params[index].layout
+    }
+
+    fn host_error(&self, index: usize, what: String) -> CommError {
+        CommError::InvalidArgument {
+            rank: self.rank,
+            message: format!("gradient of parameter #{index}: {what}"),
+        }
+    }
+}
+
+impl GradientSet for TensorGradients {
+    fn params(&self) -> &[ParamInfo] {
+        &self.params
+    }
+
+    fn has_gradients(&self) -> bool {
+        self.grads.iter().any(Option::is_some)
+    }
+
+    fn read_host(&mut self, index: usize, out: &mut [u8]) -> Result<()> {
+        let Some(grad) = self.grads[index].take() else {
+            out.fill(0);
+            return Ok(());
+        };
+        let mut data = grad.into_data();
+        let read_as = data.dtype();
+        let (_, bytes) = dtype::bytes_mut(&mut data)
+            .ok_or_else(|| self.host_error(index, format!("unreadable as {read_as:?}")))?;
+        if bytes.len() != out.len() {
+            let message = format!("{} bytes where {} were expected", bytes.len(), out.len());
+            return Err(self.host_error(index, message));
+        }
+        out.copy_from_slice(bytes);
+        self.read[index] = Some(data);
+        Ok(())
+    }
+
+    fn write_host(&mut self, index: usize, averaged: &[u8]) -> Result<()> {
+        let layout = self.layout(index).clone();
+        let burn_dtype = dtype::to_burn(layout.dtype);
+        let mut data = match self.read[index].take() {
+            Some(data) => data,
+            // A parameter without a gradient here: its average is new memory.
+            None => TensorData::zeros::<f32, _>([layout.numel()]).convert_dtype(burn_dtype),
+        };
+        let (_, bytes) = dtype::bytes_mut(&mut data)
+            .ok_or_else(|| self.host_error(index, "cannot write the average back".into()))?;
+        bytes.copy_from_slice(averaged);
+        self.averaged[index] = Some(Tensor::from_data(data, (&self.device, burn_dtype)));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gradients_travel_as_bytes_and_come_back() {
+        let device = Device::default();
+        let mut set = TensorGradients::new(0, device.clone());
+        let grad = Tensor::<1>::from_floats([1.0, 2.0, 3.0, 4.0], &device);
+        set.push(7, vec![2, 2], burn::tensor::DType::F32, Some(grad))
+            .unwrap();
+        set.push(8, vec![3], burn::tensor::DType::F32, None)
+            .unwrap();
+        assert!(set.has_gradients());
+        assert_eq!(set.params()[0].placement, Placement::Host);
+        let mut out = [0u8; 16];
+        set.read_host(0, &mut out).unwrap();
+        let values: Vec<f32> = out
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(values, [1.0, 2.0, 3.0, 4.0]);
+        let mut zeros = [1u8; 12];
+        set.read_host(1, &mut zeros).unwrap();
+        assert_eq!(zeros, [0; 12]);
+        let halved: Vec<u8> = [0.5f32, 1.0, 1.5, 2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        set.write_host(0, &halved).unwrap();
+        set.write_host(1, &[0u8; 12]).unwrap();
+        let averaged = set.into_averaged();
+        let first = averaged[0].clone().unwrap();
+        assert_eq!(
+            first.into_data().try_to_vec::<f32>().unwrap(),
+            [0.5, 1.0, 1.5, 2.0]
+        );
+        assert_eq!(averaged[1].clone().unwrap().dims(), [3]);
+    }
+
+    #[test]
+    fn integer_parameters_are_refused_naming_the_fix() {
+        let mut set = TensorGradients::new(3, Device::default());
+        let err = set
+            .push(1, vec![2], burn::tensor::DType::I64, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rank 3") && err.contains("cast the parameter"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! Distributed Data Parallel training for Burn 0.22: one process per device,
+//! the gradients averaged across processes before every optimizer step, so
+//! every replica takes the same step. Burn 0.22 itself has no multi-process
+//! training.
+//!
+//! ```no_run
+//! use burn::nn::LinearConfig;
+//! use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+//! use burn::tensor::{Device, Tensor};
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let device = Device::default().autodiff();
+//!     let group = burn_ddp_22::init_process_group()?; // RANK, WORLD_SIZE, MASTER_ADDR, ...
+//!     let mut model = burn_ddp_22::wrap(LinearConfig::new(10, 1).init(&device), &group)?;
+//!     let mut optimizer = SgdConfig::new().init();
+//!     for _step in 0..10 {
+//!         let x = Tensor::<2>::ones([32, 10], &device); // this rank's batch
+//!         let loss = model.forward(x).powi_scalar(2).mean();
+//!         let grads = GradientsParams::from_grads(loss.backward(), &model);
+//!         let grads = burn_ddp_22::sync_gradients(&model, grads)?; // the one added line
+//!         model = optimizer.step(0.01, model, grads);
+//!     }
+//!     burn_ddp_22::destroy_process_group()?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Launch it with `burn-ddp-run --standalone --nproc-per-node 2 PROGRAM`
+//! (or torchrun, `mpirun`, `srun`); run alone, it is a world of one.
+//!
+//! The same core as `burn-ddp` (the Burn 0.21 crate) runs underneath:
+//! `burn-ddp-comm` (environment, store, transports, process group, reducer,
+//! per-model state) and `burn-ddp-sampler`. This crate is only the Burn 0.22
+//! tensor glue: it finds a module's parameters, moves gradients in and out of
+//! the reducer's buckets, and offers collectives on tensors and data
+//! sharding. Where Burn 0.21's crate averages inside `backward()` (its
+//! `Ddp<B>` backend decorator), Burn 0.22 leaves no place for a decorator
+//! (`Tensor` has no backend parameter), so the average is the explicit
+//! [`sync_gradients`] call before `optimizer.step`.
+
+#![deny(missing_docs)]
+
+pub mod checkpoint;
+mod collective;
+pub mod data;
+mod dtype;
+mod gradients;
+mod sync;
+mod wrap;
+
+pub use burn_ddp_comm::{
+    env::LaunchEnv, CommError, Launcher, ParamLayout, ProcessGroup, ProcessGroupBuilder, ReduceOp,
+    Reducer, Result, WeakProcessGroup,
+};
+pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
+pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter, CollectiveKind};
+pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum};
+pub use sync::{reset_sync_stats, sync_gradients, sync_stats, sync_stats_of, SyncStats};
+pub use wrap::{wrap, DdpConfig, GradientCompression};
+
+/// Joins the group described by the launcher's environment (torchrun,
+/// burn-ddp-run, Open MPI, Slurm; a world of one without a launcher) and makes
+/// it the default group, the one models are synchronised over unless wrapped
+/// over another. The returned handle can be cloned and shared.
+pub fn init_process_group() -> Result<ProcessGroup> {
+    burn_ddp_comm::default_group::init()
+}
+
+/// The group made by [`init_process_group`], if any.
+pub fn default_group() -> Option<ProcessGroup> {
+    burn_ddp_comm::default_group::current().map(|state| state.group.clone())
+}
+
+/// Waits for every rank (bounded by the timeout), then forgets the default
+/// group and the models wrapped over it.
+pub fn destroy_process_group() -> Result<()> {
+    burn_ddp_comm::default_group::destroy()
+}
+
+/// docs/burn-0.22.md's code blocks, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/burn-0.22.md")]
+struct Burn022Guide;

@@ -1,0 +1,212 @@
+//! The ToyModel DDP trainer (document 003) on Burn 0.22: the same program,
+//! flags and checkpoints as examples/toy, written against burn-ddp-22. The
+//! one line that differs in the loop is `sync_gradients` before the
+//! optimizer step (Burn 0.22 has no backend decorator to average inside
+//! `backward()`).
+//!
+//! ```text
+//! cargo run --release -p burn-ddp-22-examples --example toy22                  # one process
+//! burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/toy22 --epochs 10
+//! ```
+
+#[macro_use]
+#[path = "../../examples/common/mod.rs"]
+mod common;
+#[path = "../../examples/toy/args.rs"]
+mod args;
+
+use args::{ToyArgs, ToyTrainingConfig, CONFIG_FILE};
+use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
+use burn::data::dataset::{Dataset, DatasetError};
+use burn::module::Module;
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{GradientsParams, SgdConfig};
+use burn::tensor::{Device, Tensor, TensorData};
+use burn_ddp_22::data::DistributedDataset;
+use burn_ddp_22::ReduceOp;
+use clap::Parser;
+use common::cli::BackendChoice;
+use common::{fail, run_config};
+
+/// `--backend`'s default.
+const DEFAULT_BACKEND: &str = "flex";
+
+/// The document's ToyModel.
+#[derive(Module, Debug)]
+struct ToyModel {
+    linear: Linear,
+}
+
+impl ToyModel {
+    fn new(device: &Device) -> Self {
+        Self {
+            linear: LinearConfig::new(10, 1).init(device),
+        }
+    }
+
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        self.linear.forward(x)
+    }
+}
+
+/// The document's ToyDataset ([`args::toy_data`]).
+struct ToyDataset {
+    features: Vec<[f32; 10]>,
+    labels: Vec<f32>,
+}
+
+#[derive(Clone, Debug)]
+struct ToyItem {
+    features: [f32; 10],
+    label: f32,
+}
+
+impl Dataset<ToyItem> for ToyDataset {
+    fn get(&self, index: usize) -> Result<ToyItem, DatasetError> {
+        Ok(ToyItem {
+            features: self.features[index],
+            label: self.labels[index],
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.labels.len()
+    }
+}
+
+#[derive(Clone)]
+struct ToyBatcher;
+
+impl Batcher<ToyItem, (Tensor<2>, Tensor<2>)> for ToyBatcher {
+    fn batch(&self, items: Vec<ToyItem>, device: &Device) -> (Tensor<2>, Tensor<2>) {
+        let n = items.len();
+        let x: Vec<f32> = items.iter().flat_map(|i| i.features).collect();
+        let y: Vec<f32> = items.iter().map(|i| i.label).collect();
+        (
+            Tensor::from_data(TensorData::new(x, [n, 10]), device),
+            Tensor::from_data(TensorData::new(y, [n, 1]), device),
+        )
+    }
+}
+
+fn main() {
+    common::cli::init_logger();
+    let args = ToyArgs::parse();
+    let device = match args.backend {
+        BackendChoice::Flex => Device::flex().autodiff(),
+        other => fail(
+            None,
+            format!(
+                "--backend {other:?}: the Burn 0.22 trainers run on flex (CUDA for Burn 0.22 \
+                 is not built yet; the Burn 0.21 trainer examples/toy has ndarray and cuda)"
+            ),
+        ),
+    };
+    train(&args, device);
+}
+
+fn train(args: &ToyArgs, device: Device) {
+    let ToyArgs {
+        epochs,
+        batch_size,
+        lr,
+        dataset_size,
+        save_interval,
+        seed,
+        loss_precision: precision,
+        ..
+    } = *args;
+    let checkpoint_dir = &args.checkpoint_dir;
+
+    let group = burn_ddp_22::init_process_group().unwrap_or_else(|e| fail(None, e));
+    let (rank, world_size) = (group.rank(), group.world_size());
+    let config = ToyTrainingConfig::new(epochs, batch_size, world_size, lr, dataset_size, seed);
+
+    // 1. Dataset and sampler: this rank's shard, reshuffled every epoch.
+    let (features, labels) = args::toy_data(dataset_size, seed);
+    let dataset = ToyDataset { features, labels };
+    let sampler = burn_ddp_22::distributed_sampler(&group, dataset.len())
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    let shard = DistributedDataset::new(dataset, sampler);
+    let epoch_handle = shard.epoch_handle();
+    let loader = DataLoaderBuilder::new(ToyBatcher)
+        .batch_size(batch_size)
+        .set_device(device.clone())
+        .build(shard);
+
+    // 2. Model and optimizer, resumed on every rank before wrapping.
+    device.seed(seed);
+    let mut model = ToyModel::new(&device);
+    let mut optimizer = SgdConfig::new().init();
+    let mut first_epoch = 0;
+    if let Some(path) = &args.resume {
+        let checkpoint =
+            burn_ddp_22::checkpoint::load(path).unwrap_or_else(|e| fail(Some(rank), e));
+        model = checkpoint
+            .load_model(model)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        optimizer = checkpoint
+            .load_optimizer(optimizer)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        first_epoch = checkpoint.epoch;
+        group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+        if group.is_main() {
+            println!("Resumed from {} at epoch {first_epoch}", path.display());
+            let saved = path.with_file_name(CONFIG_FILE);
+            if let Some(warning) = run_config::resume_warning(&config, &saved, &["epochs"]) {
+                log::warn!("rank {rank}: {warning}");
+            }
+        }
+    }
+    if group.is_main() {
+        run_config::save(&config, &checkpoint_dir.join(CONFIG_FILE))
+            .unwrap_or_else(|e| fail(Some(rank), e));
+    }
+    let mut model = burn_ddp_22::wrap(model, &group).unwrap_or_else(|e| fail(Some(rank), e));
+    let criterion = MseLoss::new();
+
+    println!("Rank {rank} starting training...");
+    for epoch in first_epoch..epochs {
+        epoch_handle.set_epoch(epoch); // important for shuffling
+        let mut epoch_loss = 0.0f64;
+        let mut num_batches = 0usize;
+        for batch in loader.iter() {
+            let (features, labels) = batch.unwrap_or_else(|e| fail(Some(rank), e));
+            let outputs = model.forward(features);
+            let loss = criterion.forward(outputs, labels, Reduction::Mean);
+            let mut loss_value = [loss.clone().into_scalar::<f64>()];
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            // Averaged over ranks here (inside backward() on Burn 0.21).
+            let grads =
+                burn_ddp_22::sync_gradients(&model, grads).unwrap_or_else(|e| fail(Some(rank), e));
+            model = optimizer.step(lr, model, grads);
+            // Aggregate the loss for logging.
+            group
+                .all_reduce(&mut loss_value, ReduceOp::Sum)
+                .unwrap_or_else(|e| fail(Some(rank), e));
+            epoch_loss += loss_value[0];
+            num_batches += 1;
+        }
+        let average = epoch_loss / (num_batches.max(1) * world_size) as f64;
+        if group.is_main() {
+            println!(
+                "Epoch {}/{epochs}, Avg Loss: {average:.precision$}",
+                epoch + 1
+            );
+        }
+        if group.is_main() && (epoch + 1) % save_interval == 0 {
+            let path = checkpoint_dir.join(format!("model_epoch_{}", epoch + 1));
+            let path =
+                burn_ddp_22::checkpoint::save_atomic(path, &model, Some(&optimizer), epoch + 1)
+                    .unwrap_or_else(|e| fail(Some(rank), e));
+            println!("Rank {rank} saved checkpoint to {}", path.display());
+        }
+        // Every rank finishes the epoch (and rank 0 its checkpoint) before going on.
+        group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+    }
+    burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+    if rank == 0 {
+        println!("Training complete.");
+    }
+}
