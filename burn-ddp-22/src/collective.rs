@@ -100,10 +100,11 @@ pub fn all_gather<const D: usize, K: CollectiveKind>(
     let (wire, bytes) = host.bytes(group.rank(), "all_gather")?;
     let gathered = group.all_gather_bytes(wire, bytes)?;
     let dtype = host.data.dtype();
-    Ok(gathered
-        .chunks(gathered.len() / group.world_size())
-        .map(|part| {
-            let data = TensorData::from_bytes_vec(part.to_vec(), shape.clone(), dtype);
+    let per_rank = gathered.len() / group.world_size();
+    Ok((0..group.world_size())
+        .map(|r| {
+            let part = gathered[r * per_rank..(r + 1) * per_rank].to_vec();
+            let data = TensorData::from_bytes_vec(part, shape.clone(), dtype);
             Host::tensor(data, &host.device)
         })
         .collect())

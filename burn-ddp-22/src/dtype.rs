@@ -60,6 +60,11 @@ pub(crate) fn bytes_mut(data: &mut TensorData) -> Option<(Wire, &mut [u8])> {
     Some((wire, bytes))
 }
 
+/// [`bytes_mut`] without the type, for the reducer's `HostCopies`.
+pub(crate) fn element_bytes(data: &mut TensorData) -> Option<&mut [u8]> {
+    bytes_mut(data).map(|(_, bytes)| bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,9 @@
 //! written into that same buffer, and `from_data` makes the tensor of it
 //! again.
 
-use crate::{dtype, CommError, ParamLayout, Result};
+use crate::{dtype, ParamLayout, Result};
 use burn::tensor::{Device, Tensor, TensorData};
+use burn_ddp_comm::reducer::HostCopies;
 use burn_ddp_comm::{GradientSet, ParamInfo, Placement};
 
 /// One synchronisation's gradients, in parameter order, flattened.
@@ -16,8 +17,8 @@ pub(crate) struct TensorGradients {
     params: Vec<ParamInfo>,
     /// Each gradient until it is read (`None`: this rank has none, so zeros).
     grads: Vec<Option<Tensor<1>>>,
-    /// The data a gradient was read into, to write its average back into.
-    read: Vec<Option<TensorData>>,
+    /// The data each gradient was read into, to write its average back into.
+    host: HostCopies<TensorData>,
     averaged: Vec<Option<Tensor<1>>>,
     device: Device,
 }
@@ -30,7 +31,7 @@ impl TensorGradients {
             rank,
             params: Vec::new(),
             grads: Vec::new(),
-            read: Vec::new(),
+            host: HostCopies::new(rank, dtype::element_bytes),
             averaged: Vec::new(),
             device,
         }
@@ -54,7 +55,7 @@ impl TensorGradients {
             placement: Placement::Host,
         });
         self.grads.push(grad);
-        self.read.push(None);
+        self.host.push();
         self.averaged.push(None);
         Ok(())
     }
@@ -69,17 +70,6 @@ impl TensorGradients {
     pub fn into_original(self) -> Vec<Option<Tensor<1>>> {
         self.grads
     }
-
-    fn layout(&self, index: usize) -> &ParamLayout {
-        &self.params[index].layout
-    }
-
-    fn host_error(&self, index: usize, what: String) -> CommError {
-        CommError::InvalidArgument {
-            rank: self.rank,
-            message: format!("gradient of parameter #{index}: {what}"),
-        }
-    }
 }
 
 impl GradientSet for TensorGradients {
@@ -92,35 +82,17 @@ impl GradientSet for TensorGradients {
     }
 
     fn read_host(&mut self, index: usize, out: &mut [u8]) -> Result<()> {
-        let Some(grad) = self.grads[index].take() else {
-            out.fill(0);
-            return Ok(());
-        };
-        let mut data = grad.into_data();
-        let read_as = data.dtype();
-        let (_, bytes) = dtype::bytes_mut(&mut data)
-            .ok_or_else(|| self.host_error(index, format!("unreadable as {read_as:?}")))?;
-        if bytes.len() != out.len() {
-            let message = format!("{} bytes where {} were expected", bytes.len(), out.len());
-            return Err(self.host_error(index, message));
-        }
-        out.copy_from_slice(bytes);
-        self.read[index] = Some(data);
-        Ok(())
+        let data = self.grads[index].take().map(Tensor::into_data);
+        self.host.read(index, data, out)
     }
 
     fn write_host(&mut self, index: usize, averaged: &[u8]) -> Result<()> {
-        let layout = self.layout(index).clone();
-        let burn_dtype = dtype::to_burn(layout.dtype);
-        let mut data = match self.read[index].take() {
-            Some(data) => data,
-            // A parameter without a gradient here: its average is new memory.
-            None => TensorData::zeros::<f32, _>([layout.numel()]).convert_dtype(burn_dtype),
-        };
-        let (_, bytes) = dtype::bytes_mut(&mut data)
-            .ok_or_else(|| self.host_error(index, "cannot write the average back".into()))?;
-        bytes.copy_from_slice(averaged);
-        self.averaged[index] = Some(Tensor::from_data(data, (&self.device, burn_dtype)));
+        let layout = &self.params[index].layout;
+        let (dtype, numel) = (dtype::to_burn(layout.dtype), layout.numel());
+        // A parameter without a gradient here: its average is new memory.
+        let zeros = || TensorData::zeros::<f32, _>([numel]).convert_dtype(dtype);
+        let data = self.host.write(index, averaged, zeros)?;
+        self.averaged[index] = Some(Tensor::from_data(data, (&self.device, dtype)));
         Ok(())
     }
 }

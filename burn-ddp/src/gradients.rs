@@ -8,10 +8,11 @@
 //! GPU path a bucket is concatenated on the device and NCCL averages it there
 //! (`device`).
 
-use crate::{dtype, CommError, ParamLayout, Result};
+use crate::{dtype, ParamLayout, Result};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
+use burn_ddp_comm::reducer::HostCopies;
 use burn_ddp_comm::{GradientSet, ParamInfo, Placement};
 
 /// One synchronisation's gradients, in parameter order.
@@ -20,8 +21,8 @@ pub(crate) struct TensorGradients<I: Backend> {
     params: Vec<ParamInfo>,
     /// Each gradient until it is read (`None`: this rank has none, so zeros).
     grads: Vec<Option<FloatTensor<I>>>,
-    /// The data a gradient was read into, to write its average back into.
-    read: Vec<Option<TensorData>>,
+    /// The data each gradient was read into, to write its average back into.
+    host: HostCopies<TensorData>,
     averaged: Vec<Option<FloatTensor<I>>>,
     device: I::Device,
 }
@@ -33,7 +34,7 @@ impl<I: Backend> TensorGradients<I> {
             rank,
             params: Vec::new(),
             grads: Vec::new(),
-            read: Vec::new(),
+            host: HostCopies::new(rank, dtype::bytes_mut),
             averaged: Vec::new(),
             device,
         }
@@ -57,7 +58,7 @@ impl<I: Backend> TensorGradients<I> {
             placement: crate::device::placement::<I>(&self.device),
         });
         self.grads.push(grad);
-        self.read.push(None);
+        self.host.push();
         self.averaged.push(None);
         Ok(())
     }
@@ -77,17 +78,6 @@ impl<I: Backend> TensorGradients<I> {
     pub fn into_original(self) -> Vec<Option<FloatTensor<I>>> {
         self.grads
     }
-
-    fn layout(&self, index: usize) -> &ParamLayout {
-        &self.params[index].layout
-    }
-
-    fn host_error(&self, index: usize, what: String) -> CommError {
-        CommError::InvalidArgument {
-            rank: self.rank,
-            message: format!("gradient of parameter #{index}: {what}"),
-        }
-    }
 }
 
 impl<I: Backend> GradientSet for TensorGradients<I> {
@@ -100,36 +90,19 @@ impl<I: Backend> GradientSet for TensorGradients<I> {
     }
 
     fn read_host(&mut self, index: usize, out: &mut [u8]) -> Result<()> {
-        let Some(grad) = self.grads[index].take() else {
-            out.fill(0);
-            return Ok(());
-        };
-        let numel = self.layout(index).numel();
-        let flat = I::float_reshape(grad, [numel].into());
-        let mut data = Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(flat)).into_data();
-        let read_as = data.dtype;
-        let bytes = dtype::bytes_mut(&mut data)
-            .ok_or_else(|| self.host_error(index, format!("unreadable as {read_as:?}")))?;
-        if bytes.len() != out.len() {
-            let message = format!("{} bytes where {} were expected", bytes.len(), out.len());
-            return Err(self.host_error(index, message));
-        }
-        out.copy_from_slice(bytes);
-        self.read[index] = Some(data);
-        Ok(())
+        let data = self.grads[index].take().map(|grad| {
+            let flat = I::float_reshape(grad, [self.params[index].layout.numel()].into());
+            Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(flat)).into_data()
+        });
+        self.host.read(index, data, out)
     }
 
     fn write_host(&mut self, index: usize, averaged: &[u8]) -> Result<()> {
-        let layout = self.layout(index).clone();
+        let layout = self.params[index].layout.clone();
         let burn_dtype = dtype::to_burn(layout.dtype);
-        let mut data = match self.read[index].take() {
-            Some(data) => data,
-            // A parameter without a gradient here: its average is new memory.
-            None => TensorData::zeros::<f32, _>([layout.numel()]).convert_dtype(burn_dtype),
-        };
-        let bytes = dtype::bytes_mut(&mut data)
-            .ok_or_else(|| self.host_error(index, "cannot write the average back".into()))?;
-        bytes.copy_from_slice(averaged);
+        // A parameter without a gradient here: its average is new memory.
+        let zeros = || TensorData::zeros::<f32, _>([layout.numel()]).convert_dtype(burn_dtype);
+        let data = self.host.write(index, averaged, zeros)?;
         let flat = Tensor::<I, 1>::from_data(data, (&self.device, burn_dtype));
         let shaped = I::float_reshape(flat.into_primitive().tensor(), layout.shape.into());
         self.averaged[index] = Some(shaped);

@@ -336,6 +336,15 @@ fn tensor_collectives() -> Res<()> {
         same("all_gather", t.into_data(), want.into_data())?;
     }
 
+    // An empty tensor gathers as one empty tensor per rank.
+    let empty = burn_ddp_22::all_gather(&group, Tensor::<1>::zeros([0], &device)).map_err(e)?;
+    if empty.len() != n || empty.iter().any(|t| t.dims() != [0]) {
+        return Err(format!(
+            "all_gather of empty tensors gave {} tensors",
+            empty.len()
+        ));
+    }
+
     let root = n - 1;
     let value = if rank == root {
         mine(7)

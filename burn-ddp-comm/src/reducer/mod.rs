@@ -9,12 +9,14 @@
 //! [`Reducer::synchronize`].
 
 mod front_end;
+mod host_copies;
 mod layout;
 pub mod models;
 mod plan;
 mod stats;
 
 pub use front_end::{DeviceBucket, GradientSet, ParamInfo, Placement};
+pub use host_copies::{ElementBytes, HostCopies};
 pub use layout::{check_layouts_agree, check_same_layout, ParamLayout};
 pub use plan::{Bucket, BucketConfig, BucketPlan};
 pub use stats::{process_stats, reset_process_stats, SyncStats};

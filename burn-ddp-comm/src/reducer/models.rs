@@ -10,7 +10,7 @@
 
 use super::{check_layouts_agree, check_same_layout, BucketConfig, ParamLayout, Reducer};
 use crate::default_group::{self, DefaultGroup};
-use crate::error::{CommError, Result};
+use crate::error::Result;
 use crate::group::ProcessGroup;
 use crate::transport::WireCompression;
 use std::cell::RefCell;
@@ -183,17 +183,6 @@ pub fn stats_of(first_trainable: Option<u64>) -> Option<super::SyncStats> {
     Some(stats)
 }
 
-/// Synchronises `set` with `target`'s reducer; whether gradients moved.
-pub fn synchronize(target: &SyncTarget, set: &mut dyn super::GradientSet) -> Result<bool> {
-    target.group().map_err(|_| {
-        CommError::config(
-            "a wrapped model's process group was destroyed, but its gradients are still \
-             synchronised; wrap the model again over a live group",
-        )
-    })?;
-    target.reducer().lock().unwrap().synchronize(set)
-}
-
 /// The scope of the model that holds parameter `param`.
 pub fn of_param(param: u64) -> Option<Arc<ModelScope>> {
     SCOPES
@@ -296,6 +285,45 @@ mod tests {
         assert_eq!(other_thread.join().unwrap(), (true, true));
         drop(five);
         assert!(enabled(5) && all_enabled());
+    }
+
+    #[test]
+    fn wrap_registers_trainable_models_and_targets_follow_their_parameters() {
+        let group = ProcessGroup::builder(0, 1).build().unwrap();
+        let settings = WrapSettings {
+            buckets: BucketConfig::from_mib(0, 2.0, 0.5).unwrap(),
+            compression: WireCompression::None,
+            broadcast_buffers: true,
+        };
+        let layout = |ids: &[u64]| ModuleLayout {
+            trainable: ids
+                .iter()
+                .map(|_| ParamLayout {
+                    shape: vec![2],
+                    dtype: crate::DType::F32,
+                })
+                .collect(),
+            trainable_ids: ids.iter().copied().collect(),
+            buffers: Vec::new(),
+        };
+        assert!(wrap(&group, settings, layout(&[])).unwrap().is_none());
+        let scope = wrap(&group, settings, layout(&[901, 902]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(scope.reducer.lock().unwrap().config().cap_bytes, 2 << 20);
+        let target = target_for(Some(902)).unwrap().unwrap();
+        assert_eq!(target.scope(), scope.id);
+        assert!(target.group().unwrap().is_same(&group));
+        assert_eq!(stats_of(Some(901)).map(|s| s.syncs), Some(0));
+        // A parameter of no wrapped model, no default group, no launcher: nothing to do.
+        assert!(target_for(Some(903)).unwrap().is_none());
+        let bad = BucketConfig::from_mib(4, 0.0, 1.0).unwrap_err().to_string();
+        assert!(
+            bad.contains("rank 4") && bad.contains("bucket_cap_mb"),
+            "{bad}"
+        );
+        forget_group(&group);
+        assert!(target_for(Some(902)).unwrap().is_none());
     }
 
     #[test]
