@@ -28,8 +28,17 @@ impl Host {
         }
     }
 
-    /// The bytes and their wire type, or the error naming the rank and type.
-    fn bytes(&mut self, rank: usize, what: &str) -> Result<(burn_ddp_comm::DType, &mut [u8])> {
+    /// The bytes and their wire type, or the error naming the rank and type
+    /// (or `BURN_DDP_BACKEND=nccl`, which this crate cannot honour yet).
+    fn bytes(
+        &mut self,
+        group: &ProcessGroup,
+        what: &str,
+    ) -> Result<(burn_ddp_comm::DType, &mut [u8])> {
+        if group.device_backend() == burn_ddp_comm::CollectiveBackend::Nccl {
+            return Err(group.nccl_refused(crate::sync::NO_NCCL_YET));
+        }
+        let rank = group.rank();
         let dtype = self.data.dtype();
         dtype::wire_or_error(rank, dtype, what)?;
         dtype::bytes_mut(&mut self.data).ok_or_else(|| CommError::InvalidArgument {
@@ -71,7 +80,7 @@ pub fn all_reduce<const D: usize, K: CollectiveKind>(
     op: ReduceOp,
 ) -> Result<Tensor<D, K>> {
     let mut host = Host::of(tensor);
-    let (wire, bytes) = host.bytes(group.rank(), "all_reduce")?;
+    let (wire, bytes) = host.bytes(group, "all_reduce")?;
     group.all_reduce_bytes(wire, bytes, op)?;
     Ok(Host::tensor(host.data, &host.device))
 }
@@ -84,7 +93,7 @@ pub fn broadcast<const D: usize, K: CollectiveKind>(
 ) -> Result<Tensor<D, K>> {
     group.check_root(root)?;
     let mut host = Host::of(tensor);
-    let (wire, bytes) = host.bytes(group.rank(), "broadcast")?;
+    let (wire, bytes) = host.bytes(group, "broadcast")?;
     group.broadcast_bytes(wire, bytes, root)?;
     Ok(Host::tensor(host.data, &host.device))
 }
@@ -97,7 +106,7 @@ pub fn all_gather<const D: usize, K: CollectiveKind>(
 ) -> Result<Vec<Tensor<D, K>>> {
     let shape = tensor.shape();
     let mut host = Host::of(tensor);
-    let (wire, bytes) = host.bytes(group.rank(), "all_gather")?;
+    let (wire, bytes) = host.bytes(group, "all_gather")?;
     let gathered = group.all_gather_bytes(wire, bytes)?;
     let dtype = host.data.dtype();
     let per_rank = gathered.len() / group.world_size();
@@ -122,7 +131,7 @@ pub fn reduce_scatter<const D: usize, K: CollectiveKind>(
     group.check_scatter_dims(&dims)?;
     dims[0] /= group.world_size();
     let mut host = Host::of(tensor);
-    let (wire, bytes) = host.bytes(group.rank(), "reduce_scatter")?;
+    let (wire, bytes) = host.bytes(group, "reduce_scatter")?;
     let part = group.reduce_scatter_bytes(wire, bytes, op)?;
     let data = TensorData::from_bytes_vec(part, Shape::from(dims.to_vec()), host.data.dtype());
     Ok(Host::tensor(data, &host.device))

@@ -71,6 +71,10 @@ pub fn sync_gradients<M: Module>(model: &M, grads: GradientsParams) -> Result<Gr
     sync_module(target.reducer(), &group, model, grads)
 }
 
+/// Why `BURN_DDP_BACKEND=nccl` is refused.
+pub(crate) const NO_NCCL_YET: &str =
+    "burn-ddp-22 moves tensors through host memory (NCCL for Burn 0.22 is not built yet)";
+
 /// [`sync_gradients`] with a given reducer (a Learner strategy's own).
 pub(crate) fn sync_module<M: Module>(
     reducer: &Mutex<Reducer>,
@@ -79,10 +83,7 @@ pub(crate) fn sync_module<M: Module>(
     mut grads: GradientsParams,
 ) -> Result<GradientsParams> {
     if group.device_backend() == burn_ddp_comm::CollectiveBackend::Nccl {
-        return Err(group.nccl_refused(
-            "burn-ddp-22 averages gradients through host memory (NCCL for Burn 0.22 is \
-             not built yet)",
-        ));
+        return Err(group.nccl_refused(NO_NCCL_YET));
     }
     let mut collect = CollectGrads {
         grads: &mut grads,

@@ -7,8 +7,7 @@
 //! round once per step, as NCCL's native half reductions do).
 
 use crate::device::{tensor_collective, TensorOp};
-use crate::dtype::with_elements;
-use crate::{CommError, ProcessGroup, ReduceOp, Result};
+use crate::{dtype, CommError, ProcessGroup, ReduceOp, Result};
 use burn::tensor::{backend::Backend, BasicOps, Tensor, TensorData};
 
 /// A tensor of `data`'s own element type: `Tensor::from_data` alone would take
@@ -19,6 +18,22 @@ fn same_dtype<B: Backend, const D: usize, K: BasicOps<B>>(
 ) -> Tensor<B, D, K> {
     let dtype = data.dtype;
     Tensor::from_data(data, (device, dtype))
+}
+
+/// `data`'s elements as bytes and their wire type, or the error naming the
+/// rank, the type and the fix.
+fn host_bytes<'a>(
+    rank: usize,
+    data: &'a mut TensorData,
+    what: &str,
+) -> Result<(burn_ddp_comm::DType, &'a mut [u8])> {
+    let burn_dtype = data.dtype;
+    let wire = dtype::wire_or_error(rank, burn_dtype, what)?;
+    let bytes = dtype::bytes_mut(data).ok_or_else(|| CommError::InvalidArgument {
+        rank,
+        message: format!("{what}: the tensor's data is not laid out as {burn_dtype:?} elements"),
+    })?;
+    Ok((wire, bytes))
 }
 
 /// Reduces `tensor` over all ranks; every rank gets the result (`dist.all_reduce`).
@@ -49,7 +64,8 @@ pub fn all_reduce<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     };
     let device = tensor.device();
     let mut data = tensor.into_data();
-    with_elements!(group.rank(), data, slice => group.all_reduce(slice, op))?;
+    let (wire, bytes) = host_bytes(group.rank(), &mut data, "all_reduce")?;
+    group.all_reduce_bytes(wire, bytes, op)?;
     Ok(same_dtype(data, &device))
 }
 
@@ -59,22 +75,15 @@ pub fn broadcast<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     tensor: Tensor<B, D, K>,
     root: usize,
 ) -> Result<Tensor<B, D, K>> {
-    if root >= group.world_size() {
-        return Err(CommError::InvalidArgument {
-            rank: group.rank(),
-            message: format!(
-                "broadcast from rank {root} in a world of {}",
-                group.world_size()
-            ),
-        });
-    }
+    group.check_root(root)?;
     let tensor = match tensor_collective(group, tensor, TensorOp::Broadcast(root))? {
         Ok(done) => return Ok(done),
         Err(on_host) => on_host,
     };
     let device = tensor.device();
     let mut data = tensor.into_data();
-    with_elements!(group.rank(), data, slice => group.broadcast(slice, root))?;
+    let (wire, bytes) = host_bytes(group.rank(), &mut data, "broadcast")?;
+    group.broadcast_bytes(wire, bytes, root)?;
     Ok(same_dtype(data, &device))
 }
 
@@ -97,20 +106,18 @@ pub fn all_gather<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
     let device = tensor.device();
     let shape = tensor.shape();
     let mut data = tensor.into_data();
-    let gathered: Vec<TensorData> = with_elements!(group.rank(), data, slice => {
-        group.all_gather(slice).map(|all| {
-            let per_rank = slice.len();
-            (0..group.world_size())
-                .map(|r| {
-                    let part = all[r * per_rank..(r + 1) * per_rank].to_vec();
-                    TensorData::new(part, shape.clone())
-                })
-                .collect()
+    let burn_dtype = data.dtype;
+    let (wire, bytes) = host_bytes(group.rank(), &mut data, "all_gather")?;
+    let gathered = group.all_gather_bytes(wire, bytes)?;
+    let per_rank = gathered.len() / group.world_size();
+    Ok((0..group.world_size())
+        .map(|r| {
+            let part = gathered[r * per_rank..(r + 1) * per_rank].to_vec();
+            same_dtype(
+                TensorData::from_bytes_vec(part, shape.clone(), burn_dtype),
+                &device,
+            )
         })
-    })?;
-    Ok(gathered
-        .into_iter()
-        .map(|data| same_dtype(data, &device))
         .collect())
 }
 
@@ -124,26 +131,18 @@ pub fn reduce_scatter<B: Backend, const D: usize, K: BasicOps<B> + 'static>(
 ) -> Result<Tensor<B, D, K>> {
     let device = tensor.device();
     let mut dims = tensor.dims();
-    let world = group.world_size();
-    if D == 0 || !dims[0].is_multiple_of(world) {
-        return Err(CommError::InvalidArgument {
-            rank: group.rank(),
-            message: format!(
-                "reduce_scatter splits dimension 0 across {world} ranks, so it must be a \
-                 multiple of {world}; got shape {dims:?}"
-            ),
-        });
-    }
+    group.check_scatter_dims(&dims)?;
     let tensor = match tensor_collective(group, tensor, TensorOp::ReduceScatter(op))? {
         Ok(part) => return Ok(part),
         Err(on_host) => on_host,
     };
-    dims[0] /= world;
+    dims[0] /= group.world_size();
     let mut data = tensor.into_data();
-    let part: TensorData = with_elements!(group.rank(), data, slice => {
-        group
-            .reduce_scatter(slice, op)
-            .map(|part| TensorData::new(part, dims))
-    })?;
-    Ok(same_dtype(part, &device))
+    let burn_dtype = data.dtype;
+    let (wire, bytes) = host_bytes(group.rank(), &mut data, "reduce_scatter")?;
+    let part = group.reduce_scatter_bytes(wire, bytes, op)?;
+    Ok(same_dtype(
+        TensorData::from_bytes_vec(part, dims, burn_dtype),
+        &device,
+    ))
 }

@@ -58,45 +58,6 @@ pub(crate) fn bytes_mut(data: &mut TensorData) -> Option<&mut [u8]> {
     })
 }
 
-/// Runs `$body` with `$slice` bound to `$data`'s elements as a typed mutable
-/// slice, or returns the error for a type the collectives do not move.
-macro_rules! with_elements {
-    ($rank:expr, $data:expr, $slice:ident => $body:expr) => {{
-        let rank = $rank;
-        let bad_layout = |err: burn::tensor::DataError| $crate::CommError::InvalidArgument {
-            rank,
-            message: format!("cannot view the tensor's data as elements: {err:?}"),
-        };
-        match $crate::dtype::wire_or_error(rank, $data.dtype, "collectives")? {
-            burn_ddp_comm::DType::F32 => {
-                let $slice = $data.as_mut_slice::<f32>().map_err(bad_layout)?;
-                $body
-            }
-            burn_ddp_comm::DType::F64 => {
-                let $slice = $data.as_mut_slice::<f64>().map_err(bad_layout)?;
-                $body
-            }
-            burn_ddp_comm::DType::I32 => {
-                let $slice = $data.as_mut_slice::<i32>().map_err(bad_layout)?;
-                $body
-            }
-            burn_ddp_comm::DType::I64 => {
-                let $slice = $data.as_mut_slice::<i64>().map_err(bad_layout)?;
-                $body
-            }
-            burn_ddp_comm::DType::F16 => {
-                let $slice = $data.as_mut_slice::<half::f16>().map_err(bad_layout)?;
-                $body
-            }
-            burn_ddp_comm::DType::BF16 => {
-                let $slice = $data.as_mut_slice::<half::bf16>().map_err(bad_layout)?;
-                $body
-            }
-        }
-    }};
-}
-pub(crate) use with_elements;
-
 #[cfg(test)]
 mod tests {
     use super::*;

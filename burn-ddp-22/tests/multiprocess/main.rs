@@ -137,7 +137,7 @@ fn stopped_rank() -> Result<(), String> {
 }
 
 /// `BURN_DDP_BACKEND`: `tcp` and `auto` take the host path; `nccl` is
-/// refused for gradients with the reason; a typo is named.
+/// refused for tensors and gradients with the reason; a typo is named.
 fn backend_choice() -> Result<(), String> {
     for value in ["tcp", "auto"] {
         let outcomes = World::new(2).env("BURN_DDP_BACKEND", value).run("one_step");
@@ -157,8 +157,12 @@ fn backend_choice() -> Result<(), String> {
     for o in &outcomes {
         let refused = format!("rank {}: BURN_DDP_BACKEND=nccl, but burn-ddp-22", o.rank);
         check(o.code == Some(1), || format!("{o:?}"))?;
+        // Tensor collectives and gradients alike: nothing silently on the host.
+        let tensor_refused = format!("tensor_error burn-ddp configuration error: {refused}");
         check(
-            o.stderr.contains(&refused) && !o.stdout.contains("stepped"),
+            o.stderr.contains(&refused)
+                && o.stdout.contains(&tensor_refused)
+                && !o.stdout.contains("stepped"),
             || format!("{o:?}"),
         )?;
     }
