@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use burn_ddp_testkit::programs::{
     assert_success, example, field, launcher, mnist_data, relative, run, scratch, stdout,
-    toy_losses,
+    toy_ctrl_c_then_resume, toy_losses, Interactive,
 };
 
 #[test]
@@ -132,6 +132,79 @@ fn toy_two_ranks_equal_one_big_batch_and_resume_from_a_checkpoint() {
 
 /// The trainers' command lines: clap's help, version, typo suggestions and
 /// usage errors (exit 2), the reference scripts' underscore spellings.
+/// `--global-batch-size 128` on 2 ranks is 64 per rank's loader and trains
+/// as one process with batch 128; 64 over 3 ranks is refused on every rank
+/// before any data is touched, naming the multiples that would work.
+#[test]
+fn toy_global_batch_size_splits_over_the_ranks_or_is_refused() {
+    let dir = scratch("toy-global-batch");
+    let toy = example("toy");
+    let mut two = Command::new(launcher());
+    two.args(["--standalone", "--nproc-per-node", "2"])
+        .arg(&toy)
+        .args([
+            "--epochs",
+            "2",
+            "--global-batch-size",
+            "128",
+            "--loss-precision",
+            "9",
+        ]);
+    let out = run(two, &dir, Duration::from_secs(300));
+    assert_success(&out);
+    let split = toy_losses(&stdout(&out));
+    let config = std::fs::read_to_string(dir.join("toy_config.json")).unwrap();
+    assert!(config.contains("\"batch_size\": 64"), "{config}");
+
+    let single_dir = scratch("toy-global-batch-single");
+    let mut one = Command::new(&toy);
+    one.args([
+        "--epochs",
+        "2",
+        "--batch-size",
+        "128",
+        "--loss-precision",
+        "9",
+    ]);
+    let out = run(one, &single_dir, Duration::from_secs(300));
+    assert_success(&out);
+    let single = toy_losses(&stdout(&out));
+    assert_eq!(split.len(), 2);
+    for ((e, a), (_, b)) in split.iter().zip(&single) {
+        assert!(
+            relative(*a, *b) < 1e-5,
+            "epoch {e}: 2 ranks {a}, one process {b}"
+        );
+    }
+
+    let mut three = Command::new(launcher());
+    three
+        .args(["--standalone", "--nproc-per-node", "3"])
+        .arg(&toy)
+        .args(["--global-batch-size", "64"]);
+    let out = run(three, &dir, Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for rank in 0..3 {
+        assert!(
+            stderr.contains(&format!(
+                "rank {rank}: a global batch of 64 does not divide over 3 ranks"
+            )),
+            "{stderr}"
+        );
+    }
+    assert!(stderr.contains("such as 63 or 66"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&single_dir);
+}
+
+/// Ctrl-C at the terminal stops both ranks before the same step; the run goes
+/// on from the checkpoint rank 0 names.
+#[test]
+fn toy_ctrl_c_stops_every_rank_before_the_same_step() {
+    toy_ctrl_c_then_resume(&example("toy"), "toy-ctrl-c");
+}
+
 #[test]
 fn trainer_command_lines() {
     let dir = scratch("cli");
@@ -160,6 +233,11 @@ fn trainer_command_lines() {
             (&["--batch-sise", "3"][..], "--batch-size"),
             (&["--batch_size", "0"][..], "not a positive integer"),
             (&["--backend", "tpu"][..], "flex, ndarray, cuda"),
+            (
+                &["--batch-size", "8", "--global-batch-size", "16"][..],
+                "cannot be used with",
+            ),
+            (&["--global-batch-size", "0"][..], "not a positive integer"),
         ] {
             let (out, stderr) = invoke(args);
             assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
@@ -410,8 +488,8 @@ fn mnist_learner_on_two_ranks_writes_one_experiment() {
         .args([
             "--epochs",
             "2",
-            "--batch-size",
-            "32",
+            "--global-batch-size",
+            "64",
             "--artifact-dir",
             "art",
         ]);
@@ -420,6 +498,11 @@ fn mnist_learner_on_two_ranks_writes_one_experiment() {
     let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
     let rank1: Vec<&str> = text.lines().filter(|l| l.starts_with("[rank 1]")).collect();
     assert!(rank1.is_empty(), "rank 1 printed {rank1:?}");
+    // Conv2d x2 and Linear x2, weight and bias each: compared across the ranks.
+    assert!(
+        text.contains("[rank 0] replicas identical: 8 parameter tensors on 2 ranks"),
+        "{text}"
+    );
     let epochs: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("[rank 0] epoch="))
@@ -439,11 +522,80 @@ fn mnist_learner_on_two_ranks_writes_one_experiment() {
     ] {
         assert!(art.join(file).is_file(), "{file} missing");
     }
+    // --global-batch-size 64 over 2 ranks: 32 per rank's loader.
+    let config = std::fs::read_to_string(art.join("config.json")).unwrap();
+    assert!(config.contains("\"batch_size\": 32"), "{config}");
     let csv = std::fs::read_to_string(art.join("global-metrics.csv")).unwrap();
     // 256 test images over 2 ranks: the global accuracy counts all of them.
     assert!(
         csv.contains("2,valid,Accuracy,") && csv.contains(",256\n"),
         "{csv}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ctrl-C during `mnist --learner`'s second epoch: every rank stops at the
+/// same iteration through the Learner's own interrupt path (no worker is
+/// killed), epoch 1's checkpoint is complete, rank 0 says how to go on, the
+/// launcher exits 130, and the resume finishes the next epoch.
+#[test]
+fn mnist_learner_ctrl_c_stops_cleanly_and_resumes() {
+    let dir = scratch("mnist-learner-ctrl-c");
+    let data = mnist_data(env!("CARGO_MANIFEST_DIR"));
+    let learner = |extra: &[&str]| {
+        let mut cmd = Command::new(launcher());
+        cmd.args(["--standalone", "--nproc-per-node", "2", "--prefix-output"])
+            .arg(example("mnist"))
+            .arg("--learner")
+            .arg("--data-dir")
+            .arg(&data)
+            .args([
+                "--train-samples",
+                "2048",
+                "--test-samples",
+                "128",
+                "--batch-size",
+                "8",
+            ])
+            .args(["--artifact-dir", "art"])
+            .args(extra);
+        cmd
+    };
+    let mut job = Interactive::start(learner(&["--epochs", "50"]), &dir);
+    job.wait_for("[rank 0] epoch=1 ", Duration::from_secs(300));
+    job.ctrl_c();
+    let (out, elapsed) = job.wait(Duration::from_secs(120));
+    let text = stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{text}\n{stderr}");
+    assert!(
+        elapsed < Duration::from_secs(30),
+        "{elapsed:?} from Ctrl-C to the end"
+    );
+    assert!(!stderr.contains("killed by"), "{stderr}");
+    let resume: usize = text
+        .lines()
+        .find_map(|line| line.split_once("go on with --resume ").map(|(_, n)| n))
+        .unwrap_or_else(|| panic!("rank 0 named no epoch to go on from:\n{text}\n{stderr}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        dir.join(format!("art/checkpoint/model-{resume}.mpk"))
+            .is_file(),
+        "{text}"
+    );
+    let next = (resume + 1).to_string();
+    let out = run(
+        learner(&["--epochs", &next, "--resume", &resume.to_string()]),
+        &dir,
+        Duration::from_secs(300),
+    );
+    assert_success(&out);
+    assert!(
+        stdout(&out).contains(&format!("[rank 0] epoch={next} ")),
+        "{}",
+        stdout(&out)
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

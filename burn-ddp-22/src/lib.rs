@@ -45,16 +45,21 @@ mod collective;
 pub mod data;
 mod dtype;
 mod gradients;
+mod replicas;
 mod sync;
 mod wrap;
 
+pub use burn_ddp_comm::stop::{catch_stop_signals, stop_requested, stop_signal};
 pub use burn_ddp_comm::{
     env::LaunchEnv, CommError, Launcher, ParamLayout, ProcessGroup, ProcessGroupBuilder, ReduceOp,
     Reducer, Result, WeakProcessGroup,
 };
 pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter, CollectiveKind};
-pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum};
+pub use data::{
+    batch_size_per_rank, distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum,
+};
+pub use replicas::check_replicas;
 pub use sync::{reset_sync_stats, sync_gradients, sync_stats, sync_stats_of, SyncStats};
 pub use wrap::{wrap, DdpConfig, GradientCompression};
 

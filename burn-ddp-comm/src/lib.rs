@@ -40,6 +40,8 @@ mod group;
 pub mod job;
 pub mod nccl;
 pub mod reducer;
+pub mod replicas;
+pub mod stop;
 pub mod store;
 pub mod sum;
 pub mod transport;

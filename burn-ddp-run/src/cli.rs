@@ -94,7 +94,8 @@ pub struct LaunchOptions {
     )]
     pub max_restarts: u32,
     /// After a failure, SIGTERM the other workers, then SIGKILL them after this
-    /// many seconds.
+    /// many seconds; after a Ctrl-C or SIGTERM to the launcher, the time the
+    /// workers get to stop by themselves (a second one kills them at once).
     #[arg(long = "shutdown-timeout", visible_alias = "shutdown_timeout", value_name = "SECS",
           default_value = "30", value_parser = seconds)]
     pub shutdown_timeout: Duration,

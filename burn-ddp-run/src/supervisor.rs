@@ -288,15 +288,23 @@ fn supervise(
         if let Some(signal) = signals::take() {
             if interrupted.is_none() {
                 log::info!(
-                    "received {}, passing it to the workers",
+                    "received {}, passing it to the workers (a program that catches it stops \
+                     after its current step; another one kills the workers at once)",
                     signals::name(signal)
                 );
+                interrupted = Some(signal);
+                for w in workers.iter().filter(|w| w.exit.is_none()) {
+                    signals::send(w.pid, signal);
+                }
+                kill_at.get_or_insert(Instant::now() + config.shutdown_timeout);
+            } else {
+                // The user insists: do not wait for a graceful stop.
+                log::warn!(
+                    "received {} again: killing the workers",
+                    signals::name(signal)
+                );
+                kill_at = Some(Instant::now());
             }
-            interrupted = Some(signal);
-            for w in workers.iter().filter(|w| w.exit.is_none()) {
-                signals::send(w.pid, signal);
-            }
-            kill_at.get_or_insert(Instant::now() + config.shutdown_timeout);
         }
         for (i, w) in workers.iter_mut().enumerate() {
             if w.exit.is_some() {

@@ -1,10 +1,10 @@
 //! Samplers for a process group's rank and world size, with errors in the
 //! group's terms.
 
-use crate::{DistributedSampler, SamplerError};
+use crate::{split_global_batch, DistributedSampler};
 use burn_ddp_comm::{CommError, ProcessGroup, Result};
 
-fn for_rank(group: &ProcessGroup, err: SamplerError) -> CommError {
+fn for_rank(group: &ProcessGroup, err: impl std::fmt::Display) -> CommError {
     CommError::InvalidArgument {
         rank: group.rank(),
         message: err.to_string(),
@@ -37,4 +37,12 @@ pub fn distributed_sampler(group: &ProcessGroup, dataset_len: usize) -> Result<D
 /// so counts summed over the ranks (`sum_over_ranks`) are exact.
 pub fn evaluation_sampler(group: &ProcessGroup, dataset_len: usize) -> Result<DistributedSampler> {
     DistributedSampler::evaluation_for_group(group, dataset_len)
+}
+
+/// This rank's loader batch size for a global batch of `global_batch` items per
+/// optimizer step over `group` (`128` on 2 ranks: `64`). A global batch that is
+/// not a multiple of the world size is an error naming the nearest ones, never
+/// a silently smaller batch.
+pub fn batch_size_per_rank(group: &ProcessGroup, global_batch: usize) -> Result<usize> {
+    split_global_batch(global_batch, group.world_size()).map_err(|e| for_rank(group, e))
 }

@@ -12,14 +12,16 @@
 
 #![deny(missing_docs)]
 
+mod batch;
 #[cfg(feature = "group")]
 mod group;
 mod mt19937;
 mod sampler;
 mod shard;
 
+pub use batch::{split_global_batch, BatchSplitError};
 #[cfg(feature = "group")]
-pub use group::{distributed_sampler, evaluation_sampler};
+pub use group::{batch_size_per_rank, distributed_sampler, evaluation_sampler};
 pub use mt19937::{randperm, Mt19937};
 pub use sampler::{DistributedSampler, SamplerError};
 pub use shard::{EpochHandle, ShardIndices};

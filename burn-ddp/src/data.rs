@@ -3,8 +3,8 @@
 use burn::data::dataset::Dataset;
 pub use burn_ddp_comm::sum::{sum_over_ranks, RankSum};
 pub use burn_ddp_sampler::{
-    distributed_sampler, evaluation_sampler, DistributedSampler, EpochHandle, SamplerError,
-    ShardIndices,
+    batch_size_per_rank, distributed_sampler, evaluation_sampler, split_global_batch,
+    BatchSplitError, DistributedSampler, EpochHandle, SamplerError, ShardIndices,
 };
 use std::marker::PhantomData;
 

@@ -50,6 +50,7 @@ mod device;
 mod dtype;
 mod global;
 mod gradients;
+mod replicas;
 pub(crate) mod sync;
 pub mod tracking;
 #[cfg(feature = "train")]
@@ -59,19 +60,23 @@ pub(crate) mod wrap;
 pub use backend::Ddp;
 #[cfg(feature = "cuda")]
 pub use burn_ddp_comm::nccl;
+pub use burn_ddp_comm::stop::{catch_stop_signals, stop_requested, stop_signal};
 pub use burn_ddp_comm::{
     env::LaunchEnv, CommError, Element, Launcher, ParamLayout, ProcessGroup, ProcessGroupBuilder,
     ReduceOp, Reducer, Result, WeakProcessGroup,
 };
 pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
-pub use data::{distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum};
+pub use data::{
+    batch_size_per_rank, distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum,
+};
 #[doc(hidden)]
 #[cfg(feature = "cuda")]
 pub use device::nccl_view;
 #[cfg(feature = "cuda")]
 pub use device::{cuda_device_for_rank, FusedCuda, PlainCuda};
 pub use global::{default_group, destroy_process_group, init_process_group};
+pub use replicas::check_replicas;
 pub use sync::{
     no_sync, no_sync_for, reset_sync_stats, sync_enabled, sync_gradients, sync_stats,
     sync_stats_of, NoSyncGuard, SyncStats,

@@ -32,6 +32,7 @@ use burn_ddp_22::data::DistributedDataset;
 use burn_ddp_22::ReduceOp;
 use clap::Parser;
 use common::cli::BackendChoice;
+use common::stopped::Stopped;
 use common::{fail, run_config};
 use std::sync::Arc;
 use std::time::Instant;
@@ -177,7 +178,6 @@ fn load(args: &MnistArgs, rank: usize) -> (Mnist, Mnist) {
 fn train(args: &MnistArgs, device: Device) {
     let MnistArgs {
         epochs,
-        batch_size,
         lr,
         seed,
         max_steps,
@@ -186,6 +186,13 @@ fn train(args: &MnistArgs, device: Device) {
 
     let group = burn_ddp_22::init_process_group().unwrap_or_else(|e| fail(None, e));
     let (rank, world_size) = (group.rank(), group.world_size());
+    // Each rank's loader batch: --batch-size, or its share of --global-batch-size.
+    let batch_size = match args.global_batch_size {
+        Some(global) => {
+            burn_ddp_22::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
+        }
+        None => args.batch_size,
+    };
     let (train_set, test_set) = load(args, rank);
     let config =
         MnistTrainingConfig::new(epochs, batch_size, world_size, lr, seed, train_set.len())
@@ -215,7 +222,11 @@ fn train(args: &MnistArgs, device: Device) {
     let mut optimizer = AdamWConfig::new().init();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
-    for epoch in 0..epochs {
+    // Ctrl-C or SIGTERM: every rank stops before the same step (asked each
+    // step) and rank 0 saves the model trained so far.
+    burn_ddp_22::catch_stop_signals();
+    let mut stopped = None;
+    'training: for epoch in 0..epochs {
         epoch_handle.set_epoch(epoch);
         let started = Instant::now();
         let steps_per_epoch = shard_len
@@ -223,6 +234,16 @@ fn train(args: &MnistArgs, device: Device) {
             .min(max_steps.unwrap_or(usize::MAX));
         let (mut total_loss, mut steps, mut samples) = (0.0f64, 0usize, 0usize);
         for batch in train_loader.iter().take(steps_per_epoch) {
+            if let Some(signal) =
+                burn_ddp_22::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
+            {
+                stopped = Some(Stopped {
+                    signal,
+                    epoch,
+                    step: steps,
+                });
+                break 'training;
+            }
             let (images, targets) = batch.unwrap_or_else(|e| fail(Some(rank), e));
             samples += targets.dims()[0];
             let loss = loss_fn.forward(model.forward(images), targets);
@@ -254,14 +275,27 @@ fn train(args: &MnistArgs, device: Device) {
         }
     }
 
+    if let Some(stop) = stopped {
+        println!("{}", stop.rank_line(rank));
+    }
     if group.is_main() {
-        let path = burn_ddp_22::checkpoint::save_atomic(&args.output, &model, None, epochs)
+        let epochs_done = stopped.map_or(epochs, |stop| stop.epoch);
+        let path = burn_ddp_22::checkpoint::save_atomic(&args.output, &model, None, epochs_done)
             .unwrap_or_else(|e| fail(Some(rank), e));
         run_config::save(&config, &args.output.with_extension("config.json"))
             .unwrap_or_else(|e| fail(Some(rank), e));
         println!("saved {}", path.display());
+        if let Some(stop) = stopped {
+            println!(
+                "{}; the model saved is the one trained so far",
+                stop.describe()
+            );
+        }
     }
     burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+    if let Some(stop) = stopped {
+        std::process::exit(stop.exit_code());
+    }
 }
 
 /// Correct predictions and samples seen on this rank's test shard (on the

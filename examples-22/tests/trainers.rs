@@ -4,7 +4,7 @@
 
 use burn_ddp_testkit::programs::{
     assert_success, example, field, launcher, mnist_data, relative, run, scratch, stdout,
-    toy_losses,
+    toy_ctrl_c_then_resume, toy_losses,
 };
 use burn_ddp_testkit::{all_ok, mpirun_program, Hosting, World};
 use std::process::Command;
@@ -150,6 +150,39 @@ fn toy22_under_torchrun_and_mpirun_equals_one_big_batch() {
 
 /// The shared command line: clap's errors, and a backend this build lacks
 /// named with the alternative.
+/// Ctrl-C at the terminal stops both ranks before the same step; the run goes
+/// on from the checkpoint rank 0 names.
+#[test]
+fn toy22_ctrl_c_stops_every_rank_before_the_same_step() {
+    toy_ctrl_c_then_resume(&example("toy22"), "toy22-ctrl-c");
+}
+
+/// `--global-batch-size 128` on 2 ranks trains as one process with batch 128.
+#[test]
+fn toy22_global_batch_size_equals_one_big_batch() {
+    let dir = scratch("toy22-global-batch");
+    let mut two = Command::new(launcher());
+    two.args(["--standalone", "--nproc-per-node", "2"])
+        .arg(example("toy22"))
+        .args([
+            "--epochs",
+            "4",
+            "--global-batch-size",
+            "128",
+            "--loss-precision",
+            "9",
+        ]);
+    let out = run(two, &dir, LIMIT);
+    assert_success(&out);
+    let reference = single_process_losses(&dir);
+    assert_close(
+        "2 ranks sharing 128",
+        &toy_losses(&stdout(&out)),
+        &reference,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn toy22_command_line() {
     let dir = scratch("toy22-cli");

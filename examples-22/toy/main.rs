@@ -21,13 +21,15 @@ use burn::data::dataset::{Dataset, DatasetError};
 use burn::module::Module;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{GradientsParams, SgdConfig};
+use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_ddp_22::data::DistributedDataset;
 use burn_ddp_22::ReduceOp;
 use clap::Parser;
 use common::cli::BackendChoice;
+use common::stopped::Stopped;
 use common::{fail, run_config};
+use std::path::{Path, PathBuf};
 
 /// `--backend`'s default.
 const DEFAULT_BACKEND: &str = "flex";
@@ -106,10 +108,24 @@ fn main() {
     train(&args, device);
 }
 
+/// Rank 0 saves `model_epoch_{epochs_done}` atomically and says where.
+fn save(
+    dir: &Path,
+    model: &ToyModel,
+    optimizer: &ModuleOptimizer,
+    epochs_done: usize,
+    rank: usize,
+) -> PathBuf {
+    let path = dir.join(format!("model_epoch_{epochs_done}"));
+    let path = burn_ddp_22::checkpoint::save_atomic(path, model, Some(optimizer), epochs_done)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    println!("Rank {rank} saved checkpoint to {}", path.display());
+    path
+}
+
 fn train(args: &ToyArgs, device: Device) {
     let ToyArgs {
         epochs,
-        batch_size,
         lr,
         dataset_size,
         save_interval,
@@ -121,6 +137,13 @@ fn train(args: &ToyArgs, device: Device) {
 
     let group = burn_ddp_22::init_process_group().unwrap_or_else(|e| fail(None, e));
     let (rank, world_size) = (group.rank(), group.world_size());
+    // Each rank's loader batch: --batch-size, or its share of --global-batch-size.
+    let batch_size = match args.global_batch_size {
+        Some(global) => {
+            burn_ddp_22::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
+        }
+        None => args.batch_size,
+    };
     let config = ToyTrainingConfig::new(epochs, batch_size, world_size, lr, dataset_size, seed);
 
     // 1. Dataset and sampler: this rank's shard, reshuffled every epoch.
@@ -166,12 +189,26 @@ fn train(args: &ToyArgs, device: Device) {
     let mut model = burn_ddp_22::wrap(model, &group).unwrap_or_else(|e| fail(Some(rank), e));
     let criterion = MseLoss::new();
 
+    // Ctrl-C or SIGTERM: every rank stops before the same step (asked each step).
+    burn_ddp_22::catch_stop_signals();
+    let mut stopped = None;
+    let mut last_saved = None;
     println!("Rank {rank} starting training...");
-    for epoch in first_epoch..epochs {
+    'training: for epoch in first_epoch..epochs {
         epoch_handle.set_epoch(epoch); // important for shuffling
         let mut epoch_loss = 0.0f64;
         let mut num_batches = 0usize;
         for batch in loader.iter() {
+            if let Some(signal) =
+                burn_ddp_22::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
+            {
+                stopped = Some(Stopped {
+                    signal,
+                    epoch,
+                    step: num_batches,
+                });
+                break 'training;
+            }
             let (features, labels) = batch.unwrap_or_else(|e| fail(Some(rank), e));
             let outputs = model.forward(features);
             let loss = criterion.forward(outputs, labels, Reduction::Mean);
@@ -196,14 +233,29 @@ fn train(args: &ToyArgs, device: Device) {
             );
         }
         if group.is_main() && (epoch + 1) % save_interval == 0 {
-            let path = checkpoint_dir.join(format!("model_epoch_{}", epoch + 1));
-            let path =
-                burn_ddp_22::checkpoint::save_atomic(path, &model, Some(&optimizer), epoch + 1)
-                    .unwrap_or_else(|e| fail(Some(rank), e));
-            println!("Rank {rank} saved checkpoint to {}", path.display());
+            last_saved = Some(save(checkpoint_dir, &model, &optimizer, epoch + 1, rank));
         }
         // Every rank finishes the epoch (and rank 0 its checkpoint) before going on.
         group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+    }
+    if let Some(stop) = stopped {
+        println!("{}", stop.rank_line(rank));
+        if group.is_main() {
+            // Stopped between epochs: the finished epochs are saved, nothing is lost.
+            if stop.step == 0 && stop.epoch > first_epoch && stop.epoch % save_interval != 0 {
+                last_saved = Some(save(checkpoint_dir, &model, &optimizer, stop.epoch, rank));
+            }
+            match last_saved.as_deref().or(args.resume.as_deref()) {
+                Some(path) => println!(
+                    "{}; go on with --resume {}",
+                    stop.describe(),
+                    path.display()
+                ),
+                None => println!("{}; no checkpoint was saved yet", stop.describe()),
+            }
+        }
+        burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+        std::process::exit(stop.exit_code());
     }
     burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
     if rank == 0 {

@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod run_config;
+pub mod stopped;
 
 /// Calls `$train::<B>(&args, device)` with the `Ddp` backend that `--backend`
 /// names: flex, ndarray, or cuda / cuda-fused (one GPU per local rank) with the

@@ -22,6 +22,11 @@ pub(crate) struct MnistArgs {
     #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 128,
           value_parser = positive)]
     pub(crate) batch_size: usize,
+    /// Batch size of one optimizer step over all processes, split evenly over
+    /// them instead of --batch-size (refused when it does not divide).
+    #[arg(long = "global-batch-size", visible_alias = "global_batch_size",
+          conflicts_with = "batch_size", value_parser = positive)]
+    pub(crate) global_batch_size: Option<usize>,
     /// AdamW learning rate.
     #[arg(long, default_value_t = 0.001)]
     pub(crate) lr: f64,

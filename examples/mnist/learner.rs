@@ -77,23 +77,31 @@ fn print_epoch(report: &EpochReport) {
 pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e)); // burn-ddp
     let rank = group.rank();
+    // Each rank's loader batch: the ranks together train with world_size times it.
+    let batch_size = match args.global_batch_size {
+        Some(global) => burn_ddp::batch_size_per_rank(&group, global) // burn-ddp
+            .unwrap_or_else(|e| fail(None, e)),
+        None => args.batch_size,
+    };
     let (train_set, test_set) = crate::load(args, &group);
     let directory = &args.artifact_dir;
     let config = MnistTrainingConfig::new(
         args.epochs,
-        args.batch_size,
+        batch_size,
         group.world_size(),
         args.lr,
         args.seed,
         train_set.len(),
     );
-    if group.is_main() {
-        std::fs::create_dir_all(directory).unwrap_or_else(|e| fail(Some(rank), e));
+    let ddp = DdpTraining::new(&group, directory).on_epoch_end(print_epoch); // burn-ddp
+                                                                             // Rank 0 creates the folder, the others wait (kept as it is: a resume needs
+                                                                             // its checkpoints; `recreate_artifact_dir` would empty it first).
+    ddp.create_artifact_dir().unwrap_or_else(|e| fail(None, e)); // burn-ddp
+    if ddp.is_main() {
+        // burn-ddp: one writer per file; every rank would write the same config.
         run_config::save(&config, &directory.join("config.json"))
             .unwrap_or_else(|e| fail(Some(rank), e));
     }
-
-    let ddp = DdpTraining::new(&group, directory).on_epoch_end(print_epoch); // burn-ddp
     let train_shard = ddp // burn-ddp
         .shard_with(
             train_set.clone(),
@@ -105,7 +113,7 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         .shard_eval(test_set)
         .unwrap_or_else(|e| fail(Some(rank), e)); // burn-ddp
     let loader_train = DataLoaderBuilder::<B, _, _>::new(MnistBatcher)
-        .batch_size(args.batch_size)
+        .batch_size(batch_size)
         .set_device(device.clone())
         .build(train_shard);
     let loader_valid = DataLoaderBuilder::<B::InnerBackend, _, _>::new(MnistBatcher)
@@ -127,8 +135,16 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     }
     let training = training.ddp(&ddp); // burn-ddp
     let result = training.launch(Learner::new(model, optimizer, args.lr));
+    // burn-ddp: every rank holds rank 0's parameters (a digest per tensor).
+    let compared =
+        burn_ddp::check_replicas(&result.model, &group).unwrap_or_else(|e| fail(None, e));
     if group.is_main() {
-        // Burn's MNIST example saves the trained model beside the experiment; atomically here.
+        println!(
+            "replicas identical: {compared} parameter tensors on {} ranks",
+            group.world_size()
+        );
+        // burn-ddp: rank 0 alone saves, for every rank. Burn's MNIST example
+        // saves the trained model beside the experiment; atomically here.
         let path = burn_ddp::checkpoint::save_atomic::<B::InnerBackend, _>(
             result.model.into_record(),
             directory.join("model"),
@@ -136,5 +152,30 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         .unwrap_or_else(|e| fail(Some(rank), e));
         println!("saved {}", path.display());
     }
+    // A Ctrl-C or SIGTERM on any rank stopped every rank at the same iteration.
+    let stopped = burn_ddp::stop_requested(&group).unwrap_or_else(|e| fail(None, e));
+    if let (Some(signal), true) = (stopped, group.is_main()) {
+        let resume = match last_checkpoint(&directory.join("checkpoint")) {
+            Some(epoch) => format!("go on with --resume {epoch}"),
+            None => "no epoch was finished".to_string(),
+        };
+        let signal = crate::common::stopped::signal_name(signal);
+        println!("Stopped by {signal} before the end of training; {resume}");
+    }
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e)); // burn-ddp
+    if let Some(signal) = stopped {
+        std::process::exit(128 + signal);
+    }
+}
+
+/// The newest epoch with a saved model in the experiment's checkpoint folder.
+fn last_checkpoint(folder: &std::path::Path) -> Option<usize> {
+    std::fs::read_dir(folder)
+        .ok()?
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("model-")?.split('.').next()?.parse().ok()
+        })
+        .max()
 }

@@ -30,6 +30,7 @@ use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use burn_ddp::data::DistributedDataset;
 use burn_ddp::ReduceOp;
 use clap::Parser;
+use common::stopped::Stopped;
 use common::{fail, run_config};
 use net::Net;
 use std::io::IsTerminal;
@@ -140,7 +141,6 @@ fn load(args: &MnistArgs, group: &burn_ddp::ProcessGroup) -> (Mnist, Mnist) {
 fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     let MnistArgs {
         epochs,
-        batch_size,
         lr,
         seed,
         max_steps,
@@ -149,6 +149,13 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
 
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e));
     let (rank, world_size) = (group.rank(), group.world_size());
+    // Each rank's loader batch: --batch-size, or its share of --global-batch-size.
+    let batch_size = match args.global_batch_size {
+        Some(global) => {
+            burn_ddp::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
+        }
+        None => args.batch_size,
+    };
     let (train_set, test_set) = load(args, &group);
     let config =
         MnistTrainingConfig::new(epochs, batch_size, world_size, lr, seed, train_set.len())
@@ -178,7 +185,11 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     let mut optimizer = AdamWConfig::new().init();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
-    for epoch in 0..epochs {
+    // Ctrl-C or SIGTERM: every rank stops before the same step (asked each
+    // step) and rank 0 saves the model trained so far.
+    burn_ddp::catch_stop_signals();
+    let mut stopped = None;
+    'training: for epoch in 0..epochs {
         epoch_handle.set_epoch(epoch);
         let started = Instant::now();
         let steps_per_epoch = shard_len
@@ -187,6 +198,19 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         let progress = progress_bar(group.is_main(), steps_per_epoch, epoch);
         let (mut total_loss, mut steps, mut samples) = (0.0f64, 0usize, 0usize);
         for (images, targets) in train_loader.iter().take(steps_per_epoch) {
+            if let Some(signal) =
+                burn_ddp::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
+            {
+                if let Some(bar) = &progress {
+                    bar.finish_and_clear();
+                }
+                stopped = Some(Stopped {
+                    signal,
+                    epoch,
+                    step: steps,
+                });
+                break 'training;
+            }
             samples += targets.dims()[0];
             let logits = model.forward(images);
             let loss = loss_fn.forward(logits, targets);
@@ -222,14 +246,26 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         }
     }
 
+    if let Some(stop) = stopped {
+        println!("{}", stop.rank_line(rank));
+    }
     if group.is_main() {
         let path = burn_ddp::checkpoint::save_atomic::<B, _>(model.into_record(), &args.output)
             .unwrap_or_else(|e| fail(Some(rank), e));
         run_config::save(&config, &args.output.with_extension("config.json"))
             .unwrap_or_else(|e| fail(Some(rank), e));
         println!("saved {}", path.display());
+        if let Some(stop) = stopped {
+            println!(
+                "{}; the model saved is the one trained so far",
+                stop.describe()
+            );
+        }
     }
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+    if let Some(stop) = stopped {
+        std::process::exit(stop.exit_code());
+    }
 }
 
 /// Correct predictions and samples seen on this rank's test shard.

@@ -23,6 +23,11 @@ pub(crate) struct ToyArgs {
     #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 64,
           value_parser = positive)]
     pub batch_size: usize,
+    /// Batch size of one optimizer step over all processes, split evenly over
+    /// them instead of --batch-size (refused when it does not divide).
+    #[arg(long = "global-batch-size", visible_alias = "global_batch_size",
+          conflicts_with = "batch_size", value_parser = positive)]
+    pub global_batch_size: Option<usize>,
     /// Learning rate.
     #[arg(long, default_value_t = 0.01)]
     pub lr: f64,

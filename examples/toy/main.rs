@@ -32,7 +32,9 @@ use burn::tensor::{ElementConversion, Tensor, TensorData};
 use burn_ddp::data::DistributedDataset;
 use burn_ddp::ReduceOp;
 use clap::Parser;
+use common::stopped::Stopped;
 use common::{fail, run_config};
+use std::path::{Path, PathBuf};
 
 /// The document's ToyModel.
 #[derive(Module, Debug)]
@@ -99,6 +101,20 @@ impl<B: Backend> Batcher<B, ToyItem, (Tensor<B, 2>, Tensor<B, 2>)> for ToyBatche
     }
 }
 
+/// Rank 0 saves `model_epoch_{epochs_done}` atomically and says where.
+fn save<B: AutodiffBackend>(
+    record: impl burn::record::Record<B>,
+    dir: &Path,
+    epochs_done: usize,
+    rank: usize,
+) -> PathBuf {
+    let path = dir.join(format!("model_epoch_{epochs_done}"));
+    let path = burn_ddp::checkpoint::save_atomic::<B, _>(record, path)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    println!("Rank {rank} saved checkpoint to {}", path.display());
+    path
+}
+
 fn main() {
     common::cli::init_logger();
     let args = ToyArgs::parse();
@@ -108,7 +124,6 @@ fn main() {
 pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
     let ToyArgs {
         epochs,
-        batch_size,
         lr,
         dataset_size,
         save_interval,
@@ -120,6 +135,13 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
 
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e));
     let (rank, world_size) = (group.rank(), group.world_size());
+    // Each rank's loader batch: --batch-size, or its share of --global-batch-size.
+    let batch_size = match args.global_batch_size {
+        Some(global) => {
+            burn_ddp::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
+        }
+        None => args.batch_size,
+    };
     let config = ToyTrainingConfig::new(epochs, batch_size, world_size, lr, dataset_size, seed);
 
     // 1. Dataset and sampler: this rank's shard, reshuffled every epoch.
@@ -162,12 +184,26 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
     let mut model = burn_ddp::wrap(model, &group).unwrap_or_else(|e| fail(Some(rank), e));
     let criterion = MseLoss::new();
 
+    // Ctrl-C or SIGTERM: every rank stops before the same step (asked each step).
+    burn_ddp::catch_stop_signals();
+    let mut stopped = None;
+    let mut last_saved = None;
     println!("Rank {rank} starting training...");
-    for epoch in first_epoch..epochs {
+    'training: for epoch in first_epoch..epochs {
         epoch_handle.set_epoch(epoch); // important for shuffling
         let mut epoch_loss = 0.0f64;
         let mut num_batches = 0usize;
         for (features, labels) in loader.iter() {
+            if let Some(signal) =
+                burn_ddp::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
+            {
+                stopped = Some(Stopped {
+                    signal,
+                    epoch,
+                    step: num_batches,
+                });
+                break 'training;
+            }
             let outputs = model.forward(features);
             let loss = criterion.forward(outputs, labels, Reduction::Mean);
             let mut loss_value = [loss.clone().into_scalar().elem::<f64>()];
@@ -188,18 +224,39 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
             );
         }
         if group.is_main() && (epoch + 1) % save_interval == 0 {
-            let path = checkpoint_dir.join(format!("model_epoch_{}", epoch + 1));
             let record = (
                 model.clone().into_record(),
                 optimizer.to_record(),
                 epoch + 1,
             );
-            let path = burn_ddp::checkpoint::save_atomic::<B, _>(record, path)
-                .unwrap_or_else(|e| fail(Some(rank), e));
-            println!("Rank {rank} saved checkpoint to {}", path.display());
+            last_saved = Some(save::<B>(record, checkpoint_dir, epoch + 1, rank));
         }
         // Every rank finishes the epoch (and rank 0 its checkpoint) before going on.
         group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+    }
+    if let Some(stop) = stopped {
+        println!("{}", stop.rank_line(rank));
+        if group.is_main() {
+            // Stopped between epochs: the finished epochs are saved, nothing is lost.
+            if stop.step == 0 && stop.epoch > first_epoch && stop.epoch % save_interval != 0 {
+                let record = (
+                    model.clone().into_record(),
+                    optimizer.to_record(),
+                    stop.epoch,
+                );
+                last_saved = Some(save::<B>(record, checkpoint_dir, stop.epoch, rank));
+            }
+            match last_saved.as_deref().or(args.resume.as_deref()) {
+                Some(path) => println!(
+                    "{}; go on with --resume {}",
+                    stop.describe(),
+                    path.display()
+                ),
+                None => println!("{}; no checkpoint was saved yet", stop.describe()),
+            }
+        }
+        burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+        std::process::exit(stop.exit_code());
     }
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
     let sync = burn_ddp::sync_stats();

@@ -110,6 +110,77 @@ pub fn relative(a: f64, b: f64) -> f64 {
     (a - b).abs() / b.abs().max(1e-12)
 }
 
+/// Ctrl-C at the terminal (SIGINT to the launcher and every worker, then the
+/// launcher's forwarded copy): both ranks stop before the same step within
+/// seconds, rank 0 names the checkpoint to go on from, the launcher exits
+/// 130, and the run goes on from that checkpoint. For the toy trainer of
+/// either Burn version (`toy`, `toy22`).
+pub fn toy_ctrl_c_then_resume(toy: &Path, name: &str) {
+    let dir = scratch(name);
+    let mut cmd = Command::new(launcher());
+    cmd.args(["--standalone", "--nproc-per-node", "2", "--prefix-output"])
+        .arg(toy)
+        .args([
+            "--epochs",
+            "100000",
+            "--batch-size",
+            "4",
+            "--save-interval",
+            "1",
+        ]);
+    let mut job = Interactive::start(cmd, &dir);
+    job.wait_for("[rank 0] Epoch 2/100000", Duration::from_secs(120));
+    job.ctrl_c();
+    let (out, elapsed) = job.wait(Duration::from_secs(60));
+    let text = stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{text}\n{stderr}");
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "{elapsed:?} from Ctrl-C to the end"
+    );
+    let stopped: Vec<&str> = text
+        .lines()
+        .filter_map(|line| {
+            line.split_once(" stopped by SIGINT before ")
+                .map(|(_, at)| at)
+        })
+        .collect();
+    assert_eq!(stopped.len(), 2, "{text}");
+    assert_eq!(
+        stopped[0], stopped[1],
+        "the ranks stopped at different steps: {text}"
+    );
+    let resume = text
+        .lines()
+        .find_map(|line| {
+            line.split_once("go on with --resume ")
+                .map(|(_, path)| path)
+        })
+        .unwrap_or_else(|| panic!("rank 0 named no checkpoint:\n{text}"));
+    // model_epoch_N.mpk (Burn 0.21) or model_epoch_N.ckpt (Burn 0.22).
+    let epochs_done: usize = Path::new(resume)
+        .file_stem()
+        .and_then(|stem| stem.to_str()?.rsplit('_').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no epoch in {resume}"));
+    assert!(epochs_done >= 2, "{resume}");
+    let mut again = Command::new(launcher());
+    again
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .arg(toy)
+        .args(["--batch-size", "4", "--resume", resume])
+        .arg("--epochs")
+        .arg((epochs_done + 1).to_string());
+    let out = run(again, &dir, Duration::from_secs(120));
+    assert_success(&out);
+    assert!(
+        stdout(&out).contains(&format!("at epoch {epochs_done}")),
+        "{}",
+        stdout(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The real MNIST files of the project's shared data, from a package's
 /// manifest folder (`env!("CARGO_MANIFEST_DIR")`) up to the `shared` beside
 /// the checkout.
@@ -132,4 +203,128 @@ pub fn field(line: &str, name: &str) -> f64 {
         .find_map(|w| w.strip_prefix(&format!("{name}=")))
         .map(|v| v.trim_end_matches(['%', 's']).parse().unwrap())
         .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+}
+
+/// A program started as a terminal would start it: in a process group of its
+/// own, so [`Interactive::ctrl_c`] reaches it and everything it started, as
+/// the terminal's Ctrl-C does. Its output is collected while it runs.
+pub struct Interactive {
+    child: std::process::Child,
+    started: Instant,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr: std::thread::JoinHandle<Vec<u8>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Interactive {
+    /// Starts `cmd` in `dir` (as [`run`] does, without the launcher's
+    /// variables of the test's own environment).
+    pub fn start(mut cmd: Command, dir: &Path) -> Self {
+        use std::os::unix::process::CommandExt;
+        if cmd.get_envs().all(|(name, _)| name != "RUST_LOG") {
+            cmd.env_remove("RUST_LOG");
+        }
+        cmd.current_dir(dir)
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .process_group(0)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("starting the program");
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut pipe = child.stdout.take().unwrap();
+        let collected = std::sync::Arc::clone(&stdout);
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                collected
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let mut err_pipe = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = err_pipe.read_to_end(&mut bytes);
+            bytes
+        });
+        Self {
+            child,
+            started: Instant::now(),
+            stdout,
+            stderr,
+            reader,
+        }
+    }
+
+    /// The output so far.
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// Waits until the output holds `needle`; kills the group and panics
+    /// after `limit` or when the program ends first.
+    pub fn wait_for(&mut self, needle: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.stdout().contains(needle) {
+            let ended = self.child.try_wait().unwrap().is_some();
+            if ended || Instant::now() > deadline {
+                self.signal(libc::SIGKILL);
+                panic!(
+                    "no {needle:?} after {:?} ({}):\n{}",
+                    self.started.elapsed(),
+                    if ended {
+                        "the program ended"
+                    } else {
+                        "timed out"
+                    },
+                    self.stdout()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal` to the whole process group.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill on our own child's process group.
+        unsafe { libc::kill(-(self.child.id() as libc::pid_t), signal) };
+    }
+
+    /// SIGINT to the whole group, as the terminal's Ctrl-C.
+    pub fn ctrl_c(&self) {
+        self.signal(libc::SIGINT);
+    }
+
+    /// Waits for the end (killing the group after `limit`); the output and
+    /// how long the wait took.
+    pub fn wait(mut self, limit: Duration) -> (Output, Duration) {
+        let waited = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if waited.elapsed() > limit {
+                self.signal(libc::SIGKILL);
+                break self.child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let elapsed = waited.elapsed();
+        let _ = self.reader.join();
+        let stdout = self.stdout.lock().unwrap().clone().into_bytes();
+        let stderr = self.stderr.join().unwrap_or_default();
+        (
+            Output {
+                status,
+                stdout,
+                stderr,
+            },
+            elapsed,
+        )
+    }
 }

@@ -39,6 +39,10 @@ fn main() {
         ),
         ("different_models_fail_on_every_rank", different_models),
         (
+            "check_replicas_names_the_parameter_and_rank_that_differ",
+            replicas,
+        ),
+        (
             "a_layout_change_on_one_rank_fails_every_rank",
             layout_change,
         ),
@@ -85,6 +89,25 @@ fn different_models() -> Result<(), String> {
                 && o.stderr.contains("[10, 2]")
                 && o.stderr.contains(&format!("rank {}", o.rank)),
             || o.stderr.clone(),
+        )?;
+    }
+    Ok(())
+}
+
+/// 3 ranks: identical after training in step (2 tensors compared), then the
+/// last rank steps alone and every rank names `linear.weight` and rank 2.
+fn replicas() -> Result<(), String> {
+    let outcomes = World::new(3).run("replicas");
+    all_ok(&outcomes)?;
+    for o in &outcomes {
+        check(o.value("compared") == Some("2"), || o.stdout.clone())?;
+        let error = o.value("replica_error").unwrap_or_default();
+        check(
+            error.starts_with(&format!("rank {}:", o.rank))
+                && error
+                    .contains("parameter `linear.weight` (1 of 2) on rank(s) 2 is not rank 0's")
+                && error.contains("a trained parameter"),
+            || o.stdout.clone(),
         )?;
     }
     Ok(())

@@ -249,6 +249,36 @@ fn layout_change() -> Res<()> {
     Err("a layout change on one rank should have failed the sync".into())
 }
 
+/// Replicas started from per-rank seeds, wrapped and trained in step, are
+/// identical (`compared N`); then the last rank takes one step alone and the
+/// check fails on every rank (`replica_error ...`).
+fn replicas() -> Res<()> {
+    let group = burn_ddp_22::init_process_group().map_err(e)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    let (mut model, _) = start::<ToyTask>(&group)?;
+    let device = device();
+    let mut opt = SgdConfig::new().init();
+    let shards = shards(world * 8, world);
+    for step in 0..3 {
+        let loss = ToyTask::loss(&model, &shards[rank][2 * step..2 * step + 2], &device);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let grads = burn_ddp_22::sync_gradients(&model, grads).map_err(e)?;
+        model = opt.step(0.1, model, grads);
+    }
+    let compared = burn_ddp_22::check_replicas(&model, &group).map_err(e)?;
+    println!("compared {compared}");
+    if rank == world - 1 {
+        let loss = ToyTask::loss(&model, &shards[rank][6..8], &device);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = opt.step(0.1, model, grads);
+    }
+    match burn_ddp_22::check_replicas(&model, &group) {
+        Ok(_) => return Err("a rank that stepped alone went unnoticed".into()),
+        Err(err) => println!("replica_error {err}"),
+    }
+    burn_ddp_22::destroy_process_group().map_err(e)
+}
+
 /// Trains until killed: prints `ready` after two steps, then keeps going
 /// (for the fault cases).
 fn train_forever() -> Res<()> {
@@ -420,6 +450,7 @@ pub fn run(name: &str) -> Res<()> {
         "unused" => unused_parameter(),
         "accumulation" => accumulation(),
         "different_models" => different_models(),
+        "replicas" => replicas(),
         "layout_change" => layout_change(),
         "train_forever" => train_forever(),
         "one_step" => one_step(),

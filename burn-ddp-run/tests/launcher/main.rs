@@ -41,6 +41,10 @@ fn main() {
             "sigterm_to_the_launcher_reaches_every_worker",
             sigterm_is_forwarded,
         ),
+        (
+            "a_second_ctrl_c_kills_workers_that_keep_running",
+            second_interrupt_kills,
+        ),
         ("log_dir_keeps_one_file_per_rank", log_dir),
         (
             "workers_die_with_a_killed_launcher",
@@ -401,6 +405,66 @@ fn sigterm_is_forwarded() -> Result<(), String> {
         })?;
     }
     Ok(())
+}
+
+/// Workers that catch SIGINT and carry on: the first Ctrl-C reaches them
+/// (each says so), the second one, 1.5 s later, kills them at once instead of
+/// after the 30 s shutdown timeout; the launcher exits 130.
+fn second_interrupt_kills() -> Result<(), String> {
+    let script = "trap 'echo rank $RANK got INT' INT; echo rank $RANK ready; \
+                  while :; do sleep 0.2; done";
+    let mut cmd = launcher(&[
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--shutdown-timeout",
+        "30",
+        "sh",
+        "-c",
+        script,
+    ]);
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    let mut read_until = |needle: &str, count: usize, seen: &mut String| -> Result<(), String> {
+        while seen.matches(needle).count() < count {
+            let n = stdout.read(&mut buf).map_err(|e| e.to_string())?;
+            if n == 0 || started.elapsed() > Duration::from_secs(20) {
+                return Err(format!("no {count} x {needle:?} in {seen}"));
+            }
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        Ok(())
+    };
+    let waited = read_until("ready", 2, &mut seen).and_then(|()| {
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        read_until("got INT", 2, &mut seen)
+    });
+    if let Err(err) = waited {
+        let _ = child.kill();
+        return Err(err);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let second = Instant::now();
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.wait().map_err(|e| e.to_string())?;
+    let mut stderr = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    check(status.code() == Some(128 + libc::SIGINT), || {
+        format!("{status:?}: {stderr}")
+    })?;
+    check(second.elapsed() < Duration::from_secs(5), || {
+        format!(
+            "the second Ctrl-C took {:?} to end the job",
+            second.elapsed()
+        )
+    })?;
+    check(
+        stderr.contains("received SIGINT again: killing the workers"),
+        || stderr.clone(),
+    )
 }
 
 fn log_dir() -> Result<(), String> {

@@ -22,6 +22,7 @@ use crate::{ProcessGroup, ReduceOp, Result};
 use burn::train::logger::MetricLogger;
 use burn::train::metric::store::{EpochSummary, MetricsUpdate, Split};
 use burn::train::metric::{MetricAttributes, MetricDefinition, MetricId, NumericEntry};
+use burn::train::LearnerSummary;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
@@ -131,6 +132,29 @@ impl MetricTotals {
         if let Err(err) = rewrite() {
             log::warn!("rank 0: cannot rewrite {}: {err}", path.display());
         }
+    }
+
+    /// Rank 0's end-of-training summary with each epoch's global figure in
+    /// place of rank 0's own. Burn builds the summary from the per-iteration
+    /// files, which hold rank 0's batches only; the summary is the one result
+    /// many programs show, so it must be the job's.
+    pub(crate) fn globalize(&self, mut summary: LearnerSummary) -> LearnerSummary {
+        let totals = self.totals.lock().unwrap();
+        let splits = [
+            (Part::Train, &mut summary.metrics.train),
+            (Part::Valid, &mut summary.metrics.valid),
+        ];
+        for (part, metrics) in splits {
+            for metric in metrics.iter_mut() {
+                for entry in &mut metric.entries {
+                    let key = (entry.step, part, metric.name.clone());
+                    if let Some(&(value, _)) = totals.global.get(&key) {
+                        entry.value = value;
+                    }
+                }
+            }
+        }
+        summary
     }
 
     /// Waits (at most `wait`) until both splits of `epoch` have ended in the

@@ -20,6 +20,7 @@ use burn::train::{
     LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
     TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
 };
+use burn_ddp_comm::stop;
 use std::time::Instant;
 
 type InferenceModelOf<LC> = <LC as LearningComponentsTypes>::InferenceModel;
@@ -128,12 +129,28 @@ impl DdpLearningStrategy {
         let mut accumulated = 0;
         loop {
             let item = iterator.next();
-            let (with_batch, interrupted) = self.vote(item.is_some(), interrupter.should_stop());
+            let signal = stop::stop_signal();
+            let (with_batch, interrupted) = self.vote(
+                item.is_some(),
+                interrupter.should_stop() || signal.is_some(),
+            );
             if interrupted > 0 {
-                // Every rank stops here, before this iteration's step.
+                // Every rank stops here, before this iteration's step; the
+                // epoch's checkpoint is not written (it would claim a whole epoch).
                 if !interrupter.should_stop() {
-                    interrupter.stop(Some(&format!("interrupted on {interrupted} other rank(s)")));
+                    let reason = match signal {
+                        Some(signal) => format!("{} received", stop::signal_name(signal)),
+                        None => format!("interrupted on {interrupted} other rank(s)"),
+                    };
+                    interrupter.stop(Some(&reason));
                 }
+                log::info!(
+                    "rank {}: stopping before iteration {} of epoch {epoch}; the last \
+                     checkpoint is epoch {}'s",
+                    self.rank(),
+                    iteration + 1,
+                    epoch - 1
+                );
                 break;
             }
             if with_batch == 0 {
@@ -214,6 +231,11 @@ impl DdpLearningStrategy {
         // No collective here: shards may differ by one item, and an interrupt is
         // agreed on at the end of the epoch.
         while let Some(item) = iterator.next() {
+            if stop::stop_signal().is_some() {
+                // Ctrl-C during validation: this rank's figures end here; the
+                // ranks agree to stop at the end of the epoch.
+                break;
+            }
             let progress = iterator.progress();
             iteration += 1;
             let item = model.step(item);
@@ -286,6 +308,9 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         dataloader_valid: ValidLoader<LC>,
         mut components: TrainingComponents<LC>,
     ) -> LearningResult<InferenceModelOf<LC>> {
+        // Ctrl-C and SIGTERM stop every rank after the same iteration, through
+        // the same path as the TUI's quit key, instead of killing it mid-step.
+        stop::catch_stop_signals();
         let device = device_of(&learner);
         let starting_epoch = match components.checkpoint {
             Some(epoch) => {
@@ -325,7 +350,9 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             dataloader_valid,
             starting_epoch,
         );
-        let summary = summary.and_then(|summary| summary.init().ok());
+        let summary = summary
+            .and_then(|summary| summary.init().ok())
+            .map(|summary| self.ddp.totals.globalize(summary));
         processor.process_train(LearnerEvent::End(summary));
         let model = model.valid();
         let renderer = processor.renderer();
@@ -390,8 +417,10 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
                 && early_stopping
                     .as_mut()
                     .is_some_and(|strategy| strategy.should_stop(epoch, &components.event_store));
-            let (early_stop, interrupted) =
-                self.agree_to_stop(early_stop, interrupter.should_stop());
+            let (early_stop, interrupted) = self.agree_to_stop(
+                early_stop,
+                interrupter.should_stop() || stop::stop_signal().is_some(),
+            );
             if interrupted {
                 if !interrupter.should_stop() {
                     interrupter.stop(Some("interrupted on another rank"));

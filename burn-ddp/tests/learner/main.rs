@@ -25,6 +25,10 @@ fn main() {
             equals_big_batch,
         ),
         ("only_rank_0_writes_files", files),
+        (
+            "the_artifact_folder_is_prepared_once_for_every_rank",
+            artifact_dir,
+        ),
         ("resume_continues_as_if_uninterrupted", resume),
         (
             "a_missing_checkpoint_is_named_on_the_rank",
@@ -119,6 +123,16 @@ fn equals_big_batch() -> Result<(), String> {
         check((reported - expected).abs() < 1e-9, || {
             format!("global valid accuracy {reported} != reference {expected}")
         })?;
+        // The end-of-training summary a program shows is the global one too,
+        // not rank 0's half of the validation set.
+        let summarized: f64 = outcomes[0]
+            .value("summary_valid_Accuracy")
+            .ok_or_else(|| format!("rank 0 printed no summary:\n{}", outcomes[0].stdout))?
+            .parse()
+            .unwrap();
+        check((summarized - expected).abs() < 1e-9, || {
+            format!("the summary's valid accuracy {summarized} != the global {expected}")
+        })?;
     }
     Ok(())
 }
@@ -167,6 +181,40 @@ fn files() -> Result<(), String> {
     // Only errors may reach the terminal from rank 1: nothing at all here.
     let stderr = outcomes[1].stderr.trim();
     check(stderr.is_empty(), || format!("rank 1 printed {stderr:?}"))
+}
+
+/// 3 ranks share a folder with a stale file: gone for all after
+/// `recreate_artifact_dir`, rank 0's new file kept by `create_artifact_dir`,
+/// and an impossible folder an error on every rank naming it.
+fn artifact_dir() -> Result<(), String> {
+    let dir = scratch("artifact-dir");
+    std::fs::write(dir.join("stale.txt"), "from an earlier run").unwrap();
+    let world = World::new(3)
+        .env(program::DIR_VAR, dir.to_str().unwrap())
+        .env(program::SHARED_DIR_VAR, "1");
+    let outcomes = world.run("artifact_dir");
+    all_ok(&outcomes)?;
+    let impossible = dir.join("fresh.txt").join("sub");
+    for o in &outcomes {
+        check(o.value("stale_left") == Some("false"), || o.stdout.clone())?;
+        check(o.value("fresh_kept") == Some("true"), || o.stdout.clone())?;
+        let error = o.value("prepare_error").unwrap_or_default();
+        let expected = if o.rank == 0 {
+            format!(
+                "rank 0: cannot recreate the experiment folder {}",
+                impossible.display()
+            )
+        } else {
+            format!(
+                "rank {}: rank 0 could not prepare the experiment folder {}",
+                o.rank,
+                impossible.display()
+            )
+        };
+        check(error.starts_with(&expected), || o.stdout.clone())?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
 }
 
 /// 4 epochs straight, against 2 then a resume to 4 in one shared folder

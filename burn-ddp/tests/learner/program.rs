@@ -15,10 +15,14 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use burn::train::checkpoint::{CheckpointingAction, CheckpointingStrategy};
 use burn::train::metric::store::{Aggregate, EventStoreClient, Split};
-use burn::train::metric::{AccuracyMetric, LossMetric};
+use burn::train::metric::{AccuracyMetric, LossMetric, MetricDefinition};
+use burn::train::renderer::{
+    EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
+    MetricsRendererTraining, ProgressType, TrainingProgress,
+};
 use burn::train::{
     ClassificationOutput, EarlyStoppingStrategy, ExecutionStrategy, InferenceStep, Interrupter,
-    Learner, SupervisedTraining, TrainOutput, TrainStep, TrainingStrategy,
+    Learner, LearnerSummary, SupervisedTraining, TrainOutput, TrainStep, TrainingStrategy,
 };
 use burn_ddp::data::DistributedSampler;
 use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
@@ -232,6 +236,7 @@ pub fn run(name: &str) -> Res<()> {
         "train" => train_and_resume(),
         "early_stop" => early_stop(),
         "interrupt_rank_1" => interrupt_rank_1(),
+        "artifact_dir" => artifact_dir(),
         "accumulation" => accumulation(),
         "unequal" => unequal(),
         "single_device_parity" => single_device_parity(),
@@ -293,6 +298,45 @@ fn valid_accuracy(model: &Classifier<NdArray>) -> f64 {
     100.0 * correct as f64 / VALID_ITEMS as f64
 }
 
+/// Shows nothing, like [`SilentRenderer`], and prints the end-of-training
+/// summary's last valid entries in full precision (`summary_valid_<metric>`).
+struct SummaryProbe;
+
+impl MetricsRendererTraining for SummaryProbe {
+    fn update_train(&mut self, _state: MetricState) {}
+    fn update_valid(&mut self, _state: MetricState) {}
+    fn render_train(&mut self, _item: TrainingProgress, _indicators: Vec<ProgressType>) {}
+    fn render_valid(&mut self, _item: TrainingProgress, _indicators: Vec<ProgressType>) {}
+    fn on_train_end(
+        &mut self,
+        summary: Option<LearnerSummary>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let summary = summary.ok_or("no summary")?;
+        for metric in &summary.metrics.valid {
+            if let Some(last) = metric.entries.iter().max_by_key(|entry| entry.step) {
+                println!("summary_valid_{} {}", metric.name, last.value);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MetricsRendererEvaluation for SummaryProbe {
+    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
+    fn render_test(&mut self, _item: EvaluationProgress, _indicators: Vec<ProgressType>) {}
+    fn on_test_end(
+        &mut self,
+        _summary: Option<LearnerSummary>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        Ok(())
+    }
+}
+
+impl MetricsRenderer for SummaryProbe {
+    fn manual_close(&mut self) {}
+    fn register_metric(&mut self, _definition: MetricDefinition) {}
+}
+
 fn launch<O: Optimizer<Classifier<Plain>, Plain> + 'static>(
     run: &Run,
     optimizer: O,
@@ -302,7 +346,8 @@ fn launch<O: Optimizer<Classifier<Plain>, Plain> + 'static>(
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .with_file_checkpointer(NamedMpkFileRecorder::<FullPrecisionSettings>::new())
         .num_epochs(EPOCHS)
-        .renderer(SilentRenderer)
+        .summary()
+        .renderer(SummaryProbe)
         .ddp(&run.ddp)
         .launch(Learner::new(
             initial::<Plain>(run.rank, &Default::default()),
@@ -426,6 +471,28 @@ fn early_stop() -> Res<()> {
     drop(result);
     let syncs = burn_ddp::sync_stats().syncs as usize;
     println!("epochs_run {}", syncs / steps_per_epoch(world, BATCH));
+    burn_ddp::destroy_process_group().map_err(|e| e.to_string())
+}
+
+/// Every rank calls `recreate_artifact_dir` on one shared folder holding a
+/// stale file: none of them sees it afterwards (they waited for rank 0's
+/// wipe). Rank 0 then writes a file, `create_artifact_dir` keeps it, and a
+/// folder under a file is an error on every rank.
+fn artifact_dir() -> Res<()> {
+    let run = setup()?;
+    run.ddp.recreate_artifact_dir().map_err(|e| e.to_string())?;
+    println!("stale_left {}", run.dir.join("stale.txt").exists());
+    if run.rank == 0 {
+        std::fs::write(run.dir.join("fresh.txt"), "rank 0").map_err(|e| e.to_string())?;
+    }
+    run.ddp.group().barrier().map_err(|e| e.to_string())?;
+    run.ddp.create_artifact_dir().map_err(|e| e.to_string())?;
+    println!("fresh_kept {}", run.dir.join("fresh.txt").exists());
+    let impossible = DdpTraining::new(run.ddp.group(), run.dir.join("fresh.txt").join("sub"));
+    match impossible.recreate_artifact_dir() {
+        Ok(()) => return Err("a folder under a file was created".into()),
+        Err(err) => println!("prepare_error {err}"),
+    }
     burn_ddp::destroy_process_group().map_err(|e| e.to_string())
 }
 

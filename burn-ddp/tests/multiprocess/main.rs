@@ -42,6 +42,10 @@ fn main() {
             unused_parameter,
         ),
         ("different_models_fail_on_every_rank", different_models),
+        (
+            "check_replicas_names_the_parameter_and_rank_that_differ",
+            replicas,
+        ),
         ("no_sync_accumulation_equals_the_big_batch", accumulation),
         (
             "a_layout_change_on_one_rank_fails_every_rank",
@@ -136,6 +140,25 @@ fn backend_choice_on_cpu_tensors() -> Result<(), String> {
             o.stdout.contains("expected nccl, tcp or auto")
                 || o.stderr.contains("expected nccl, tcp or auto"),
             || format!("{o:?}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// 3 ranks: identical after training in step (2 tensors compared), then the
+/// last rank's frozen bias differs and every rank names `linear.bias`, rank 2
+/// and that it is a buffer.
+fn replicas() -> Result<(), String> {
+    let outcomes = World::new(3).run("replicas");
+    all_ok(&outcomes)?;
+    for o in &outcomes {
+        check(o.value("compared") == Some("2"), || o.stdout.clone())?;
+        let error = o.value("replica_error").unwrap_or_default();
+        check(
+            error.starts_with(&format!("rank {}:", o.rank))
+                && error.contains("parameter `linear.bias` (2 of 2) on rank(s) 2 is not rank 0's")
+                && error.contains("a buffer, not trained"),
+            || o.stdout.clone(),
         )?;
     }
     Ok(())

@@ -206,6 +206,41 @@ fn different_models() -> Res<()> {
     }
 }
 
+/// Replicas started from per-rank seeds, wrapped and trained in step, are
+/// identical (`compared N`); then every rank freezes the bias and the last
+/// rank alone shifts it, so the check fails on every rank naming a buffer
+/// (`replica_error ...`).
+fn replicas() -> Res<()> {
+    let group = burn_ddp::init_process_group().map_err(e)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    let device = Default::default();
+    let (mut model, _) = start::<ToyTask>(&group)?;
+    let mut opt = SgdConfig::new().init();
+    let shards = shards(world * 8, world);
+    for step in 0..3 {
+        let loss = ToyTask::loss::<Wrapped>(&model, &shards[rank][2 * step..2 * step + 2], &device);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = opt.step(0.1, model, grads);
+    }
+    let compared = burn_ddp::check_replicas(&model, &group).map_err(e)?;
+    println!("compared {compared}");
+    let (id, bias, _) = model.linear.bias.take().unwrap().consume();
+    let bias = if rank == world - 1 {
+        bias.add_scalar(1.0)
+    } else {
+        bias
+    };
+    model.linear.bias = Some(burn::module::Param::initialized(
+        id,
+        bias.set_require_grad(false),
+    ));
+    match burn_ddp::check_replicas(&model, &group) {
+        Ok(_) => return Err("a rank with another buffer went unnoticed".into()),
+        Err(err) => println!("replica_error {err}"),
+    }
+    burn_ddp::destroy_process_group().map_err(e)
+}
+
 /// A model that was never wrapped is synchronised with every other tensor
 /// of the default group (the process-wide behaviour of a program that does
 /// not wrap): after two steps rank 1 alone marks an extra tensor
@@ -338,6 +373,7 @@ pub fn run(name: &str) -> Res<()> {
         ),
         "unused" => unused_parameter(),
         "different_models" => different_models(),
+        "replicas" => replicas(),
         "accumulation" => accumulation(),
         "layout_change" => layout_changes_on_one_rank(),
         "memory" => memory(),
