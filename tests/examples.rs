@@ -185,14 +185,13 @@ fn toy_global_batch_size_splits_over_the_ranks_or_is_refused() {
     let out = run(three, &dir, Duration::from_secs(120));
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for rank in 0..3 {
-        assert!(
-            stderr.contains(&format!(
-                "rank {rank}: a global batch of 64 does not divide over 3 ranks"
-            )),
-            "{stderr}"
-        );
-    }
+    // The first rank to fail ends the others, which may not get to print.
+    assert!(
+        (0..3).any(|rank| stderr.contains(&format!(
+            "rank {rank}: a global batch of 64 does not divide over 3 ranks"
+        ))),
+        "{stderr}"
+    );
     assert!(stderr.contains("such as 63 or 66"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&single_dir);

@@ -29,7 +29,7 @@ struct Digests {
 }
 
 impl Digests {
-    fn push<const D: usize, K: Basic>(&mut self, tensor: Tensor<D, K>, trainable: bool) {
+    fn push<const D: usize, K: Basic>(&mut self, tensor: Tensor<D, K>, trainable: Option<bool>) {
         let shape = tensor.dims().to_vec();
         let data: TensorData = tensor.into_data();
         self.params.push(ParamDigest::new(
@@ -52,15 +52,16 @@ impl ModuleVisitor for Digests {
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let value = param.val();
-        let trainable = value.is_require_grad();
+        // Without autodiff no tensor requires gradients: unknown, not "a buffer".
+        let trainable = value.is_autodiff().then(|| value.is_require_grad());
         self.push(value, trainable);
     }
 
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
-        self.push(param.val(), false);
+        self.push(param.val(), Some(false));
     }
 
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<D, Bool>>) {
-        self.push(param.val(), false);
+        self.push(param.val(), Some(false));
     }
 }

@@ -17,14 +17,20 @@ pub struct ParamDigest {
     /// The field path in the module.
     pub path: String,
     /// Whether the parameter gets gradients (otherwise a buffer, such as a
-    /// batch norm's running statistics).
-    pub trainable: bool,
+    /// batch norm's running statistics); `None` where the model cannot tell
+    /// (a model without autodiff, such as the Learner's result).
+    pub trainable: Option<bool>,
     digest: u64,
 }
 
 impl ParamDigest {
     /// The digest of a tensor of `shape` whose data is `bytes`.
-    pub fn new(path: impl Into<String>, trainable: bool, shape: &[usize], bytes: &[u8]) -> Self {
+    pub fn new(
+        path: impl Into<String>,
+        trainable: Option<bool>,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Self {
         let mut hash = Fnv1a::default();
         for dim in shape {
             hash.write(&(*dim as u64).to_le_bytes());
@@ -90,19 +96,24 @@ pub fn check_replicas(group: &ProcessGroup, params: &[ParamDigest]) -> Result<us
         if differing.is_empty() {
             continue;
         }
-        let why = if param.trainable {
-            "a trained parameter: its ranks started from different values or took different \
-             steps (a model not wrapped, gradients not averaged before the optimizer step, or a \
-             step skipped on some ranks)"
-        } else {
-            "a buffer, not trained: each rank updates it from its own batches (batch norm's \
-             running statistics), so compare after broadcasting or averaging it"
+        const TRAINED: &str = "a trained parameter differs when its ranks started from \
+             different values or took different steps (a model not wrapped, gradients not \
+             averaged before the optimizer step, or a step skipped on some ranks)";
+        const BUFFER: &str = "a buffer differs when each rank updates it from its own batches \
+             (batch norm's running statistics): compare after broadcasting or averaging it";
+        let why = match param.trainable {
+            Some(true) => format!("it is trained: {TRAINED}"),
+            Some(false) => format!("it is a buffer, not trained: {BUFFER}"),
+            None => format!(
+                "this model has no autodiff, so whether it is trained is unknown ({TRAINED}; \
+                 {BUFFER})"
+            ),
         };
         return Err(CommError::Mismatch {
             rank,
             message: format!(
                 "the replicas differ: parameter `{}` ({} of {}) on rank(s) {} is not rank 0's; \
-                 it is {why}",
+                 {why}",
                 param.path,
                 index + 1,
                 params.len(),
@@ -119,15 +130,15 @@ mod tests {
 
     #[test]
     fn digests_see_shape_and_every_byte() {
-        let a = ParamDigest::new("w", true, &[2, 2], &[1, 2, 3, 4]);
-        assert_eq!(a, ParamDigest::new("w", true, &[2, 2], &[1, 2, 3, 4]));
+        let a = ParamDigest::new("w", Some(true), &[2, 2], &[1, 2, 3, 4]);
+        assert_eq!(a, ParamDigest::new("w", Some(true), &[2, 2], &[1, 2, 3, 4]));
         assert_ne!(
             a.digest,
-            ParamDigest::new("w", true, &[4], &[1, 2, 3, 4]).digest
+            ParamDigest::new("w", Some(true), &[4], &[1, 2, 3, 4]).digest
         );
         assert_ne!(
             a.digest,
-            ParamDigest::new("w", true, &[2, 2], &[1, 2, 3, 5]).digest
+            ParamDigest::new("w", Some(true), &[2, 2], &[1, 2, 3, 5]).digest
         );
     }
 
@@ -135,8 +146,8 @@ mod tests {
     fn a_world_of_one_agrees_with_itself() {
         let group = ProcessGroup::builder(0, 1).build().unwrap();
         let params = [
-            ParamDigest::new("a", true, &[1], &[0; 4]),
-            ParamDigest::new("b", false, &[1], &[1; 4]),
+            ParamDigest::new("a", Some(true), &[1], &[0; 4]),
+            ParamDigest::new("b", None, &[1], &[1; 4]),
         ];
         assert_eq!(check_replicas(&group, &params).unwrap(), 2);
         assert_eq!(check_replicas(&group, &[]).unwrap(), 0);

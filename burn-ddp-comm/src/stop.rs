@@ -10,27 +10,26 @@
 //! The terminal's Ctrl-C reaches the launcher and every worker at once, and
 //! the launcher passes it on as well, so a worker sees it twice within
 //! milliseconds: that counts as one. A second signal at least
-//! [`FORCE_AFTER`] after the first ends the process at once with 128 + the
-//! signal, as an uncaught signal would (the launcher's second Ctrl-C kills the
-//! workers itself).
+//! [`FORCE_AFTER`] after the first ends the process at once with exit status
+//! 128 + the signal, what a shell shows for a program the signal ended (the
+//! launcher's second Ctrl-C kills the workers itself).
 
 use crate::element::ReduceOp;
 use crate::error::Result;
 use crate::group::ProcessGroup;
-use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 use std::time::Duration;
 
 /// How long after the first signal another one means "stop now".
 pub const FORCE_AFTER: Duration = Duration::from_secs(1);
 
-/// The first stop signal received (0: none).
-static RECEIVED: AtomicI32 = AtomicI32::new(0);
-/// When it arrived, in milliseconds of the monotonic clock.
-static RECEIVED_AT_MS: AtomicI64 = AtomicI64::new(0);
+/// The first stop signal received and when, in one word so a handler never
+/// sees one without the other: `ms_of_monotonic_clock << 8 | signal` (0: none).
+static RECEIVED: AtomicU64 = AtomicU64::new(0);
 static INSTALL: Once = Once::new();
 
-fn monotonic_ms() -> i64 {
+fn monotonic_ms() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -39,20 +38,18 @@ fn monotonic_ms() -> i64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     // Casts: time_t and c_long are 32 bits on some targets.
     #[allow(clippy::unnecessary_cast)]
-    let ms = now.tv_sec as i64 * 1000 + now.tv_nsec as i64 / 1_000_000;
+    let ms = now.tv_sec as u64 * 1000 + now.tv_nsec as u64 / 1_000_000;
     ms
 }
 
 extern "C" fn record(signal: libc::c_int) {
     // Only atomics, the clock and _exit: what a signal handler may do.
     let now = monotonic_ms();
-    match RECEIVED.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst) {
-        Ok(_) => RECEIVED_AT_MS.store(now, Ordering::SeqCst),
-        Err(_) => {
-            if now - RECEIVED_AT_MS.load(Ordering::SeqCst) >= FORCE_AFTER.as_millis() as i64 {
-                // SAFETY: _exit is async-signal-safe and ends the process.
-                unsafe { libc::_exit(128 + signal) };
-            }
+    let word = (now << 8) | (signal as u64 & 0xff);
+    if let Err(first) = RECEIVED.compare_exchange(0, word, Ordering::SeqCst, Ordering::SeqCst) {
+        if now.saturating_sub(first >> 8) >= FORCE_AFTER.as_millis() as u64 {
+            // SAFETY: _exit is async-signal-safe and ends the process.
+            unsafe { libc::_exit(128 + signal) };
         }
     }
 }
@@ -69,7 +66,10 @@ pub fn catch_stop_signals() {
                 let mut action: libc::sigaction = std::mem::zeroed();
                 action.sa_sigaction = record as *const () as libc::sighandler_t;
                 action.sa_flags = libc::SA_RESTART;
+                // Neither signal interrupts the handler of the other.
                 libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaddset(&mut action.sa_mask, libc::SIGINT);
+                libc::sigaddset(&mut action.sa_mask, libc::SIGTERM);
                 libc::sigaction(signal, &action, std::ptr::null_mut());
             }
         }
@@ -80,7 +80,7 @@ pub fn catch_stop_signals() {
 pub fn stop_signal() -> Option<i32> {
     match RECEIVED.load(Ordering::SeqCst) {
         0 => None,
-        signal => Some(signal),
+        word => Some((word & 0xff) as i32),
     }
 }
 

@@ -275,6 +275,10 @@ fn root_cause(first: usize, blames: &HashMap<usize, usize>) -> usize {
         .unwrap()
 }
 
+/// After a failure, when the other workers get a second SIGTERM (more than
+/// burn-ddp's one second between two stop signals, so it forces the end).
+const TERM_AGAIN_AFTER: Duration = Duration::from_secs(2);
+
 fn supervise(
     mut workers: Vec<Worker>,
     config: &LaunchConfig,
@@ -284,6 +288,7 @@ fn supervise(
     let mut first_failure: Option<usize> = None;
     let mut interrupted: Option<i32> = None;
     let mut kill_at: Option<Instant> = None;
+    let mut term_again_at: Option<Instant> = None;
     loop {
         if let Some(signal) = signals::take() {
             if interrupted.is_none() {
@@ -325,6 +330,16 @@ fn supervise(
                 signals::send(w.pid, libc::SIGCONT);
             }
             kill_at = Some(Instant::now() + config.shutdown_timeout);
+            term_again_at = Some(Instant::now() + TERM_AGAIN_AFTER);
+        }
+        if term_again_at.is_some_and(|at| Instant::now() >= at) {
+            // A program that catches SIGTERM (to stop after its step) takes a
+            // second one, a while later, as "now": a rank busy outside any
+            // collective does not hold the job until the shutdown timeout.
+            term_again_at = None;
+            for w in workers.iter().filter(|w| w.exit.is_none()) {
+                signals::send(w.pid, libc::SIGTERM);
+            }
         }
         if workers.iter().all(|w| w.exit.is_some()) {
             break;

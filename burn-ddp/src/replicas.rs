@@ -32,7 +32,7 @@ impl Digests {
     fn push<B: Backend, const D: usize, K: BasicOps<B>>(
         &mut self,
         tensor: Tensor<B, D, K>,
-        trainable: bool,
+        trainable: Option<bool>,
     ) {
         let shape = tensor.dims().to_vec();
         let data = tensor.into_data();
@@ -56,15 +56,16 @@ impl<B: Backend> ModuleVisitor<B> for Digests {
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let value = param.val();
-        let trainable = value.is_require_grad();
+        // Without autodiff no tensor requires gradients: unknown, not "a buffer".
+        let trainable = B::ad_enabled(&value.device()).then(|| value.is_require_grad());
         self.push(value, trainable);
     }
 
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-        self.push(param.val(), false);
+        self.push(param.val(), Some(false));
     }
 
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-        self.push(param.val(), false);
+        self.push(param.val(), Some(false));
     }
 }

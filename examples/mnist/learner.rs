@@ -152,10 +152,14 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         .unwrap_or_else(|e| fail(Some(rank), e));
         println!("saved {}", path.display());
     }
-    // A Ctrl-C or SIGTERM on any rank stopped every rank at the same iteration.
-    let stopped = burn_ddp::stop_requested(&group).unwrap_or_else(|e| fail(None, e));
+    // A Ctrl-C or SIGTERM on any rank stopped every rank at the same iteration
+    // (unless it came after the last one: then the run is complete).
+    let finished = last_checkpoint(&directory.join("checkpoint"));
+    let stopped = burn_ddp::stop_requested(&group)
+        .unwrap_or_else(|e| fail(None, e))
+        .filter(|_| finished.is_none_or(|epoch| epoch < args.epochs));
     if let (Some(signal), true) = (stopped, group.is_main()) {
-        let resume = match last_checkpoint(&directory.join("checkpoint")) {
+        let resume = match finished {
             Some(epoch) => format!("go on with --resume {epoch}"),
             None => "no epoch was finished".to_string(),
         };

@@ -135,8 +135,10 @@ pub fn toy_ctrl_c_then_resume(toy: &Path, name: &str) {
     let text = stdout(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{text}\n{stderr}");
+    // Well under the launcher's 30 s shutdown timeout: the ranks stopped by
+    // themselves.
     assert!(
-        elapsed < Duration::from_secs(5),
+        elapsed < Duration::from_secs(20),
         "{elapsed:?} from Ctrl-C to the end"
     );
     let stopped: Vec<&str> = text

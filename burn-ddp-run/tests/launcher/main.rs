@@ -34,6 +34,10 @@ fn main() {
             rank_ignoring_sigterm,
         ),
         (
+            "a_rank_catching_sigterm_is_ended_by_a_second_one",
+            rank_catching_sigterm,
+        ),
+        (
             "a_rank_killed_by_a_signal_gives_128_plus_signal",
             rank_killed_by_signal,
         ),
@@ -155,6 +159,16 @@ fn worker(name: &str) -> ! {
             if rank == 0 {
                 unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
                 println!("ignoring SIGTERM");
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            std::process::exit(5);
+        }
+        "catch_term" => {
+            if rank == 0 {
+                // As a trainer does, but busy where it never asks whether to stop.
+                burn_ddp_comm::stop::catch_stop_signals();
+                println!("catching SIGTERM");
                 std::thread::sleep(Duration::from_secs(60));
             }
             std::thread::sleep(Duration::from_millis(500));
@@ -350,6 +364,27 @@ fn rank_ignoring_sigterm() -> Result<(), String> {
     )?;
     check(
         stderr.contains("killed by SIGKILL") && stderr.contains("root cause: rank 1"),
+        || stderr.clone(),
+    )
+}
+
+/// Rank 1 fails; rank 0 catches SIGTERM (to stop after its step) but never
+/// gets to ask: the launcher's second SIGTERM, 2 s later, ends it with 143
+/// long before the 30 s shutdown timeout.
+fn rank_catching_sigterm() -> Result<(), String> {
+    let (out, elapsed) = run_scenario(
+        "catch_term",
+        &["--standalone", "--nproc-per-node", "2"],
+        Duration::from_secs(60),
+    )?;
+    let stderr = text(&out.stderr);
+    check(out.status.code() == Some(5), || format!("{out:?}"))?;
+    check(
+        elapsed >= Duration::from_millis(2000) && elapsed < Duration::from_secs(10),
+        || format!("took {elapsed:?}"),
+    )?;
+    check(
+        stderr.contains("exit code 143") && stderr.contains("root cause: rank 1"),
         || stderr.clone(),
     )
 }

@@ -137,7 +137,8 @@ impl MetricTotals {
     /// Rank 0's end-of-training summary with each epoch's global figure in
     /// place of rank 0's own. Burn builds the summary from the per-iteration
     /// files, which hold rank 0's batches only; the summary is the one result
-    /// many programs show, so it must be the job's.
+    /// many programs show, so it must be the job's. An epoch without a global
+    /// figure (one stopped half-way) is left out rather than shown as rank 0's.
     pub(crate) fn globalize(&self, mut summary: LearnerSummary) -> LearnerSummary {
         let totals = self.totals.lock().unwrap();
         let splits = [
@@ -146,13 +147,18 @@ impl MetricTotals {
         ];
         for (part, metrics) in splits {
             for metric in metrics.iter_mut() {
-                for entry in &mut metric.entries {
-                    let key = (entry.step, part, metric.name.clone());
-                    if let Some(&(value, _)) = totals.global.get(&key) {
-                        entry.value = value;
+                let name = metric.name.clone();
+                metric.entries.retain_mut(|entry| {
+                    match totals.global.get(&(entry.step, part, name.clone())) {
+                        Some(&(value, _)) => {
+                            entry.value = value;
+                            true
+                        }
+                        None => false,
                     }
-                }
+                });
             }
+            metrics.retain(|metric| !metric.entries.is_empty());
         }
         summary
     }

@@ -144,12 +144,14 @@ impl DdpLearningStrategy {
                     };
                     interrupter.stop(Some(&reason));
                 }
+                let finished = match epoch - 1 {
+                    0 => "no epoch is finished".to_string(),
+                    done => format!("epochs 1 to {done} are finished"),
+                };
                 log::info!(
-                    "rank {}: stopping before iteration {} of epoch {epoch}; the last \
-                     checkpoint is epoch {}'s",
+                    "rank {}: stopping before iteration {} of epoch {epoch}; {finished}",
                     self.rank(),
                     iteration + 1,
-                    epoch - 1
                 );
                 break;
             }
