@@ -6,7 +6,12 @@
 //! 3. Slurm's `SLURM_PROCID`/`SLURM_NTASKS` (`srun`).
 //!
 //! torchrun inside a Slurm allocation therefore behaves as torchrun. With none of
-//! them set the program is a world of one process and needs no network.
+//! them set the program is a world of one process and needs no network. Under
+//! Slurm, a missing `MASTER_ADDR` is the step's first node, a missing
+//! `MASTER_PORT` one derived from the job id, and the local world size the
+//! step's tasks on this node.
+
+mod slurm;
 
 use crate::error::{CommError, Result};
 use crate::job::{valid_job_id, JobToken, JOB_ID_VAR, JOB_TOKEN_VAR};
@@ -148,7 +153,20 @@ impl LaunchEnv {
                 world_size - 1
             )));
         }
-        let local_world_size = vars.number(names.local_world_size)?.unwrap_or(world_size);
+        let slurm = launcher == Launcher::Slurm;
+        let local_world_size = match vars.number(names.local_world_size)? {
+            Some(n) => n,
+            // SLURM_NTASKS_PER_NODE is only set when asked for; the step's
+            // tasks-per-node list always is ("2(x2)").
+            None if slurm => ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]
+                .iter()
+                .find_map(|name| {
+                    let node = vars.number("SLURM_NODEID").ok().flatten().unwrap_or(0);
+                    slurm::tasks_on_node(&vars.get(name)?, node)
+                })
+                .unwrap_or(world_size),
+            None => world_size,
+        };
         let local_rank = vars
             .number(names.local_rank)?
             .unwrap_or(rank % local_world_size);
@@ -161,7 +179,24 @@ impl LaunchEnv {
             )));
         }
 
-        let master_addr = vars.get("MASTER_ADDR").filter(|addr| !addr.is_empty());
+        let master_addr = vars
+            .get("MASTER_ADDR")
+            .filter(|addr| !addr.is_empty())
+            .or_else(|| {
+                // Under srun, rank 0 runs on the step's first node.
+                let list = [
+                    "SLURM_STEP_NODELIST",
+                    "SLURM_JOB_NODELIST",
+                    "SLURM_NODELIST",
+                ]
+                .iter()
+                .find_map(|name| vars.get(name))?;
+                slurm::first_host(&list).filter(|_| slurm)
+            });
+        let slurm_port = || {
+            let port = slurm::port_for_job(&vars.get("SLURM_JOB_ID")?)?;
+            slurm.then_some(port)
+        };
         let master_port = match vars.get("MASTER_PORT") {
             Some(port) => port
                 .trim()
@@ -173,7 +208,7 @@ impl LaunchEnv {
                         "MASTER_PORT={port:?} is not a port number (1-65535); rank {rank}"
                     ))
                 })?,
-            None => DEFAULT_MASTER_PORT,
+            None => slurm_port().unwrap_or(DEFAULT_MASTER_PORT),
         };
         if world_size > 1 && master_addr.is_none() {
             return Err(CommError::config(format!(
@@ -467,6 +502,44 @@ mod tests {
         );
         assert_eq!(e.node_rank, Some(2));
         assert_eq!(e.store_host, StoreHost::RankZero);
+    }
+
+    #[test]
+    fn srun_needs_no_master_addr() {
+        // What srun -N 2 -n 3 sets for task 2 (node 1 of "vm[1-2]", 2 + 1 tasks).
+        let e = env(&[
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "3"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_STEP_TASKS_PER_NODE", "2,1"),
+            ("SLURM_STEP_NODELIST", "vm[1-2]"),
+            ("SLURM_JOB_ID", "41"),
+        ])
+        .unwrap();
+        assert_eq!(e.master_addr.as_deref(), Some("vm1"));
+        assert_eq!(e.master_port, 20_041);
+        assert_eq!((e.local_rank, e.local_world_size), (0, 1));
+        // Set ones win; outside Slurm a node list means nothing.
+        let e = env(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_STEP_NODELIST", "vm[1-2]"),
+            ("SLURM_JOB_ID", "41"),
+            ("MASTER_ADDR", "10.0.0.9"),
+            ("MASTER_PORT", "29400"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (e.master_addr.as_deref(), e.master_port),
+            (Some("10.0.0.9"), 29400)
+        );
+        let text = err(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("SLURM_JOB_NODELIST", "vm"),
+        ]);
+        assert!(text.contains("MASTER_ADDR is not set"), "{text}");
     }
 
     #[test]

@@ -9,10 +9,12 @@ mod machines;
 mod mpirun;
 pub mod numbers;
 pub mod programs;
+mod slurm;
 
 pub use c10d_server::C10dTestServer;
 pub use machines::{Machines, REQUIRE_NETNS_VAR};
 pub use mpirun::{mpirun_program, mpirun_world, REQUIRE_MPIRUN_VAR};
+pub use slurm::{SlurmCluster, REQUIRE_SLURM_VAR};
 
 use burn_ddp_comm::job::{JobToken, JOB_TOKEN_VAR};
 use burn_ddp_comm::store::StoreServer;

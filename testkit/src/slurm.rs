@@ -1,0 +1,317 @@
+//! A real Slurm cluster of one node for the tests: munged with a fresh key,
+//! slurmctld and slurmd on this host, each in the foreground as a child of the
+//! test, configured in a scratch folder (its own ports, state, spool and logs)
+//! and torn down when the [`SlurmCluster`] is dropped: jobs cancelled, daemons
+//! killed, the folder removed. Needs root and Debian's `slurmctld`, `slurmd`,
+//! `slurm-client` and `munge` (what `.ci/run` installs).
+
+use crate::free_port;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Set to 1 (as `.ci/run` does) to make a missing Slurm a failure, not a skip.
+pub const REQUIRE_SLURM_VAR: &str = "BURN_DDP_REQUIRE_SLURM";
+
+static MADE: AtomicUsize = AtomicUsize::new(0);
+
+/// The node's CPUs as Slurm is told (more than the machine has, so two-task
+/// steps fit on a 2-core CI machine with room to spare).
+const CPUS: usize = 8;
+
+/// A running one-node cluster.
+pub struct SlurmCluster {
+    dir: PathBuf,
+    conf: PathBuf,
+    node: String,
+    daemons: Vec<(&'static str, Child)>,
+}
+
+fn installed(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn hostname() -> Result<String, String> {
+    let out = Command::new("hostname")
+        .output()
+        .map_err(|e| format!("hostname: {e}"))?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+impl SlurmCluster {
+    /// Starts the cluster, or `Ok(None)` (a skip, said on stderr) where this
+    /// host cannot and [`REQUIRE_SLURM_VAR`] is not set.
+    pub fn start() -> Result<Option<Self>, String> {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let missing: Vec<&str> = [
+            "munged",
+            "mungekey",
+            "slurmctld",
+            "slurmd",
+            "srun",
+            "sbatch",
+        ]
+        .into_iter()
+        .filter(|program| !installed(program))
+        .collect();
+        if !root || !missing.is_empty() {
+            let why = if root {
+                format!("{} not installed", missing.join(", "))
+            } else {
+                "not root".to_string()
+            };
+            if std::env::var(REQUIRE_SLURM_VAR).is_ok_and(|v| v == "1") {
+                return Err(format!(
+                    "cannot start Slurm: {why}, but {REQUIRE_SLURM_VAR}=1 (install slurmctld \
+                     slurmd slurm-client munge)"
+                ));
+            }
+            eprintln!("    skipped: cannot start Slurm here ({why})");
+            return Ok(None);
+        }
+        let serial = MADE.fetch_add(1, Ordering::SeqCst);
+        let dir =
+            std::env::temp_dir().join(format!("burn-ddp-slurm-{}-{serial}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for sub in ["state", "spool"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
+        }
+        let mut cluster = Self {
+            conf: dir.join("slurm.conf"),
+            node: hostname()?,
+            dir,
+            daemons: Vec::new(),
+        };
+        cluster.start_munge()?;
+        cluster.write_conf()?;
+        cluster.spawn("slurmctld", &["-D", "-i"])?;
+        cluster.spawn("slurmd", &["-D"])?;
+        cluster.wait_until_idle(Duration::from_secs(30))?;
+        Ok(Some(cluster))
+    }
+
+    fn start_munge(&mut self) -> Result<(), String> {
+        let key = self.dir.join("munge.key");
+        let out = Command::new("mungekey")
+            .arg("--create")
+            .arg(format!("--keyfile={}", key.display()))
+            .arg("--force")
+            .output()
+            .map_err(|e| format!("mungekey: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mungekey failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let path = |name: &str| format!("{}", self.dir.join(name).display());
+        let args = [
+            "-F".to_string(),
+            "--force".to_string(),
+            format!("--socket={}", path("munge.socket")),
+            format!("--key-file={}", key.display()),
+            format!("--log-file={}", path("munged.log")),
+            format!("--pid-file={}", path("munged.pid")),
+            format!("--seed-file={}", path("munged.seed")),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.spawn("munged", &args)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.dir.join("munge.socket").exists() {
+            if Instant::now() > deadline {
+                return Err(format!("munged did not start:\n{}", self.logs()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn write_conf(&self) -> Result<(), String> {
+        let dir = self.dir.display();
+        let (ctld_port, slurmd_port) = (free_port(), free_port());
+        let node = &self.node;
+        let conf = format!(
+            "ClusterName=burnddp\n\
+             SlurmctldHost={node}(127.0.0.1)\n\
+             SlurmUser=root\n\
+             SlurmdUser=root\n\
+             AuthType=auth/munge\n\
+             AuthInfo=socket={dir}/munge.socket\n\
+             CredType=cred/munge\n\
+             StateSaveLocation={dir}/state\n\
+             SlurmdSpoolDir={dir}/spool/%n\n\
+             SlurmctldPidFile={dir}/slurmctld.pid\n\
+             SlurmdPidFile={dir}/slurmd-%n.pid\n\
+             SlurmctldPort={ctld_port}\n\
+             SlurmdPort={slurmd_port}\n\
+             SlurmctldLogFile={dir}/slurmctld.log\n\
+             SlurmdLogFile={dir}/slurmd.log\n\
+             ProctrackType=proctrack/linuxproc\n\
+             TaskPlugin=task/none\n\
+             MpiDefault=none\n\
+             SchedulerType=sched/builtin\n\
+             SelectType=select/cons_tres\n\
+             SelectTypeParameters=CR_CPU\n\
+             SlurmdParameters=config_overrides\n\
+             ReturnToService=2\n\
+             KillWait=5\n\
+             JobCompType=jobcomp/none\n\
+             AccountingStorageType=accounting_storage/none\n\
+             JobAcctGatherType=jobacct_gather/none\n\
+             NodeName={node} NodeAddr=127.0.0.1 CPUs={CPUS} State=UNKNOWN\n\
+             PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
+        );
+        std::fs::write(&self.conf, conf).map_err(|e| format!("slurm.conf: {e}"))
+    }
+
+    fn spawn(&mut self, daemon: &'static str, args: &[&str]) -> Result<(), String> {
+        let child = Command::new(daemon)
+            .args(args)
+            .env("SLURM_CONF", &self.conf)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(self.dir.join(format!("{daemon}.err")))
+                    .map_err(|e| e.to_string())?,
+            )
+            .spawn()
+            .map_err(|e| format!("cannot start {daemon}: {e}"))?;
+        self.daemons.push((daemon, child));
+        Ok(())
+    }
+
+    fn wait_until_idle(&mut self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let out = self.command("sinfo").args(["-h", "-o", "%T"]).output();
+            if let Ok(out) = out {
+                if String::from_utf8_lossy(&out.stdout).trim() == "idle" {
+                    return Ok(());
+                }
+            }
+            let exited = self.daemons.iter_mut().find_map(|(daemon, child)| {
+                let status = child.try_wait().ok().flatten()?;
+                Some(format!("{daemon} exited ({status})"))
+            });
+            if let Some(exited) = exited {
+                return Err(format!("{exited}:\n{}", self.logs()));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the node was not idle after {limit:?}:\n{}",
+                    self.logs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The last lines of the daemons' logs, for a failure message.
+    pub fn logs(&self) -> String {
+        [
+            "munged.log",
+            "slurmctld.log",
+            "slurmd.log",
+            "slurmctld.err",
+            "slurmd.err",
+        ]
+        .iter()
+        .filter_map(|name| {
+            let text = std::fs::read_to_string(self.dir.join(name)).ok()?;
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+            Some(format!("--- {name}\n{tail}"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+    }
+
+    /// A Slurm client command (`srun`, `sbatch`, `scancel`, `squeue`, ...)
+    /// talking to this cluster, without the test's own Slurm or launcher
+    /// variables.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("SLURM_CONF", &self.conf).stdin(Stdio::null());
+        for (name, _) in std::env::vars() {
+            if name.starts_with("SLURM_")
+                || ["RANK", "WORLD_SIZE", "MASTER_ADDR"].contains(&name.as_str())
+            {
+                cmd.env_remove(name);
+            }
+        }
+        cmd
+    }
+
+    /// The node's name (this host's).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The scratch folder (configuration, logs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The ids of the jobs in the queue.
+    pub fn jobs(&self) -> Vec<String> {
+        let out = self.command("squeue").args(["-h", "-o", "%i"]).output();
+        out.map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// Waits until job `id` has left the queue; false after `limit`.
+    pub fn wait_for_job_end(&self, id: &str, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let out = self
+                .command("squeue")
+                .args(["-h", "-j", id, "-o", "%T"])
+                .output();
+            match out {
+                Ok(Output { stdout, .. }) if String::from_utf8_lossy(&stdout).trim().is_empty() => {
+                    return true
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        false
+    }
+}
+
+impl Drop for SlurmCluster {
+    fn drop(&mut self) {
+        let _ = self
+            .command("scancel")
+            .args(["--full", "-u", "root"])
+            .output();
+        for id in self.jobs() {
+            self.wait_for_job_end(&id, Duration::from_secs(10));
+        }
+        // slurmd first, so it cannot start anything more; munged last. SIGTERM
+        // lets slurmctld take its helper (slurmscriptd) down with it.
+        for (_, child) in self.daemons.iter_mut().rev() {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
