@@ -292,6 +292,20 @@ impl Step {
         self.output.lock().unwrap().clone()
     }
 
+    /// The job this step belongs to (from its tasks' environment, so a job
+    /// of an earlier case still completing in the queue does not confuse it).
+    fn job_id(&self) -> Option<String> {
+        let (_, pid) = *self.tasks().first()?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        environ.split(|b| *b == 0).find_map(|var| {
+            Some(
+                String::from_utf8_lossy(var)
+                    .strip_prefix("SLURM_JOB_ID=")?
+                    .to_string(),
+            )
+        })
+    }
+
     /// Pids of this step's tasks, by rank.
     fn tasks(&self) -> Vec<(usize, i32)> {
         let mut tasks = Vec::new();
@@ -344,6 +358,18 @@ impl Step {
     }
 }
 
+impl Drop for Step {
+    /// A case that failed half-way leaves nothing training behind.
+    fn drop(&mut self) {
+        for (_, pid) in self.tasks() {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = self.srun.kill();
+        let _ = self.srun.wait();
+    }
+}
+
 /// Segment files in /dev/shm made by any of `pids`.
 fn segments_of(pids: &[i32]) -> Vec<String> {
     std::fs::read_dir("/dev/shm")
@@ -363,11 +389,10 @@ fn scancel(cluster: &SlurmCluster) -> Result<(), String> {
     let mut step = Step::start(cluster, &dir)?;
     let tasks = step.tasks();
     check(tasks.len() == 2, || format!("tasks {tasks:?}"))?;
-    let jobs = cluster.jobs();
-    check(jobs.len() == 1, || format!("jobs in the queue: {jobs:?}"))?;
+    let job = step.job_id().ok_or("the tasks carry no SLURM_JOB_ID")?;
     let out = cluster
         .command("scancel")
-        .arg(&jobs[0])
+        .arg(&job)
         .output()
         .map_err(|e| e.to_string())?;
     check(out.status.success(), || format!("scancel: {out:?}"))?;
@@ -376,8 +401,8 @@ fn scancel(cluster: &SlurmCluster) -> Result<(), String> {
     let left = segments_of(&pids);
     check(left.is_empty(), || format!("left in /dev/shm: {left:?}"))?;
     check(
-        cluster.wait_for_job_end(&jobs[0], Duration::from_secs(10)),
-        || format!("job {} still queued", jobs[0]),
+        cluster.wait_for_job_end(&job, Duration::from_secs(10)),
+        || format!("job {job} still queued"),
     )?;
     eprintln!("      tasks gone {took:?} after scancel");
     Ok(())

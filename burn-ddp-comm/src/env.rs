@@ -154,6 +154,9 @@ impl LaunchEnv {
             )));
         }
         let slurm = launcher == Launcher::Slurm;
+        // A task of an srun step; a batch script itself has SLURM_PROCID=0 and
+        // SLURM_NTASKS but no step.
+        let srun_step = slurm && vars.present("SLURM_STEP_ID");
         let local_world_size = match vars.number(names.local_world_size)? {
             Some(n) => n,
             // SLURM_NTASKS_PER_NODE is only set when asked for; the step's
@@ -191,11 +194,12 @@ impl LaunchEnv {
                 ]
                 .iter()
                 .find_map(|name| vars.get(name))?;
-                slurm::first_host(&list).filter(|_| slurm)
+                slurm::first_host(&list).filter(|_| srun_step)
             });
         let slurm_port = || {
-            let port = slurm::port_for_job(&vars.get("SLURM_JOB_ID")?)?;
-            slurm.then_some(port)
+            let job = vars.get("SLURM_JOB_ID")?;
+            let port = slurm::port_for_step(&job, &vars.get("SLURM_STEP_ID")?)?;
+            srun_step.then_some(port)
         };
         let master_port = match vars.get("MASTER_PORT") {
             Some(port) => port
@@ -210,6 +214,13 @@ impl LaunchEnv {
                 })?,
             None => slurm_port().unwrap_or(DEFAULT_MASTER_PORT),
         };
+        if world_size > 1 && master_addr.is_none() && slurm && !srun_step {
+            return Err(CommError::config(format!(
+                "rank {rank} of {world_size}: this is Slurm's batch script itself \
+                 (SLURM_PROCID is set, SLURM_STEP_ID is not), not one of {world_size} tasks; \
+                 start the program with srun, which starts a task per rank"
+            )));
+        }
         if world_size > 1 && master_addr.is_none() {
             return Err(CommError::config(format!(
                 "rank {rank} of {world_size}: MASTER_ADDR is not set, so the ranks cannot \
@@ -515,10 +526,11 @@ mod tests {
             ("SLURM_STEP_TASKS_PER_NODE", "2,1"),
             ("SLURM_STEP_NODELIST", "vm[1-2]"),
             ("SLURM_JOB_ID", "41"),
+            ("SLURM_STEP_ID", "1"),
         ])
         .unwrap();
         assert_eq!(e.master_addr.as_deref(), Some("vm1"));
-        assert_eq!(e.master_port, 20_041);
+        assert_eq!(e.master_port, 20_000 + 41 * 8 + 1);
         assert_eq!((e.local_rank, e.local_world_size), (0, 1));
         // Set ones win; outside Slurm a node list means nothing.
         let e = env(&[
@@ -540,6 +552,17 @@ mod tests {
             ("SLURM_JOB_NODELIST", "vm"),
         ]);
         assert!(text.contains("MASTER_ADDR is not set"), "{text}");
+        // The batch script itself (no step) is told to use srun, not to wait.
+        let text = err(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_NODELIST", "vm"),
+            ("SLURM_JOB_ID", "41"),
+        ]);
+        assert!(
+            text.contains("batch script") && text.contains("srun"),
+            "{text}"
+        );
     }
 
     #[test]

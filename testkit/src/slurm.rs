@@ -83,9 +83,22 @@ impl SlurmCluster {
         for sub in ["state", "spool"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
         }
+        let node = hostname()?;
+        // Tasks find rank 0 by the node's name, as on a real cluster.
+        let resolves = Command::new("getent")
+            .args(["hosts", &node])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !resolves {
+            return Err(format!(
+                "this host's name {node:?} does not resolve (getent hosts {node}); add it to \
+                 /etc/hosts"
+            ));
+        }
         let mut cluster = Self {
             conf: dir.join("slurm.conf"),
-            node: hostname()?,
+            node,
             dir,
             daemons: Vec::new(),
         };

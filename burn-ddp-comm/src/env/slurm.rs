@@ -57,11 +57,14 @@ fn expand_first(pattern: &str) -> Option<String> {
     }
 }
 
-/// The store's port for a Slurm job when `MASTER_PORT` is not set: one per
-/// job id (in 20000..60000), so two jobs sharing a node do not collide.
-pub(super) fn port_for_job(job_id: &str) -> Option<u16> {
-    let id: u64 = job_id.trim().parse().ok()?;
-    Some(20_000 + (id % 40_000) as u16)
+/// The store's port for an srun step when `MASTER_PORT` is not set: one per
+/// job and step (`20000 + (8 × job + step) mod 12000`), so jobs sharing a node
+/// and steps running side by side in one job do not collide, and below
+/// Linux's ephemeral ports (32768 and up), which outgoing connections take.
+pub(super) fn port_for_step(job_id: &str, step_id: &str) -> Option<u16> {
+    let job: u64 = job_id.trim().parse().ok()?;
+    let step: u64 = step_id.trim().parse().ok()?;
+    Some(20_000 + ((job * 8 + step) % 12_000) as u16)
 }
 
 #[cfg(test)]
@@ -93,9 +96,11 @@ mod tests {
     }
 
     #[test]
-    fn ports_follow_the_job() {
-        assert_eq!(port_for_job("7"), Some(20_007));
-        assert_eq!(port_for_job("40007"), Some(20_007));
-        assert_eq!(port_for_job("x"), None);
+    fn ports_follow_the_job_and_step() {
+        assert_eq!(port_for_step("7", "0"), Some(20_056));
+        assert_eq!(port_for_step("7", "1"), Some(20_057));
+        assert_eq!(port_for_step("1507", "0"), Some(20_056));
+        assert!(port_for_step("123456789", "3").is_some_and(|p| p < 32_768));
+        assert_eq!(port_for_step("x", "0"), None);
     }
 }
