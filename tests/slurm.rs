@@ -1,39 +1,99 @@
-//! burn-ddp programs started by a real Slurm (one node: munged, slurmctld and
-//! slurmd from the test bed): `srun` with no launcher and no `MASTER_ADDR`
-//! (rank 0 hosts the store on the step's first node), `sbatch` of the job
-//! script docs/launching.md shows, and `scancel` and a killed task ending
-//! every other task with nothing left behind. One test, so the cases share
-//! one cluster and run one after the other.
+//! burn-ddp programs started by a real Slurm (munged, slurmctld and slurmd
+//! from the test bed; four gres "GPUs" per node): `srun` with no launcher and
+//! no `MASTER_ADDR` (rank 0 hosts the store on the step's first node), one
+//! burn-ddp-run per node, `scancel` and a killed task ending every other task
+//! with nothing left behind, on one node (this host); on two nodes (network
+//! namespace machines, each its own host name and `/dev/shm`) the
+//! collectives, which GPU each rank takes under `--gpus-per-task` and
+//! `--gpus-per-node`, and `sbatch` of the job script docs/launching.md shows.
+//! A test per cluster; its cases share the cluster and run one after the
+//! other, and the two tests take turns.
 
 use burn_ddp_testkit::programs::{example, launcher, relative, run, scratch, stdout, toy_losses};
-use burn_ddp_testkit::SlurmCluster;
+use burn_ddp_testkit::{Machines, SlurmCluster};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(300);
+
+/// One cluster at a time: the cases time how fast tasks end, which another
+/// cluster's jobs on the same two cores would distort.
+static ONE_CLUSTER: Mutex<()> = Mutex::new(());
 
 /// A named check on the shared cluster.
 type Case = (&'static str, fn(&SlurmCluster) -> Result<(), String>);
 
 #[test]
-fn programs_under_srun_and_sbatch() {
+fn programs_under_srun_on_one_node() {
+    let _turn = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cluster) = SlurmCluster::start().unwrap() else {
         return;
     };
-    let cases: [Case; 6] = [
-        ("srun -n 2 runs the collectives", collectives),
-        ("burn-ddp-run inside an allocation", launcher_per_node),
-        ("srun -n 2 toy equals one process with the whole batch", toy),
-        ("sbatch runs the documented job script", sbatch),
-        ("scancel ends every task", scancel),
-        ("a task killed with SIGKILL ends the others", killed_task),
-    ];
+    run_cases(
+        &cluster,
+        &[
+            (
+                "srun -n 2 runs the collectives, a job token exported",
+                collectives,
+            ),
+            (
+                "a task with another job token is refused",
+                a_task_with_another_token_is_refused,
+            ),
+            ("burn-ddp-run inside an allocation", launcher_per_node),
+            ("srun -n 2 toy equals one process with the whole batch", toy),
+            ("scancel ends every task", scancel),
+            ("a task killed with SIGKILL ends the others", killed_task),
+        ],
+    );
+}
+
+#[test]
+fn programs_under_srun_and_sbatch_on_two_nodes() {
+    let _turn = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(machines) = Machines::create(2).unwrap() else {
+        return;
+    };
+    let Some(cluster) = SlurmCluster::on_machines(&machines).unwrap() else {
+        return;
+    };
+    run_cases(
+        &cluster,
+        &[
+            (
+                "srun -N 2 --ntasks-per-node 2 runs the collectives",
+                collectives_on_two_nodes,
+            ),
+            (
+                "--gpus-per-task 1 gives every rank its own GPU",
+                gpus_per_task,
+            ),
+            (
+                "--gpus-per-node 2 gives every rank its own GPU",
+                gpus_per_node,
+            ),
+            (
+                "burn-ddp-run per node maps local ranks to GPUs",
+                launchers_per_node_with_gpus,
+            ),
+            ("sbatch runs the documented job script as written", sbatch),
+            (
+                "a task killed on the second node ends every task",
+                killed_task_on_the_second_node,
+            ),
+        ],
+    );
+}
+
+fn run_cases(cluster: &SlurmCluster, cases: &[Case]) {
     let mut failed = Vec::new();
     for (name, case) in cases {
         let started = Instant::now();
-        match case(&cluster) {
+        match case(cluster) {
             Ok(()) => eprintln!("    {name}: ok ({:.1}s)", started.elapsed().as_secs_f64()),
             Err(why) => {
                 eprintln!("    {name}: FAILED\n{why}");
@@ -73,17 +133,69 @@ fn collectives_lines(world: usize) -> Vec<String> {
     lines
 }
 
+/// The job token as docs/launching.md's job script sets it: exported once,
+/// passed on to every task by srun.
+const TOKEN: &str = "3f9c0b7e5a1d42c8b6e0f1a2d3c4b5a6";
+
 fn collectives(cluster: &SlurmCluster) -> Result<(), String> {
+    collectives_with(cluster, &["-n", "2"], 2)
+}
+
+/// A task holding another token than the job's is refused by rank 0's store
+/// at once, naming the variable, and the step ends.
+fn a_task_with_another_token_is_refused(cluster: &SlurmCluster) -> Result<(), String> {
+    let dir = scratch("slurm-token");
+    let mut srun = cluster.command_in(&dir, "srun");
+    srun.args(["-n", "2", "--label", "--kill-on-bad-exit=1", "sh", "-c"])
+        .arg(format!(
+            "[ \"$SLURM_PROCID\" = 1 ] && export BURN_DDP_JOB_TOKEN=stranger; exec {}",
+            example("collectives").display()
+        ))
+        .env("BURN_DDP_JOB_TOKEN", TOKEN)
+        .env("BURN_DDP_TIMEOUT_SECS", "60");
+    let started = Instant::now();
+    let out = run(srun, &dir, LIMIT);
+    let took = started.elapsed();
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    check(!out.status.success(), || {
+        format!("the step succeeded:\n{text}")
+    })?;
+    check(
+        text.lines()
+            .any(|l| l.starts_with("1:") && l.contains("BURN_DDP_JOB_TOKEN")),
+        || format!("rank 1 was not refused naming BURN_DDP_JOB_TOKEN:\n{text}"),
+    )?;
+    check(!text.contains("1: 1 all_reduce"), || {
+        format!("rank 1 took part:\n{text}")
+    })?;
+    check(took < Duration::from_secs(20), || {
+        format!("took {took:?}, not at once:\n{text}")
+    })
+}
+
+fn collectives_on_two_nodes(cluster: &SlurmCluster) -> Result<(), String> {
+    collectives_with(cluster, &["-N", "2", "--ntasks-per-node", "2"], 4)
+}
+
+/// `srun <srun_args> collectives` with the job token exported, every one of
+/// the `world` ranks' values checked.
+fn collectives_with(
+    cluster: &SlurmCluster,
+    srun_args: &[&str],
+    world: usize,
+) -> Result<(), String> {
     let dir = scratch("slurm-collectives");
-    let mut srun = cluster.command("srun");
-    srun.args(["-n", "2"]).arg(example("collectives"));
+    let mut srun = cluster.command_in(&dir, "srun");
+    srun.args(srun_args)
+        .arg(example("collectives"))
+        .env("BURN_DDP_JOB_TOKEN", TOKEN);
     let out = run(srun, &dir, LIMIT);
     let text = stdout(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     check(out.status.success(), || {
         format!("{:?}\n{text}\n{stderr}", out.status)
     })?;
-    for line in collectives_lines(2) {
+    for line in collectives_lines(world) {
         check(text.lines().any(|l| l.trim() == line), || {
             format!("no {line:?} in:\n{text}")
         })?;
@@ -91,11 +203,11 @@ fn collectives(cluster: &SlurmCluster) -> Result<(), String> {
     Ok(())
 }
 
-/// The documented one-launcher-per-node form (`srun --ntasks-per-node 1`
+/// docs/launching.md's one-launcher-per-node line (`srun --ntasks-per-node 1`
 /// running burn-ddp-run with the allocation's node count, index and first
-/// node), on the bed's one node with 2 workers.
-fn launcher_per_node(cluster: &SlurmCluster) -> Result<(), String> {
-    let dir = scratch("slurm-launcher");
+/// node), with `srun_args` added (what an allocation would give), 2 workers
+/// per node and `program` for the documented trainer.
+fn documented_launcher_line(srun_args: &str, program: &Path) -> Result<String, String> {
     let docs =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/launching.md"))
             .map_err(|e| e.to_string())?;
@@ -103,14 +215,23 @@ fn launcher_per_node(cluster: &SlurmCluster) -> Result<(), String> {
         .lines()
         .find(|l| l.starts_with("srun --ntasks-per-node 1 "))
         .ok_or("no one-launcher-per-node srun line in docs/launching.md")?;
-    let command = documented
+    let trainer = "target/release/examples/mnist --epochs 2 --backend cuda";
+    check(
+        documented.contains("--nproc-per-node 4") && documented.contains(trainer),
+        || format!("unexpected launcher line: {documented}"),
+    )?;
+    Ok(documented
+        .replacen("srun ", &format!("srun {srun_args} "), 1)
         .replace("burn-ddp-run", &launcher().display().to_string())
         .replace("--nproc-per-node 4", "--nproc-per-node 2")
-        .replace(
-            "target/release/examples/mnist --epochs 2 --backend cuda",
-            &example("collectives").display().to_string(),
-        );
-    let mut shell = cluster.command("sh");
+        .replace(trainer, &program.display().to_string()))
+}
+
+/// The one-launcher-per-node line on the bed's one node with 2 workers.
+fn launcher_per_node(cluster: &SlurmCluster) -> Result<(), String> {
+    let dir = scratch("slurm-launcher");
+    let command = documented_launcher_line("", &example("collectives"))?;
+    let mut shell = cluster.command_in(&dir, "sh");
     shell.args(["-c", &command]);
     let out = run(shell, &dir, LIMIT);
     let text = stdout(&out);
@@ -129,10 +250,152 @@ fn launcher_per_node(cluster: &SlurmCluster) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs `shell_command` (an srun line starting whereami) on the cluster and
+/// returns each rank's `key=value` fields, by rank.
+fn whereami(
+    cluster: &SlurmCluster,
+    shell_command: &str,
+) -> Result<BTreeMap<usize, BTreeMap<String, String>>, String> {
+    let dir = scratch("slurm-whereami");
+    let mut shell = cluster.command_in(&dir, "sh");
+    shell.args(["-c", shell_command]);
+    let out = run(shell, &dir, LIMIT);
+    let text = stdout(&out);
+    check(out.status.success(), || {
+        format!(
+            "{shell_command}\n{:?}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let mut ranks = BTreeMap::new();
+    for line in text.lines().filter(|l| l.contains("rank=")) {
+        let fields: BTreeMap<String, String> = line
+            .split_whitespace()
+            .filter_map(|field| field.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let rank = fields
+            .get("rank")
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(|| format!("no rank in {line:?}"))?;
+        ranks.insert(rank, fields);
+    }
+    Ok(ranks)
+}
+
+/// Four ranks, two per node in order, that found the store on the first
+/// node and each took a GPU no other rank of its node took.
+fn check_placement(
+    cluster: &SlurmCluster,
+    ranks: &BTreeMap<usize, BTreeMap<String, String>>,
+    launcher: &str,
+) -> Result<(), String> {
+    let nodes = cluster.nodes();
+    let shown = || format!("{ranks:#?}");
+    check(ranks.keys().copied().eq(0..4), || {
+        format!("not ranks 0..4: {}", shown())
+    })?;
+    let mut gpus = BTreeSet::new();
+    for (&rank, fields) in ranks {
+        let field = |key: &str| fields.get(key).map(String::as_str).unwrap_or("");
+        let expected = [
+            ("world_size", "4".to_string()),
+            ("local_world_size", "2".to_string()),
+            ("local_rank", (rank % 2).to_string()),
+            ("host", nodes[rank / 2].0.to_string()),
+            ("launcher", launcher.to_string()),
+            ("store_resolves", nodes[0].1.to_string()),
+            ("gpu_shared", "false".to_string()),
+        ];
+        for (key, value) in expected {
+            check(field(key) == value, || {
+                format!(
+                    "rank {rank}: {key}={}, expected {value}\n{}",
+                    field(key),
+                    shown()
+                )
+            })?;
+        }
+        check(
+            field("store").starts_with(&format!("{}:", nodes[0].0)),
+            || {
+                format!(
+                    "rank {rank}: store {} is not on {}",
+                    field("store"),
+                    nodes[0].0
+                )
+            },
+        )?;
+        // The physical GPU: the CUDA_VISIBLE_DEVICES entry the chosen ordinal names.
+        let gpu = field("gpu_listed_as");
+        check(!gpu.is_empty(), || {
+            format!("rank {rank} took no GPU\n{}", shown())
+        })?;
+        check(
+            gpus.insert((field("host").to_string(), gpu.to_string())),
+            || {
+                format!(
+                    "rank {rank} took GPU {gpu} of {}, as another rank did\n{}",
+                    field("host"),
+                    shown()
+                )
+            },
+        )?;
+    }
+    Ok(())
+}
+
+fn gpus_per_task(cluster: &SlurmCluster) -> Result<(), String> {
+    let program = example("whereami");
+    let line = format!(
+        "srun -N 2 --ntasks-per-node 2 --gpus-per-task 1 {}",
+        program.display()
+    );
+    let ranks = whereami(cluster, &line)?;
+    check_placement(cluster, &ranks, "Slurm")?;
+    // Each task sees only its own GPU, which is its cuda:0.
+    for (rank, fields) in &ranks {
+        check(
+            fields.get("gpus_visible").map(String::as_str) == Some("1")
+                && fields.get("gpu").map(String::as_str) == Some("cuda:0"),
+            || format!("rank {rank}: {fields:?}"),
+        )?;
+    }
+    Ok(())
+}
+
+fn gpus_per_node(cluster: &SlurmCluster) -> Result<(), String> {
+    let program = example("whereami");
+    let line = format!(
+        "srun -N 2 --ntasks-per-node 2 --gpus-per-node 2 {}",
+        program.display()
+    );
+    let ranks = whereami(cluster, &line)?;
+    check_placement(cluster, &ranks, "Slurm")?;
+    // Both tasks of a node see both of its GPUs; local rank i takes cuda:i.
+    for (rank, fields) in &ranks {
+        check(
+            fields.get("gpus_visible").map(String::as_str) == Some("2")
+                && fields.get("gpu") == Some(&format!("cuda:{}", rank % 2)),
+            || format!("rank {rank}: {fields:?}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// One burn-ddp-run per node (the documented line) whose task has two GPUs:
+/// its workers inherit them and take one each by LOCAL_RANK.
+fn launchers_per_node_with_gpus(cluster: &SlurmCluster) -> Result<(), String> {
+    let line = documented_launcher_line("-N 2 --gpus-per-node 2", &example("whereami"))?;
+    let ranks = whereami(cluster, &line)?;
+    check_placement(cluster, &ranks, "BurnDdpRun")
+}
+
 fn toy(cluster: &SlurmCluster) -> Result<(), String> {
     let dir = scratch("slurm-toy");
     let args = ["--epochs", "4", "--loss-precision", "9"];
-    let mut srun = cluster.command("srun");
+    let mut srun = cluster.command_in(&dir, "srun");
     srun.args(["-n", "2"])
         .arg(example("toy"))
         .args(args)
@@ -179,21 +442,16 @@ fn documented_job_script() -> Result<String, String> {
     Ok(block.to_string())
 }
 
-/// The documented script with this bed's resources (one node, two tasks, no
-/// GPUs) and the toy trainer as the program; the rest runs as written.
+/// The documented script run as written on the two-node bed (two nodes,
+/// four tasks and four GPUs each), the toy trainer as its program.
 fn sbatch(cluster: &SlurmCluster) -> Result<(), String> {
     let dir = scratch("slurm-sbatch");
     let script = documented_job_script()?;
     let toy = example("toy");
     let adapted: Vec<String> = script
         .lines()
-        .filter(|line| !line.starts_with("#SBATCH --gpus"))
         .map(|line| {
-            if line.starts_with("#SBATCH --nodes=") {
-                "#SBATCH --nodes=1".to_string()
-            } else if line.starts_with("#SBATCH --ntasks-per-node=") {
-                "#SBATCH --ntasks-per-node=2".to_string()
-            } else if line.starts_with("srun ") {
+            if line.starts_with("srun ") {
                 format!("srun {} --epochs 2", toy.display())
             } else {
                 line.to_string()
@@ -202,12 +460,14 @@ fn sbatch(cluster: &SlurmCluster) -> Result<(), String> {
         .collect();
     check(
         adapted.first().is_some_and(|l| l.starts_with("#!"))
-            && adapted.iter().filter(|l| l.starts_with("srun ")).count() == 1,
-        || format!("unexpected job script:\n{script}"),
+            && adapted.iter().filter(|l| l.starts_with("srun ")).count() == 1
+            && adapted.contains(&"#SBATCH --nodes=2".to_string())
+            && adapted.contains(&"#SBATCH --ntasks-per-node=4".to_string()),
+        || format!("unexpected job script (this test expects 2 nodes x 4 tasks):\n{script}"),
     )?;
     let path = dir.join("job.sh");
     std::fs::write(&path, adapted.join("\n") + "\n").map_err(|e| e.to_string())?;
-    let mut sbatch = cluster.command("sbatch");
+    let mut sbatch = cluster.command_in(&dir, "sbatch");
     sbatch.args(["--wait", "--output", "job-%j.out"]).arg(&path);
     let out = run(sbatch, &dir, LIMIT);
     let logs: String = std::fs::read_dir(&dir)
@@ -225,7 +485,7 @@ fn sbatch(cluster: &SlurmCluster) -> Result<(), String> {
         )
     })?;
     check(
-        toy_losses(&logs).len() == 2 && logs.matches("starting training").count() == 2,
+        toy_losses(&logs).len() == 2 && logs.matches("starting training").count() == 8,
         || format!("job output:\n{logs}"),
     )
 }
@@ -239,11 +499,13 @@ struct Step {
 }
 
 impl Step {
-    fn start(cluster: &SlurmCluster, dir: &Path) -> Result<Self, String> {
+    /// `srun <srun_args> --label toy ...` in `dir`.
+    fn start(cluster: &SlurmCluster, dir: &Path, srun_args: &[&str]) -> Result<Self, String> {
         // A folder name unique to this step marks its tasks' command lines.
         let marker = dir.display().to_string();
-        let mut srun = cluster.command("srun");
-        srun.args(["-n", "2", "--label"])
+        let mut srun = cluster.command_in(dir, "srun");
+        srun.args(srun_args)
+            .arg("--label")
             .arg(example("toy"))
             .args(["--epochs", "100000", "--checkpoint-dir", &marker])
             .args(["--save-interval", "1000000"])
@@ -370,23 +632,27 @@ impl Drop for Step {
     }
 }
 
-/// Segment files in /dev/shm made by any of `pids`.
-fn segments_of(pids: &[i32]) -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
+/// Segment files in node `node`'s /dev/shm made by any of `pids`.
+fn segments_of(cluster: &SlurmCluster, node: usize, pids: &[i32]) -> Vec<String> {
+    let listed = cluster
+        .on_node(node, "ls")
+        .arg("/dev/shm")
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default();
+    listed
+        .split_whitespace()
         .filter(|name| {
             pids.iter()
                 .any(|pid| name.starts_with(&format!("burn-ddp-{pid}-")))
         })
+        .map(str::to_string)
         .collect()
 }
 
 fn scancel(cluster: &SlurmCluster) -> Result<(), String> {
     let dir = scratch("slurm-scancel");
-    let mut step = Step::start(cluster, &dir)?;
+    let mut step = Step::start(cluster, &dir, &["-n", "2"])?;
     let tasks = step.tasks();
     check(tasks.len() == 2, || format!("tasks {tasks:?}"))?;
     let job = step.job_id().ok_or("the tasks carry no SLURM_JOB_ID")?;
@@ -398,7 +664,7 @@ fn scancel(cluster: &SlurmCluster) -> Result<(), String> {
     check(out.status.success(), || format!("scancel: {out:?}"))?;
     let took = step.wait_gone(Duration::from_secs(5))?;
     let pids: Vec<i32> = tasks.iter().map(|(_, pid)| *pid).collect();
-    let left = segments_of(&pids);
+    let left = segments_of(cluster, 0, &pids);
     check(left.is_empty(), || format!("left in /dev/shm: {left:?}"))?;
     check(
         cluster.wait_for_job_end(&job, Duration::from_secs(10)),
@@ -410,7 +676,7 @@ fn scancel(cluster: &SlurmCluster) -> Result<(), String> {
 
 fn killed_task(cluster: &SlurmCluster) -> Result<(), String> {
     let dir = scratch("slurm-killed");
-    let mut step = Step::start(cluster, &dir)?;
+    let mut step = Step::start(cluster, &dir, &["-n", "2"])?;
     let tasks = step.tasks();
     check(tasks.len() == 2, || format!("tasks {tasks:?}"))?;
     let (_, victim) = tasks[1];
@@ -425,8 +691,43 @@ fn killed_task(cluster: &SlurmCluster) -> Result<(), String> {
         || format!("rank 0 did not name rank 1:\n{text}"),
     )?;
     let pids: Vec<i32> = tasks.iter().map(|(_, pid)| *pid).collect();
-    let left = segments_of(&pids);
+    let left = segments_of(cluster, 0, &pids);
     check(left.is_empty(), || format!("left in /dev/shm: {left:?}"))?;
     eprintln!("      every task gone {took:?} after the SIGKILL");
+    Ok(())
+}
+
+/// Rank 3, on the second node, killed with SIGKILL: every task on both nodes
+/// ends within 5 s, the dead rank is named, and neither node's /dev/shm keeps
+/// a segment.
+fn killed_task_on_the_second_node(cluster: &SlurmCluster) -> Result<(), String> {
+    let dir = scratch("slurm-killed-two-nodes");
+    let mut step = Step::start(cluster, &dir, &["-N", "2", "--ntasks-per-node", "2"])?;
+    let tasks = step.tasks();
+    check(tasks.len() == 4, || format!("tasks {tasks:?}"))?;
+    let pids: Vec<i32> = tasks.iter().map(|(_, pid)| *pid).collect();
+    // The two ranks of each node share memory there (the segment is unlinked
+    // once mapped, so it shows in the tasks' maps, not in /dev/shm).
+    for (rank, pid) in &tasks {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        check(maps.contains("/dev/shm/burn-ddp-"), || {
+            format!("rank {rank} maps no shared-memory segment")
+        })?;
+    }
+    let (_, victim) = tasks[3];
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let took = step.wait_gone(Duration::from_secs(5))?;
+    let text = step.text();
+    check(text.contains("rank 3"), || {
+        format!("no rank named rank 3:\n{text}")
+    })?;
+    for node in 0..2 {
+        let left = segments_of(cluster, node, &pids);
+        check(left.is_empty(), || {
+            format!("left in node {node}'s /dev/shm: {left:?}")
+        })?;
+    }
+    eprintln!("      every task on both nodes gone {took:?} after the SIGKILL");
     Ok(())
 }

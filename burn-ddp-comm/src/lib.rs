@@ -36,6 +36,7 @@ pub mod env;
 mod error;
 pub mod files;
 pub mod frame;
+pub mod gpu;
 mod group;
 pub mod job;
 pub mod nccl;

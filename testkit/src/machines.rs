@@ -2,7 +2,10 @@
 //! address, plus a host name (a UTS namespace) and a `/dev/shm` (a mount
 //! namespace with a fresh tmpfs) that every process started on the machine
 //! shares (a holder process keeps them; processes join them with nsenter), so
-//! burn-ddp sees separate machines, shared memory within each, TCP between. The machines
+//! burn-ddp sees separate machines, shared memory within each, TCP between.
+//! Every machine's `/etc/hosts` names them all (`machine-0`, ...), as a
+//! cluster's DNS would; the rest of the file system, `/sys` included, is the
+//! host's (so daemons that want cgroups, like slurmd, find them). The machines
 //! hang off one bridge (in a namespace of its own), and a link's rate can be
 //! limited with `tc`. Everything is torn down when the [`Machines`] is
 //! dropped, however the test ends. Needs root and iproute2.
@@ -28,6 +31,8 @@ pub struct Machines {
     switch: String,
     /// Subnet `10.<a>.<b>.0/24`, unique to this test bed.
     subnet: [u8; 2],
+    /// The `/etc/hosts` every machine sees: the host's, plus the machines.
+    hosts: std::path::PathBuf,
 }
 
 fn run(args: &[&str]) -> Result<(), String> {
@@ -82,7 +87,9 @@ impl Machines {
             holders: Vec::new(),
             switch: format!("bddp{tag}sw"),
             subnet,
+            hosts: std::env::temp_dir().join(format!("bddp{tag}-hosts")),
         };
+        machines.write_hosts(count)?;
         // Built step by step: a failure half-way still tears down what exists.
         run(&["ip", "netns", "add", &machines.switch])?;
         run(&[
@@ -122,11 +129,18 @@ impl Machines {
                 "br0",
             ])?;
             run(&["ip", "-n", &machines.switch, "link", "set", &outside, "up"])?;
-            let holder = Command::new("ip")
-                .args(["netns", "exec", &ns, "unshare", "--uts", "--mount"])
-                .args(["--propagation", "private", "sh", "-c"])
-                .arg("hostname \"$1\" && mount -t tmpfs tmpfs /dev/shm && exec sleep 100000")
+            // Not `ip netns exec`, which mounts a sysfs of its own over /sys
+            // and so hides the host's cgroups.
+            let holder = Command::new("unshare")
+                .args(["--uts", "--mount", "--propagation", "private", "nsenter"])
+                .arg(format!("--net=/run/netns/{ns}"))
+                .args(["sh", "-c"])
+                .arg(
+                    "hostname \"$1\" && mount -t tmpfs tmpfs /dev/shm \
+                     && mount --bind \"$2\" /etc/hosts && exec sleep 100000",
+                )
                 .args(["sh", &machines.hostname(i)])
+                .arg(&machines.hosts)
                 .stdin(Stdio::null())
                 .spawn()
                 .map_err(|e| format!("cannot start machine {i}'s holder: {e}"))?;
@@ -136,7 +150,22 @@ impl Machines {
         Ok(Some(machines))
     }
 
-    /// Waits (up to 5 s) until machine `i`'s holder has its host name set.
+    /// Writes the machines' `/etc/hosts`: the host's entries, then
+    /// `machine-<i>` at each machine's address.
+    fn write_hosts(&self, count: usize) -> Result<(), String> {
+        let mut hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+        if !hosts.is_empty() && !hosts.ends_with('\n') {
+            hosts.push('\n');
+        }
+        for i in 0..count {
+            hosts.push_str(&format!("{} {}\n", self.addr(i), self.hostname(i)));
+        }
+        std::fs::write(&self.hosts, hosts)
+            .map_err(|e| format!("cannot write {}: {e}", self.hosts.display()))
+    }
+
+    /// Waits (up to 5 s) until machine `i`'s holder has its host name,
+    /// `/dev/shm` and `/etc/hosts` in place.
     fn wait_until_ready(&self, i: usize) -> Result<(), String> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
@@ -148,7 +177,13 @@ impl Machines {
                 .args(["-t", &self.holders[i].id().to_string(), "--mount"])
                 .args(["sh", "-c", "grep -q ' /dev/shm tmpfs' /proc/self/mounts"])
                 .status()
-                .is_ok_and(|s| s.success());
+                .is_ok_and(|s| s.success())
+                && Command::new("nsenter")
+                    .args(["-t", &self.holders[i].id().to_string(), "--mount"])
+                    .args(["getent", "hosts", &self.hostname(i)])
+                    .stdout(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
             if mounted && String::from_utf8_lossy(&out.stdout).trim() == self.hostname(i) {
                 return Ok(());
             }
@@ -242,5 +277,6 @@ impl Drop for Machines {
         for ns in self.namespaces.iter().chain([&self.switch]) {
             let _ = run(&["ip", "netns", "del", ns]);
         }
+        let _ = std::fs::remove_file(&self.hosts);
     }
 }

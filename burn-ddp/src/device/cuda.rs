@@ -91,9 +91,11 @@ fn unfuse(
 }
 
 /// The GPU for the rank with index `local_rank` among `local_world_size` on
-/// its machine: `cuda:LOCAL_RANK`, wrapped around the visible GPUs. When ranks
-/// outnumber GPUs they share them, which only the host path allows (NCCL needs
-/// one GPU per rank); that is said once on stderr.
+/// its machine: `cuda:LOCAL_RANK` among the visible GPUs, wrapped around
+/// ([`burn_ddp_comm::gpu::choose_gpu`]; under Slurm's `--gpus-per-task=1`
+/// every rank's own GPU is its `cuda:0`). When ranks share GPUs, which only
+/// the host path allows (NCCL needs one GPU per rank), that is said once on
+/// stderr.
 ///
 /// It also checks what Burn's CUDA backend needs to compile its kernels at run
 /// time (NVRTC and the CUDA headers), which would otherwise panic at the first
@@ -108,12 +110,15 @@ pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Resul
         std::env::var_os("CUDA_PATH").is_some(),
     )
     .map_err(CommError::config)?;
-    if count == 0 {
-        return Err(CommError::config(format!(
-            "local rank {local_rank}: no CUDA device is visible (check CUDA_VISIBLE_DEVICES)"
-        )));
-    }
-    if local_world_size > count && local_rank == 0 {
+    let visible_devices = std::env::var(burn_ddp_comm::gpu::VISIBLE_DEVICES_VAR).ok();
+    let choice = burn_ddp_comm::gpu::choose_gpu(
+        local_rank,
+        local_world_size,
+        count,
+        visible_devices.as_deref(),
+    )
+    .map_err(CommError::config)?;
+    if choice.shared && local_rank == 0 {
         log::warn!(
             "local rank {local_rank}: {local_world_size} ranks share {count} GPU(s) on this machine; NCCL \
              needs one GPU per rank, so gradients go through host memory (or set \
@@ -121,7 +126,7 @@ pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Resul
         );
     }
     Ok(CudaDevice {
-        index: local_rank % count,
+        index: choice.ordinal,
     })
 }
 
