@@ -246,6 +246,36 @@ fn missing_machines(env: &LaunchEnv, missing: &[usize]) -> String {
     }
 }
 
+/// How often a rank waiting for the others looks for a duplicate claim.
+const DUPLICATE_POLL: Duration = Duration::from_millis(250);
+
+/// Waits until `key` (a rank's join) is set, or `deadline`; a rank claimed
+/// twice meanwhile ends the wait at once with the duplicate's error, so the
+/// ranks of a world that can no longer form do not wait out the timeout and
+/// then blame a rank that is merely absent.
+fn wait_for_join(
+    store: &dyn Store,
+    env: &LaunchEnv,
+    keys: &GroupKeys,
+    key: &str,
+    deadline: Instant,
+) -> Result<()> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match store.wait(&[key], left.min(DUPLICATE_POLL)) {
+            Err(err) if err.is_timeout() && !left.is_zero() => {
+                if matches!(store.check(&[&keys.duplicate()]), Ok(true)) {
+                    return Err(duplicate_error(store, env, keys));
+                }
+                if left <= DUPLICATE_POLL {
+                    return Err(err);
+                }
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Announces this rank and waits for all the others, naming any that never come.
 fn join(store: &dyn Store, env: &LaunchEnv, keys: &GroupKeys) -> Result<()> {
     claim_rank(store, env, keys, &claimant())?;
@@ -255,8 +285,7 @@ fn join(store: &dyn Store, env: &LaunchEnv, keys: &GroupKeys) -> Result<()> {
     // store's host gives up at the same moment and takes the store with it.
     let deadline = Instant::now() + env.timeout;
     for (first_missing, key) in joins.iter().enumerate() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let cause = match store.wait(&[key], left) {
+        let cause = match wait_for_join(store, env, keys, key, deadline) {
             Ok(()) => continue,
             Err(err) if err.is_timeout() => String::new(),
             // The store's host gave up first and exited: the key was still unset.
@@ -392,6 +421,26 @@ mod tests {
             everyone.contains("cannot form the group: rank 1 was claimed"),
             "{everyone}"
         );
+    }
+
+    #[test]
+    fn a_duplicate_claim_ends_the_wait_for_a_missing_rank_at_once() {
+        let store = MemoryStore::new();
+        let keys = GroupKeys::under("t/");
+        // Rank 1 was claimed twice; rank 2 never comes.
+        store.set(&keys.join(1), b"3").unwrap();
+        store
+            .set(&keys.duplicate(), b"rank 1 was claimed by two processes")
+            .unwrap();
+        let started = Instant::now();
+        let err = join(&store, &env(0, 3, 30_000), &keys).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("cannot form the group: rank 1 was claimed by two processes"),
+            "{text}"
+        );
+        assert_eq!(err.blamed_peer(), None, "{text}");
     }
 
     #[test]

@@ -48,6 +48,10 @@ fn main() {
             "a_rank_started_twice_fails_every_rank_naming_both",
             duplicate_rank,
         ),
+        (
+            "a_rank_claimed_twice_in_a_forming_world_fails_every_rank_at_once",
+            duplicate_rank_while_forming,
+        ),
         ("destroy_then_init_forms_a_fresh_group", destroy_then_init),
         (
             "a_rank_killed_mid_all_reduce_is_named_by_every_survivor",
@@ -360,6 +364,36 @@ fn duplicate_rank() -> Result<(), String> {
             )?;
         }
         check(pids.len() == 2, || format!("pids printed: {pids:?}"))?;
+    }
+    Ok(())
+}
+
+/// Ranks 0, 1 and 1 of a world of 3 (rank 2 never starts, rank 0 hosts the
+/// store or the driver does): every process fails within seconds naming the
+/// duplicate, instead of the first two waiting out the 20 s timeout and then
+/// blaming rank 2.
+fn duplicate_rank_while_forming() -> Result<(), String> {
+    for (host, hosting) in [("rank 0", Hosting::RankZero), ("driver", Hosting::Driver)] {
+        let mut world = World::new(3);
+        world.started = vec![0, 1, 1];
+        world.hosting = hosting;
+        world.timeout_secs = 20.0;
+        world.deadline = Duration::from_secs(40);
+        let outcomes = world.run("steady");
+        check(outcomes.len() == 3, || format!("{outcomes:?}"))?;
+        for o in &outcomes {
+            check(o.code == Some(1), || {
+                format!("{host} hosts: rank {} should fail: {o:?}", o.rank)
+            })?;
+            check(o.elapsed < Duration::from_secs(5), || {
+                format!("{host} hosts: rank {} took {:?}", o.rank, o.elapsed)
+            })?;
+            check(
+                o.stderr.contains("rank 1 was claimed by two processes")
+                    && !o.stderr.contains("rank(s) [2]"),
+                || format!("{host} hosts: rank {}: {}", o.rank, o.stderr),
+            )?;
+        }
     }
     Ok(())
 }
