@@ -725,3 +725,115 @@ fn mnist_stalled_download_ends_within_the_timeout() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The pid of the launcher `launcher`'s worker for `rank` (a child of it
+/// with `RANK=<rank>` in its environment), if running.
+fn worker_pid(launcher: u32, rank: usize) -> Option<i32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // pid (comm) state ppid ...: the comm may hold spaces, so from the ')'.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let rank_var = format!("RANK={rank}");
+            let is_rank = environ
+                .split(|b| *b == 0)
+                .any(|var| var == rank_var.as_bytes());
+            (ppid == launcher && is_rank).then_some(pid)
+        })
+}
+
+/// `--max-restarts 3` and rank 1 SIGKILLed in three rounds, each at an epoch
+/// drawn at random: the fourth round trains to the end, the launcher exits 0,
+/// and the losses are those of an uninterrupted run, digit for digit (the
+/// toy starts over each round and its arithmetic is deterministic).
+#[test]
+fn toy_killed_three_times_under_max_restarts_ends_as_an_uninterrupted_run() {
+    let dir = scratch("toy-restarts");
+    let toy_args = [
+        "--epochs",
+        "10",
+        "--batch-size",
+        "2",
+        "--loss-precision",
+        "9",
+        "--save-interval",
+        "1000",
+    ];
+    let mut reference = Command::new(launcher());
+    reference
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .arg(example("toy"))
+        .args(toy_args);
+    let reference = run(reference, &dir, Duration::from_secs(120));
+    assert_success(&reference);
+    let expected = toy_losses(&stdout(&reference));
+    assert_eq!(expected.len(), 10, "{}", stdout(&reference));
+
+    // Epochs after which rank 1 dies in rounds 0, 1 and 2.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as usize;
+    let kill_after: Vec<usize> = (0..3).map(|i| 1 + (seed >> (4 * i)) % 6).collect();
+    let mut cmd = Command::new(launcher());
+    cmd.args([
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "3",
+    ])
+    .args(["--prefix-output"])
+    .arg(example("toy"))
+    .args(toy_args);
+    let mut job = Interactive::start(cmd, &dir);
+    for (round, epoch) in kill_after.iter().enumerate() {
+        job.wait_for(
+            &format!("[rank 0 round {round}] Epoch {epoch}/10"),
+            Duration::from_secs(120),
+        );
+        let victim = worker_pid(job.pid(), 1)
+            .unwrap_or_else(|| panic!("round {round}: no rank 1 (kills at {kill_after:?})"));
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(victim, libc::SIGKILL) };
+    }
+    let (out, _) = job.wait(Duration::from_secs(120));
+    let text = stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "kills after epochs {kill_after:?}\n{text}\n{stderr}"
+    );
+    for round in 0..3 {
+        assert!(
+            stderr.contains(&format!("round {round} of the job failed")),
+            "{stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("killed by SIGKILL") && stderr.contains("succeeded in round 3"),
+        "{stderr}"
+    );
+    let last_round: String = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("[rank 0 round 3] "))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert_eq!(
+        toy_losses(&last_round),
+        expected,
+        "kills after epochs {kill_after:?}\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -33,6 +33,9 @@ pub struct LaunchConfig {
     pub prefix_output: bool,
     /// Also write each rank's output to `DIR/rank_N.log`.
     pub log_dir: Option<PathBuf>,
+    /// Times the workers are started again after a failure (torchrun's
+    /// `--max-restarts`); 0 ends the job at the first failure.
+    pub max_restarts: u32,
     /// The worker program and its arguments.
     pub program: Vec<String>,
 }
@@ -43,7 +46,9 @@ Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and
 OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set.
 If one worker fails, the others are stopped and the launcher exits with the first
-failure's code. RUST_LOG=burn_ddp_run=debug shows what the launcher does.
+failure's code; with --max-restarts N every worker is started again instead, up
+to N times, with TORCHELASTIC_RESTART_COUNT set to the round (0 first).
+RUST_LOG=burn_ddp_run=debug shows what the launcher does.
 
 Example:
   burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/mnist --epochs 1";
@@ -85,7 +90,8 @@ pub struct LaunchOptions {
     #[arg(long = "rdzv-endpoint", visible_alias = "rdzv_endpoint", value_name = "HOST:PORT",
           conflicts_with_all = ["master_addr", "master_port"])]
     pub rdzv_endpoint: Option<String>,
-    /// Restarts of a failed job; burn-ddp-run does not restart, so only 0.
+    /// When a worker fails, stop the others and start every worker again, up
+    /// to N times (one machine); each round forms a fresh group.
     #[arg(
         long = "max-restarts",
         visible_alias = "max_restarts",
@@ -154,11 +160,11 @@ impl LaunchOptions {
         if program.is_empty() {
             return Err("no program to launch".into());
         }
-        if self.max_restarts != 0 {
+        if self.max_restarts != 0 && self.nnodes > 1 {
             return Err(format!(
-                "--max-restarts {}: burn-ddp-run does not restart failed jobs; drop the flag \
-                 (resume from a checkpoint instead)",
-                self.max_restarts
+                "--max-restarts {} with --nnodes {}: restarts are for one machine so far (the \
+                 launchers of several machines do not yet agree on a round); drop one of them",
+                self.max_restarts, self.nnodes
             ));
         }
         if self.node_rank >= self.nnodes {
@@ -203,6 +209,7 @@ impl LaunchOptions {
             shutdown_timeout: self.shutdown_timeout,
             prefix_output: self.prefix_output,
             log_dir: self.log_dir,
+            max_restarts: self.max_restarts,
             program,
         })
     }
@@ -352,7 +359,20 @@ mod tests {
         assert!(message(&["--nnodes", "1:4", "p"]).contains("elastic"));
         assert!(message(&["--master-port", "70000", "p"]).contains("port"));
         assert!(message(&["--standalone", "--master-port", "1234", "p"]).contains("drop"));
-        assert!(message(&["--max-restarts", "3", "p"]).contains("does not restart"));
+        let several = message(&[
+            "--max-restarts",
+            "3",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "h",
+            "p",
+        ]);
+        assert!(several.contains("one machine"), "{several}");
+        assert!(message(&["--max-restarts", "-1", "p"]).contains("-1"));
+        assert!(message(&["--max-restarts", "many", "p"]).contains("many"));
+        assert_eq!(launch(&["--max-restarts", "3", "p"]).max_restarts, 3);
+        assert_eq!(launch(&["p"]).max_restarts, 0);
         assert!(message(&["--shutdown-timeout", "1e20", "p"]).contains("seconds"));
         assert!(message(&["--standalone=false", "p"]).contains("--standalone"));
         assert_eq!(error(&["-h"]).kind(), ErrorKind::DisplayHelp);

@@ -14,18 +14,38 @@ pub struct LineSink {
 }
 
 impl LineSink {
-    /// A sink for `rank`; `log_dir` adds `rank_N.log` there.
-    pub fn new(rank: usize, prefix: bool, log_dir: Option<&Path>) -> io::Result<Self> {
+    /// A sink for `rank` in restart round `round` (`None` when the job is
+    /// not restarted: no round in the prefix); `log_dir` adds `rank_N.log`
+    /// there, begun afresh by round 0 and continued by later rounds.
+    pub fn new(
+        rank: usize,
+        round: Option<u32>,
+        prefix: bool,
+        log_dir: Option<&Path>,
+    ) -> io::Result<Self> {
         let log = match log_dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir)?;
-                let file = File::create(dir.join(format!("rank_{rank}.log")))?;
+                let path = dir.join(format!("rank_{rank}.log"));
+                let mut file = match round {
+                    Some(round) if round > 0 => {
+                        File::options().append(true).create(true).open(path)?
+                    }
+                    _ => File::create(path)?,
+                };
+                if let Some(round) = round {
+                    writeln!(file, "--- burn-ddp-run: round {round} ---")?;
+                }
                 Some(Arc::new(Mutex::new(file)))
             }
             None => None,
         };
+        let label = match round {
+            Some(round) => format!("[rank {rank} round {round}] "),
+            None => format!("[rank {rank}] "),
+        };
         Ok(Self {
-            prefix: prefix.then(|| format!("[rank {rank}] ")),
+            prefix: prefix.then_some(label),
             log,
         })
     }

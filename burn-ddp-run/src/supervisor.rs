@@ -98,10 +98,9 @@ impl JobIdentity {
 
 /// Runs the job; returns the launcher's exit code.
 pub fn run(config: &LaunchConfig) -> Result<i32, String> {
-    let world_size = config.nnodes * config.nproc_per_node;
     let job = JobIdentity::for_job(config)?;
     // Node 0's launcher hosts the store, like torchrun's agent, so a worker that
-    // dies early does not take it down with it.
+    // dies early does not take it down with it; it serves every round.
     let store = if config.node_rank == 0 {
         Some(host_store(config, job.token.clone())?)
     } else {
@@ -133,31 +132,185 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
         );
     }
     signals::install();
-    let started = Instant::now();
-    let mut workers = Vec::with_capacity(config.nproc_per_node);
-    for local_rank in 0..config.nproc_per_node {
-        let rank = config.node_rank * config.nproc_per_node + local_rank;
-        match spawn(
-            config,
-            &job,
-            rank,
-            local_rank,
-            world_size,
-            master_port,
-            &thread_defaults,
-        ) {
-            Ok(worker) => workers.push(worker),
-            Err(err) => {
-                stop(&mut workers, config.shutdown_timeout);
-                return Err(err);
+    let launch = Launch {
+        config,
+        job: &job,
+        store: store.as_ref(),
+        master_port,
+        thread_defaults: &thread_defaults,
+    };
+    let mut failed_before_forming: Option<i32> = None;
+    for round in 0..=config.max_restarts {
+        if round > 0 {
+            log::info!(
+                "starting every worker again: round {round}, restart {round} of {}",
+                config.max_restarts
+            );
+        }
+        let end = launch.round(round)?;
+        let (code, formed, duplicate) = match end {
+            RoundEnd::Succeeded => {
+                if round > 0 {
+                    log::info!("the job succeeded in round {round}, after {round} restart(s)");
+                }
+                return Ok(0);
             }
+            RoundEnd::Interrupted(code) => return Ok(code),
+            RoundEnd::Failed {
+                code,
+                formed,
+                duplicate,
+            } => (code, formed, duplicate),
+        };
+        if config.max_restarts == 0 {
+            return Ok(code);
+        }
+        if round == config.max_restarts {
+            log::error!(
+                "no restarts left ({} used): the job failed with the root cause above",
+                config.max_restarts
+            );
+            return Ok(code);
+        }
+        // A restart repeats what a setting or the program causes: say so, and
+        // keep the restarts for crashes.
+        if let Some(why) = duplicate {
+            log::error!(
+                "not restarting: {why}; that is a configuration error, which every round \
+                 would repeat"
+            );
+            return Ok(code);
+        }
+        if !formed {
+            if failed_before_forming == Some(code) {
+                log::error!(
+                    "not restarting: round {round} failed as round {} did ({}), before its \
+                     ranks formed their group, so before any training step: a setting, a \
+                     missing file or the program itself, not bad luck; fix it and start \
+                     the job again",
+                    round - 1,
+                    describe_code(code)
+                );
+                return Ok(code);
+            }
+            log::warn!(
+                "round {round} failed ({}) before its ranks formed their group, so before \
+                 any training step; if the next round fails the same way it is not bad luck \
+                 and the job ends",
+                describe_code(code)
+            );
+            failed_before_forming = Some(code);
+        } else {
+            failed_before_forming = None;
         }
     }
-    let blames = Blames {
-        store: store.as_ref(),
-        keys: JobKeys::new(&job.id),
-    };
-    Ok(supervise(workers, config, started, &blames))
+    unreachable!("the last round returns")
+}
+
+/// The launcher's exit code in words.
+fn describe_code(code: i32) -> String {
+    if code > 128 && code < 128 + 65 {
+        format!("killed by {}", signals::name(code - 128))
+    } else {
+        format!("exit code {code}")
+    }
+}
+
+/// How one round of workers ended.
+enum RoundEnd {
+    /// Every worker exited with 0.
+    Succeeded,
+    /// The user stopped the job (Ctrl-C, SIGTERM): the launcher's code.
+    Interrupted(i32),
+    /// A worker failed.
+    Failed {
+        /// The launcher's code for the first failure.
+        code: i32,
+        /// Whether every rank had joined the round's group (so training may
+        /// have begun). Unknown on a machine that does not host the store.
+        formed: bool,
+        /// Why the group could not stand when a rank was claimed twice.
+        duplicate: Option<String>,
+    },
+}
+
+/// What every round of the job shares.
+struct Launch<'a> {
+    config: &'a LaunchConfig,
+    job: &'a JobIdentity,
+    store: Option<&'a StoreServer>,
+    master_port: u16,
+    thread_defaults: &'a [&'a str],
+}
+
+impl Launch<'_> {
+    /// Starts this machine's workers for round `round` and supervises them
+    /// until all exit or one fails.
+    fn round(&self, round: u32) -> Result<RoundEnd, String> {
+        let config = self.config;
+        let world_size = config.nnodes * config.nproc_per_node;
+        let started = Instant::now();
+        let mut workers = Vec::with_capacity(config.nproc_per_node);
+        for local_rank in 0..config.nproc_per_node {
+            let rank = config.node_rank * config.nproc_per_node + local_rank;
+            let place = Place {
+                rank,
+                local_rank,
+                world_size,
+                round,
+            };
+            match spawn(self, &place) {
+                Ok(worker) => workers.push(worker),
+                Err(err) => {
+                    stop(&mut workers, config.shutdown_timeout);
+                    return Err(err);
+                }
+            }
+        }
+        let keys = JobKeys::new(&self.job.id, round as usize);
+        let blames = Blames {
+            store: self.store,
+            keys: keys.clone(),
+        };
+        let label = (config.max_restarts > 0).then_some(round);
+        Ok(match supervise(workers, config, started, &blames, label) {
+            Supervised::Succeeded => RoundEnd::Succeeded,
+            Supervised::Interrupted(code) => RoundEnd::Interrupted(code),
+            Supervised::Failed(code) => RoundEnd::Failed {
+                code,
+                formed: self.formed(&keys, world_size),
+                duplicate: self.duplicate(&keys),
+            },
+        })
+    }
+
+    /// Whether every rank joined the attempt's first group.
+    fn formed(&self, keys: &JobKeys, world_size: usize) -> bool {
+        let Some(store) = self.store else {
+            return true; // unknown here: count it as a crash
+        };
+        let group = keys.group(0);
+        let joined = store.entries(group.prefix());
+        (0..world_size).all(|rank| joined.iter().any(|(key, _)| *key == group.join(rank)))
+    }
+
+    /// The message of a duplicate rank claim in the attempt, if any.
+    fn duplicate(&self, keys: &JobKeys) -> Option<String> {
+        let store = self.store?;
+        store
+            .entries(keys.prefix())
+            .into_iter()
+            .find(|(key, _)| key.ends_with("/duplicate"))
+            .map(|(_, why)| String::from_utf8_lossy(&why).into_owned())
+    }
+}
+
+/// Where a worker stands in the job.
+struct Place {
+    rank: usize,
+    local_rank: usize,
+    world_size: usize,
+    round: u32,
 }
 
 fn host_store(config: &LaunchConfig, token: Option<JobToken>) -> Result<StoreServer, String> {
@@ -173,15 +326,14 @@ fn host_store(config: &LaunchConfig, token: Option<JobToken>) -> Result<StoreSer
     Ok(server)
 }
 
-fn spawn(
-    config: &LaunchConfig,
-    job: &JobIdentity,
-    rank: usize,
-    local_rank: usize,
-    world_size: usize,
-    master_port: u16,
-    thread_defaults: &[&str],
-) -> Result<Worker, String> {
+fn spawn(launch: &Launch<'_>, place: &Place) -> Result<Worker, String> {
+    let (config, job) = (launch.config, launch.job);
+    let Place {
+        rank,
+        local_rank,
+        world_size,
+        round,
+    } = *place;
     let mut command = Command::new(&config.program[0]);
     command
         .args(&config.program[1..])
@@ -194,7 +346,10 @@ fn spawn(
         .env("ROLE_RANK", rank.to_string())
         .env("ROLE_WORLD_SIZE", world_size.to_string())
         .env("MASTER_ADDR", &config.master_addr)
-        .env("MASTER_PORT", master_port.to_string())
+        .env("MASTER_PORT", launch.master_port.to_string())
+        // As torchrun: the round (0 first), and how many restarts there may be.
+        .env("TORCHELASTIC_RESTART_COUNT", round.to_string())
+        .env("TORCHELASTIC_MAX_RESTARTS", config.max_restarts.to_string())
         .env(LAUNCHER_STORE_VAR, "1")
         .env(JOB_ID_VAR, &job.id)
         // We are not torchrun: a worker must not look for torchrun's agent store.
@@ -203,7 +358,7 @@ fn spawn(
     if let Some(token) = &job.token {
         command.env(JOB_TOKEN_VAR, token.as_str());
     }
-    for var in thread_defaults {
+    for var in launch.thread_defaults {
         command.env(var, "1");
     }
     stop_with_parent(&mut command);
@@ -224,7 +379,8 @@ fn spawn(
     );
     let mut pumps = Vec::new();
     if capture {
-        let sink = LineSink::new(rank, config.prefix_output, config.log_dir.as_deref())
+        let round = (config.max_restarts > 0).then_some(round);
+        let sink = LineSink::new(rank, round, config.prefix_output, config.log_dir.as_deref())
             .map_err(|err| format!("cannot open the log for rank {rank}: {err}"))?;
         pumps.push(sink.clone().pump(child.stdout.take().unwrap(), false));
         pumps.push(sink.pump(child.stderr.take().unwrap(), true));
@@ -279,12 +435,24 @@ fn root_cause(first: usize, blames: &HashMap<usize, usize>) -> usize {
 /// burn-ddp's one second between two stop signals, so it forces the end).
 const TERM_AGAIN_AFTER: Duration = Duration::from_secs(2);
 
+/// How supervising one round's workers ended.
+enum Supervised {
+    Succeeded,
+    /// Stopped by the user: 128 + the signal.
+    Interrupted(i32),
+    /// The launcher's code for the first failure (its summary printed).
+    Failed(i32),
+}
+
+/// Watches `workers` until all exit or one fails (then stops the others);
+/// `round` labels the summary when the job restarts.
 fn supervise(
     mut workers: Vec<Worker>,
     config: &LaunchConfig,
     started: Instant,
     blames: &Blames<'_>,
-) -> i32 {
+    round: Option<u32>,
+) -> Supervised {
     let mut first_failure: Option<usize> = None;
     let mut interrupted: Option<i32> = None;
     let mut kill_at: Option<Instant> = None;
@@ -359,14 +527,14 @@ fn supervise(
         log::debug!("removed {removed} shared-memory segment(s) that killed workers left");
     }
     if let Some(signal) = interrupted {
-        return 128 + signal;
+        return Supervised::Interrupted(128 + signal);
     }
     match first_failure {
-        None => 0,
+        None => Supervised::Succeeded,
         Some(first) => {
             let root = root_cause(workers[first].rank, &blames.read());
-            print_summary(&workers, first, root);
-            exit_code(workers[first].exit.unwrap().0)
+            print_summary(&workers, first, root, round);
+            Supervised::Failed(exit_code(workers[first].exit.unwrap().0))
         }
     }
 }
@@ -401,15 +569,18 @@ fn drain_output(workers: &mut [Worker]) {
     }
 }
 
-/// The failure table. `first` indexes the first worker to fail; `root` is the
+/// The failure table (of round `round`, when the job restarts). `first` indexes the first worker to fail; `root` is the
 /// global rank the failure began at (the same, unless the first to fail was
 /// waiting for another rank, as with a stalled one).
-fn print_summary(workers: &[Worker], first: usize, root: usize) {
+fn print_summary(workers: &[Worker], first: usize, root: usize, round: Option<u32>) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let first_rank = workers[first].rank;
-    eprintln!("burn-ddp-run: the job failed");
+    match round {
+        Some(round) => eprintln!("burn-ddp-run: round {round} of the job failed"),
+        None => eprintln!("burn-ddp-run: the job failed"),
+    }
     eprintln!("  rank  local_rank  pid       ended after  result");
     for w in workers {
         let (status, at) = w.exit.unwrap();

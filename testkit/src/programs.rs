@@ -263,6 +263,11 @@ impl Interactive {
         }
     }
 
+    /// The program's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The output so far.
     pub fn stdout(&self) -> String {
         self.stdout.lock().unwrap().clone()

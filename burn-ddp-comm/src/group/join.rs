@@ -11,18 +11,20 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Groups started so far in this process, per job and rank: the generation in
+/// Groups started so far in this process, per job, attempt and rank: the generation in
 /// store keys, so a group started after `destroy()` never reads the keys of the
 /// one before (every rank starts and destroys its groups in the same order).
 /// Per rank, so ranks run as threads of one process (tests) count alike.
-static GROUPS_STARTED: Mutex<BTreeMap<(String, usize), u64>> = Mutex::new(BTreeMap::new());
+static GROUPS_STARTED: Mutex<BTreeMap<(String, usize, usize), u64>> = Mutex::new(BTreeMap::new());
 
-/// The keys of the next group this rank starts in its job.
+/// The keys of the next group this rank starts in this attempt of its job.
 pub(super) fn next_group_keys(env: &LaunchEnv) -> GroupKeys {
     let mut started = GROUPS_STARTED.lock().unwrap_or_else(|e| e.into_inner());
-    let count = started.entry((env.job_id.clone(), env.rank)).or_insert(0);
+    let count = started
+        .entry((env.job_id.clone(), env.restart_count, env.rank))
+        .or_insert(0);
     *count += 1;
-    JobKeys::new(&env.job_id).group(*count - 1)
+    JobKeys::new(&env.job_id, env.restart_count).group(*count - 1)
 }
 
 /// Starts the store on rank 0 at the master address.
@@ -451,8 +453,14 @@ mod tests {
         let second = next_group_keys(&env);
         env.rank = 1;
         let other_rank = next_group_keys(&env);
-        assert_eq!(first.prefix(), format!("burn-ddp/{}/0/", env.job_id));
-        assert_eq!(second.prefix(), format!("burn-ddp/{}/1/", env.job_id));
+        assert_eq!(first.prefix(), format!("burn-ddp/{}/0/0/", env.job_id));
+        assert_eq!(second.prefix(), format!("burn-ddp/{}/0/1/", env.job_id));
         assert_eq!(other_rank, first);
+        // Workers started again by the launcher use the next attempt's keys.
+        env.restart_count = 1;
+        assert_eq!(
+            next_group_keys(&env).prefix(),
+            format!("burn-ddp/{}/1/0/", env.job_id)
+        );
     }
 }

@@ -3,33 +3,37 @@
 //! failed rank blamed), and neither spells a key itself.
 //!
 //! ```text
-//! burn-ddp/<job id>/<generation>/claims/<rank>        claimants of a rank (atomic add)
-//!                                claimant/<rank>/<n>  who the n-th claimant was
-//!                                duplicate            why the group cannot stand
-//!                                join/<rank>          WORLD_SIZE as that rank saw it
-//!                                host/<rank>          that rank's machine
-//!                                blame/<rank>         the peer its first failure pointed at
-//!                                <transport>/...      a transport's own keys
+//! burn-ddp/<job id>/<attempt>/<generation>/claims/<rank>        claimants of a rank (atomic add)
+//!                                          claimant/<rank>/<n>  who the n-th claimant was
+//!                                          duplicate            why the group cannot stand
+//!                                          join/<rank>          WORLD_SIZE as that rank saw it
+//!                                          host/<rank>          that rank's machine
+//!                                          blame/<rank>         the peer its first failure pointed at
+//!                                          <transport>/...      a transport's own keys
 //! ```
 //!
-//! The generation counts the groups a process started in this job, so a group
-//! made after `destroy()` never reads the keys of the one before.
+//! The attempt counts the launcher's restarts of the job
+//! (`TORCHELASTIC_RESTART_COUNT`), so workers started again never read the
+//! keys of the round before; the generation counts the groups a process
+//! started in this attempt, so a group made after `destroy()` never reads the
+//! keys of the one before.
 
-/// Keys of one job, whatever its groups.
+/// Keys of one attempt of a job, whatever its groups.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobKeys {
     prefix: String,
 }
 
 impl JobKeys {
-    /// The keys of job `job_id` (a [valid](super::valid_job_id) id).
-    pub fn new(job_id: &str) -> Self {
+    /// The keys of attempt `attempt` (0 first, then one per restart) of job
+    /// `job_id` (a [valid](super::valid_job_id) id).
+    pub fn new(job_id: &str, attempt: usize) -> Self {
         Self {
-            prefix: format!("burn-ddp/{job_id}/"),
+            prefix: format!("burn-ddp/{job_id}/{attempt}/"),
         }
     }
 
-    /// Prefix of every key of the job.
+    /// Prefix of every key of the attempt.
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
@@ -132,24 +136,36 @@ mod tests {
 
     #[test]
     fn group_keys_live_under_the_job_and_generation() {
-        let job = JobKeys::new("j1");
+        let job = JobKeys::new("j1", 2);
         let keys = job.group(3);
-        assert_eq!(keys.prefix(), "burn-ddp/j1/3/");
-        assert_eq!(keys.claims(2), "burn-ddp/j1/3/claims/2");
-        assert_eq!(keys.claimant(2, 1), "burn-ddp/j1/3/claimant/2/1");
-        assert_eq!(keys.duplicate(), "burn-ddp/j1/3/duplicate");
-        assert_eq!(keys.join(0), "burn-ddp/j1/3/join/0");
-        assert_eq!(keys.host(1), "burn-ddp/j1/3/host/1");
+        assert_eq!(keys.prefix(), "burn-ddp/j1/2/3/");
+        assert_eq!(keys.claims(2), "burn-ddp/j1/2/3/claims/2");
+        assert_eq!(keys.claimant(2, 1), "burn-ddp/j1/2/3/claimant/2/1");
+        assert_eq!(keys.duplicate(), "burn-ddp/j1/2/3/duplicate");
+        assert_eq!(keys.join(0), "burn-ddp/j1/2/3/join/0");
+        assert_eq!(keys.host(1), "burn-ddp/j1/2/3/host/1");
         assert_eq!(job.parse_blame(&keys.blame(5)), Some((3, 5)));
     }
 
     #[test]
-    fn only_this_jobs_blame_keys_parse() {
-        let job = JobKeys::new("j1");
-        assert_eq!(job.parse_blame(&JobKeys::new("j2").group(0).blame(1)), None);
+    fn only_this_attempts_blame_keys_parse() {
+        let job = JobKeys::new("j1", 0);
+        assert_eq!(
+            job.parse_blame(&JobKeys::new("j2", 0).group(0).blame(1)),
+            None
+        );
+        // The round before or after a restart is another attempt.
+        assert_eq!(
+            job.parse_blame(&JobKeys::new("j1", 1).group(0).blame(1)),
+            None
+        );
+        assert_eq!(
+            JobKeys::new("j1", 1).parse_blame(&job.group(0).blame(1)),
+            None
+        );
         assert_eq!(job.parse_blame(&job.group(0).join(1)), None);
-        assert_eq!(job.parse_blame("burn-ddp/j1/0/blame/1/extra"), None);
-        assert_eq!(job.parse_blame("burn-ddp/j1/x/blame/1"), None);
+        assert_eq!(job.parse_blame("burn-ddp/j1/0/0/blame/1/extra"), None);
+        assert_eq!(job.parse_blame("burn-ddp/j1/0/x/blame/1"), None);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod faults;
 mod machines;
+mod restarts;
 
 use burn_ddp_comm::{ProcessGroup, ReduceOp};
 use burn_ddp_testkit::{check, run_cases, Case, SCENARIO_VAR};
@@ -97,6 +98,22 @@ fn main() {
             faults::an_extra_collective_fails_every_rank,
         ),
         (
+            "a_crash_is_survived_by_starting_every_worker_again",
+            restarts::a_crash_is_survived_by_starting_every_worker_again,
+        ),
+        (
+            "the_job_ends_when_the_restarts_run_out",
+            restarts::the_job_ends_when_the_restarts_run_out,
+        ),
+        (
+            "a_failure_before_forming_twice_is_not_retried",
+            restarts::a_failure_before_forming_twice_is_not_retried,
+        ),
+        (
+            "a_duplicate_rank_is_not_retried",
+            restarts::a_duplicate_rank_is_not_retried,
+        ),
+        (
             "cargo_ddp_builds_in_release_and_launches",
             cargo_ddp_builds_and_launches,
         ),
@@ -106,7 +123,7 @@ fn main() {
 
 /// Worker side: runs under the launcher, reading its environment.
 fn worker(name: &str) -> ! {
-    if let Some(code) = faults::worker(name) {
+    if let Some(code) = faults::worker(name).or_else(|| restarts::worker(name)) {
         std::process::exit(code);
     }
     let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
