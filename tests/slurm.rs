@@ -250,24 +250,28 @@ fn launcher_per_node(cluster: &SlurmCluster) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `shell_command` (an srun line starting whereami) on the cluster and
-/// returns each rank's `key=value` fields, by rank.
+/// Runs `shell_command` (an srun line starting whereami) on the cluster with
+/// `env` and returns each rank's `key=value` fields, by rank.
 fn whereami(
     cluster: &SlurmCluster,
     shell_command: &str,
+    env: &[(&str, &str)],
 ) -> Result<BTreeMap<usize, BTreeMap<String, String>>, String> {
     let dir = scratch("slurm-whereami");
     let mut shell = cluster.command_in(&dir, "sh");
-    shell.args(["-c", shell_command]);
+    shell.args(["-c", shell_command]).envs(env.iter().copied());
     let out = run(shell, &dir, LIMIT);
-    let text = stdout(&out);
-    check(out.status.success(), || {
+    whereami_fields(&stdout(&out)).map_err(|why| {
         format!(
-            "{shell_command}\n{:?}\n{text}\n{}",
+            "{shell_command}\n{:?}\n{why}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         )
-    })?;
+    })
+}
+
+/// Each rank's `key=value` fields from whereami's lines in `text`, by rank.
+fn whereami_fields(text: &str) -> Result<BTreeMap<usize, BTreeMap<String, String>>, String> {
     let mut ranks = BTreeMap::new();
     for line in text.lines().filter(|l| l.contains("rank=")) {
         let fields: BTreeMap<String, String> = line
@@ -279,33 +283,39 @@ fn whereami(
             .get("rank")
             .and_then(|r| r.parse().ok())
             .ok_or_else(|| format!("no rank in {line:?}"))?;
-        ranks.insert(rank, fields);
+        if ranks.insert(rank, fields).is_some() {
+            return Err(format!("rank {rank} printed twice:\n{text}"));
+        }
     }
     Ok(ranks)
 }
 
-/// Four ranks, two per node in order, that found the store on the first
-/// node and each took a GPU no other rank of its node took.
+/// `per_node` ranks on each of the two nodes, in order, that found the store
+/// on the first node, hold the job token, and each took a GPU no other rank
+/// of its node took.
 fn check_placement(
     cluster: &SlurmCluster,
     ranks: &BTreeMap<usize, BTreeMap<String, String>>,
+    per_node: usize,
     launcher: &str,
 ) -> Result<(), String> {
     let nodes = cluster.nodes();
+    let world = 2 * per_node;
     let shown = || format!("{ranks:#?}");
-    check(ranks.keys().copied().eq(0..4), || {
-        format!("not ranks 0..4: {}", shown())
+    check(ranks.keys().copied().eq(0..world), || {
+        format!("not ranks 0..{world}: {}", shown())
     })?;
     let mut gpus = BTreeSet::new();
     for (&rank, fields) in ranks {
         let field = |key: &str| fields.get(key).map(String::as_str).unwrap_or("");
         let expected = [
-            ("world_size", "4".to_string()),
-            ("local_world_size", "2".to_string()),
-            ("local_rank", (rank % 2).to_string()),
-            ("host", nodes[rank / 2].0.to_string()),
+            ("world_size", world.to_string()),
+            ("local_world_size", per_node.to_string()),
+            ("local_rank", (rank % per_node).to_string()),
+            ("host", nodes[rank / per_node].0.to_string()),
             ("launcher", launcher.to_string()),
             ("store_resolves", nodes[0].1.to_string()),
+            ("job_token", "set".to_string()),
             ("gpu_shared", "false".to_string()),
         ];
         for (key, value) in expected {
@@ -352,8 +362,8 @@ fn gpus_per_task(cluster: &SlurmCluster) -> Result<(), String> {
         "srun -N 2 --ntasks-per-node 2 --gpus-per-task 1 {}",
         program.display()
     );
-    let ranks = whereami(cluster, &line)?;
-    check_placement(cluster, &ranks, "Slurm")?;
+    let ranks = whereami(cluster, &line, &[("BURN_DDP_JOB_TOKEN", TOKEN)])?;
+    check_placement(cluster, &ranks, 2, "srun")?;
     // Each task sees only its own GPU, which is its cuda:0.
     for (rank, fields) in &ranks {
         check(
@@ -371,8 +381,8 @@ fn gpus_per_node(cluster: &SlurmCluster) -> Result<(), String> {
         "srun -N 2 --ntasks-per-node 2 --gpus-per-node 2 {}",
         program.display()
     );
-    let ranks = whereami(cluster, &line)?;
-    check_placement(cluster, &ranks, "Slurm")?;
+    let ranks = whereami(cluster, &line, &[("BURN_DDP_JOB_TOKEN", TOKEN)])?;
+    check_placement(cluster, &ranks, 2, "srun")?;
     // Both tasks of a node see both of its GPUs; local rank i takes cuda:i.
     for (rank, fields) in &ranks {
         check(
@@ -388,8 +398,8 @@ fn gpus_per_node(cluster: &SlurmCluster) -> Result<(), String> {
 /// its workers inherit them and take one each by LOCAL_RANK.
 fn launchers_per_node_with_gpus(cluster: &SlurmCluster) -> Result<(), String> {
     let line = documented_launcher_line("-N 2 --gpus-per-node 2", &example("whereami"))?;
-    let ranks = whereami(cluster, &line)?;
-    check_placement(cluster, &ranks, "BurnDdpRun")
+    let ranks = whereami(cluster, &line, &[("BURN_DDP_JOB_TOKEN", TOKEN)])?;
+    check_placement(cluster, &ranks, 2, "burn-ddp-run")
 }
 
 fn toy(cluster: &SlurmCluster) -> Result<(), String> {
@@ -442,17 +452,15 @@ fn documented_job_script() -> Result<String, String> {
     Ok(block.to_string())
 }
 
-/// The documented script run as written on the two-node bed (two nodes,
-/// four tasks and four GPUs each), the toy trainer as its program.
-fn sbatch(cluster: &SlurmCluster) -> Result<(), String> {
-    let dir = scratch("slurm-sbatch");
+/// The documented script, its srun line's program replaced by `program`,
+/// submitted with `sbatch --wait` in `dir`; the job's output.
+fn sbatch_documented(cluster: &SlurmCluster, dir: &Path, program: &str) -> Result<String, String> {
     let script = documented_job_script()?;
-    let toy = example("toy");
     let adapted: Vec<String> = script
         .lines()
         .map(|line| {
             if line.starts_with("srun ") {
-                format!("srun {} --epochs 2", toy.display())
+                format!("srun {program}")
             } else {
                 line.to_string()
             }
@@ -462,15 +470,23 @@ fn sbatch(cluster: &SlurmCluster) -> Result<(), String> {
         adapted.first().is_some_and(|l| l.starts_with("#!"))
             && adapted.iter().filter(|l| l.starts_with("srun ")).count() == 1
             && adapted.contains(&"#SBATCH --nodes=2".to_string())
-            && adapted.contains(&"#SBATCH --ntasks-per-node=4".to_string()),
-        || format!("unexpected job script (this test expects 2 nodes x 4 tasks):\n{script}"),
+            && adapted.contains(&"#SBATCH --ntasks-per-node=4".to_string())
+            && adapted.contains(&"#SBATCH --gpus-per-node=4".to_string()),
+        || {
+            format!(
+                "unexpected job script (this test expects 2 nodes x 4 tasks x 4 GPUs):\n{script}"
+            )
+        },
     )?;
     let path = dir.join("job.sh");
     std::fs::write(&path, adapted.join("\n") + "\n").map_err(|e| e.to_string())?;
-    let mut sbatch = cluster.command_in(&dir, "sbatch");
-    sbatch.args(["--wait", "--output", "job-%j.out"]).arg(&path);
-    let out = run(sbatch, &dir, LIMIT);
-    let logs: String = std::fs::read_dir(&dir)
+    let mut sbatch = cluster.command_in(dir, "sbatch");
+    sbatch
+        .args(["--wait", "--output", "job-%j.out"])
+        .arg(&path)
+        .env_remove("BURN_DDP_JOB_TOKEN");
+    let out = run(sbatch, dir, LIMIT);
+    let logs: String = std::fs::read_dir(dir)
         .map_err(|e| e.to_string())?
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("job-"))
@@ -484,6 +500,27 @@ fn sbatch(cluster: &SlurmCluster) -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr)
         )
     })?;
+    Ok(logs)
+}
+
+/// The documented script on the two-node bed (two nodes, four tasks and four
+/// GPUs each), as written but for its program: whereami shows every task
+/// with all four of its node's GPUs, one of its own taken, and the token
+/// the script exported; the toy trainer trains on all eight ranks.
+fn sbatch(cluster: &SlurmCluster) -> Result<(), String> {
+    let dir = scratch("slurm-sbatch-whereami");
+    let logs = sbatch_documented(cluster, &dir, &example("whereami").display().to_string())?;
+    let ranks = whereami_fields(&logs)?;
+    check_placement(cluster, &ranks, 4, "srun")?;
+    for (rank, fields) in &ranks {
+        check(
+            fields.get("cuda_visible_devices").map(String::as_str) == Some("0,1,2,3"),
+            || format!("rank {rank}: {fields:?}"),
+        )?;
+    }
+    let dir = scratch("slurm-sbatch-toy");
+    let toy = format!("{} --epochs 2", example("toy").display());
+    let logs = sbatch_documented(cluster, &dir, &toy)?;
     check(
         toy_losses(&logs).len() == 2 && logs.matches("starting training").count() == 8,
         || format!("job output:\n{logs}"),
@@ -719,9 +756,13 @@ fn killed_task_on_the_second_node(cluster: &SlurmCluster) -> Result<(), String> 
     unsafe { libc::kill(victim, libc::SIGKILL) };
     let took = step.wait_gone(Duration::from_secs(5))?;
     let text = step.text();
-    check(text.contains("rank 3"), || {
-        format!("no rank named rank 3:\n{text}")
-    })?;
+    // A surviving rank (srun's label) names the dead one.
+    check(
+        text.lines().any(|l| {
+            ["0:", "1:", "2:"].iter().any(|label| l.starts_with(label)) && l.contains("rank 3")
+        }),
+        || format!("no surviving rank named rank 3:\n{text}"),
+    )?;
     for node in 0..2 {
         let left = segments_of(cluster, node, &pids);
         check(left.is_empty(), || {

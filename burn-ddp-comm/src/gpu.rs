@@ -17,17 +17,20 @@ pub struct GpuChoice {
     /// Its ordinal among the GPUs the process sees (`cuda:N`).
     pub ordinal: usize,
     /// Whether ranks of this machine share GPUs: more ranks than GPUs, all
-    /// seeing the same ones. NCCL refuses that; the host path allows it.
+    /// seeing the same ones. burn-ddp then reduces gradients through host
+    /// memory (with `BURN_DDP_BACKEND=nccl`, an error): NCCL needs a GPU per
+    /// rank.
     pub shared: bool,
 }
 
 /// The GPU for local rank `local_rank` of `local_world_size`, given `visible`
 /// GPUs and the process's `CUDA_VISIBLE_DEVICES` (`None` when unset).
 ///
-/// One visible GPU under a `CUDA_VISIBLE_DEVICES` is taken to be the rank's
-/// own (Slurm's `--gpus-per-task=1`), so it is not reported as shared; if
-/// several ranks were in fact given the same one, NCCL's setup says so by
-/// the GPUs' UUIDs.
+/// Sharing is reported only when `CUDA_VISIBLE_DEVICES` is unset, so every
+/// rank surely sees the same GPUs: under a `CUDA_VISIBLE_DEVICES` (Slurm's
+/// `--gpus-per-task`, a per-rank list) this rank cannot tell whether the
+/// others see the same ones; NCCL's set-up compares the GPUs' UUIDs and
+/// names two ranks on one GPU.
 pub fn choose_gpu(
     local_rank: usize,
     local_world_size: usize,
@@ -43,10 +46,9 @@ pub fn choose_gpu(
             "local rank {local_rank}: no CUDA device is visible ({why})"
         ));
     }
-    let own_gpu = visible == 1 && visible_devices.is_some();
     Ok(GpuChoice {
         ordinal: local_rank % visible,
-        shared: local_world_size > visible && !own_gpu,
+        shared: local_world_size > visible && visible_devices.is_none(),
     })
 }
 
@@ -84,7 +86,8 @@ mod tests {
 
     #[test]
     fn a_gpu_of_its_own_is_cuda_0_and_not_shared() {
-        // srun --gpus-per-task=1: CUDA_VISIBLE_DEVICES=0 on one task, =1 on the next.
+        // srun --gpus-per-task=1: CUDA_VISIBLE_DEVICES=0 on one task, =1 on the
+        // next (or 0 on both, renumbered, under cgroup device confinement).
         for list in ["0", "1"] {
             let choice = choose_gpu(1, 2, 1, Some(list)).unwrap();
             assert_eq!(
@@ -95,15 +98,16 @@ mod tests {
                 }
             );
         }
-        // srun --gpus-per-task=2: each task takes a different one of its own.
+        // srun --gpus-per-task=2: each task takes a different one of its own,
+        // and four such tasks on a node are not taken to share.
         assert_eq!(ordinals(2, 2, Some("2,3")), [0, 1]);
+        assert!(!choose_gpu(0, 4, 2, Some("0,1")).unwrap().shared);
     }
 
     #[test]
-    fn more_ranks_than_gpus_share_them() {
+    fn more_ranks_than_gpus_all_seeing_them_share_them() {
         assert_eq!(ordinals(4, 2, None), [0, 1, 0, 1]);
         assert!(choose_gpu(0, 4, 2, None).unwrap().shared);
-        assert!(choose_gpu(0, 4, 2, Some("0,1")).unwrap().shared);
         assert!(choose_gpu(0, 2, 1, None).unwrap().shared);
     }
 

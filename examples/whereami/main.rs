@@ -9,10 +9,12 @@
 //! burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/whereami
 //! ```
 //!
-//! Each rank prints one line of `key=value` fields.
+//! Each rank prints one line of `key=value` fields. How many GPUs a rank sees
+//! comes from the driver in a build with `--features cuda`, else from what
+//! `CUDA_VISIBLE_DEVICES` lists (`gpu=unknown` when it is unset).
 
 use burn_ddp_comm::gpu::{choose_gpu, listed_devices, VISIBLE_DEVICES_VAR};
-use burn_ddp_comm::LaunchEnv;
+use burn_ddp_comm::{LaunchEnv, Launcher, StoreHost};
 use std::net::ToSocketAddrs;
 
 /// No flags: `--help` and `--version` only.
@@ -36,24 +38,46 @@ fn main() {
     let host = hostname();
     let store = match &env.master_addr {
         Some(addr) => format!(
-            "{addr}:{} store_host={:?} store_resolves={}",
+            "{addr}:{} store_host={} store_resolves={}",
             env.master_port,
-            env.store_host,
+            match env.store_host {
+                StoreHost::RankZero => "rank-0",
+                StoreHost::Launcher => "launcher",
+                StoreHost::TorchrunAgent => "torchrun-agent",
+            },
             resolve(addr, env.master_port)
         ),
         None => "none".to_string(),
     };
+    let launcher = match env.launcher {
+        Launcher::None => "none",
+        Launcher::BurnDdpRun => "burn-ddp-run",
+        Launcher::Torchrun => "torchrun",
+        Launcher::Env => "env",
+        Launcher::OpenMpi => "mpirun",
+        Launcher::Slurm => "srun",
+    };
+    // Whether the job's secret reached this rank, never the secret itself.
+    let token = if env.job_token.is_some() {
+        "set"
+    } else {
+        "unset"
+    };
     println!(
         "rank={} world_size={} local_rank={} local_world_size={} node_rank={} host={host} \
-         launcher={:?} store={store} {}",
+         launcher={launcher} store={store} job_token={token} {}",
         env.rank,
         env.world_size,
         env.local_rank,
         env.local_world_size,
         env.node_rank.map_or("-".to_string(), |n| n.to_string()),
-        env.launcher,
         gpu(&env),
     );
+}
+
+/// `text` as one `key=value` field: no spaces.
+fn field(text: &str) -> String {
+    text.replace(' ', "_")
 }
 
 fn hostname() -> String {
@@ -70,7 +94,7 @@ fn resolve(addr: &str, port: u16) -> String {
             let found: Vec<String> = found.map(|a| a.ip().to_string()).collect();
             found.join(",")
         }
-        Err(err) => format!("error:{}", err.to_string().replace(' ', "_")),
+        Err(err) => format!("error:{}", field(&err.to_string())),
     }
 }
 
@@ -103,7 +127,7 @@ fn gpu(env: &LaunchEnv) -> String {
                 choice.ordinal, choice.shared
             )
         }
-        Err(err) => format!("{shown} gpu=none gpu_error={:?}", err),
+        Err(err) => format!("{shown} gpu=none gpu_error={}", field(&err)),
     }
 }
 

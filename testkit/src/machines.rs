@@ -80,14 +80,21 @@ impl Machines {
         }
         let serial = MADE.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
-        let tag = format!("{}{serial}", pid % 100_000);
+        // A separator, so pid 1234 bed 56 and pid 12345 bed 6 differ.
+        let tag = format!("{}x{serial}", pid % 100_000);
         let subnet = [100 + (pid % 100) as u8, (serial % 250) as u8];
         let mut machines = Self {
             namespaces: Vec::new(),
             holders: Vec::new(),
             switch: format!("bddp{tag}sw"),
             subnet,
-            hosts: std::env::temp_dir().join(format!("bddp{tag}-hosts")),
+            // The time too: a file a killed test left cannot be in the way.
+            hosts: std::env::temp_dir().join(format!(
+                "bddp{tag}-{}-hosts",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            )),
         };
         machines.write_hosts(count)?;
         // Built step by step: a failure half-way still tears down what exists.
@@ -160,7 +167,14 @@ impl Machines {
         for i in 0..count {
             hosts.push_str(&format!("{} {}\n", self.addr(i), self.hostname(i)));
         }
-        std::fs::write(&self.hosts, hosts)
+        // A new file: another bed's, bind-mounted by its machines, is never
+        // rewritten.
+        use std::io::Write;
+        std::fs::File::options()
+            .write(true)
+            .create_new(true)
+            .open(&self.hosts)
+            .and_then(|mut file| file.write_all(hosts.as_bytes()))
             .map_err(|e| format!("cannot write {}: {e}", self.hosts.display()))
     }
 

@@ -26,6 +26,8 @@ const CPUS: usize = 8;
 
 /// Each node's GPUs as Slurm is told.
 pub const GPUS_PER_NODE: usize = 4;
+// One dummy device per GPU (see `make_gpus`).
+const _: () = assert!(GPUS_PER_NODE <= 4);
 
 /// A running cluster.
 pub struct SlurmCluster<'m> {
@@ -129,6 +131,9 @@ fn available() -> Result<bool, String> {
 
 impl<'m> SlurmCluster<'m> {
     fn boot(nodes: Vec<(String, String)>, machines: Option<&'m Machines>) -> Result<Self, String> {
+        if nodes.is_empty() {
+            return Err("a Slurm cluster needs at least one node".into());
+        }
         let serial = MADE.fetch_add(1, Ordering::SeqCst);
         let dir =
             std::env::temp_dir().join(format!("burn-ddp-slurm-{}-{serial}", std::process::id()));
