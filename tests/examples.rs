@@ -752,13 +752,13 @@ fn worker_pid(launcher: u32, rank: usize) -> Option<i32> {
         })
 }
 
-/// `--max-restarts 3` and rank 1 SIGKILLed in three rounds, each at an epoch
-/// drawn at random: the fourth round trains to the end, the launcher exits 0,
-/// and the losses are those of an uninterrupted run, digit for digit (the
-/// toy starts over each round and its arithmetic is deterministic).
+/// `--max-restarts 3`, `--resume auto` and rank 1 SIGKILLed in three rounds,
+/// each at an epoch drawn at random: every round resumes from the newest
+/// snapshot (losing at most the epoch under way), the launcher exits 0, every
+/// epoch's loss is the uninterrupted run's digit for digit, and the final
+/// parameters are the uninterrupted run's bit for bit (their fingerprint).
 #[test]
 fn toy_killed_three_times_under_max_restarts_ends_as_an_uninterrupted_run() {
-    let dir = scratch("toy-restarts");
     let toy_args = [
         "--epochs",
         "10",
@@ -767,24 +767,31 @@ fn toy_killed_three_times_under_max_restarts_ends_as_an_uninterrupted_run() {
         "--loss-precision",
         "9",
         "--save-interval",
-        "1000",
+        "1",
     ];
+    let reference_dir = scratch("toy-restarts-reference");
     let mut reference = Command::new(launcher());
     reference
         .args(["--standalone", "--nproc-per-node", "2"])
         .arg(example("toy"))
         .args(toy_args);
-    let reference = run(reference, &dir, Duration::from_secs(120));
+    let reference = run(reference, &reference_dir, Duration::from_secs(120));
     assert_success(&reference);
     let expected = toy_losses(&stdout(&reference));
     assert_eq!(expected.len(), 10, "{}", stdout(&reference));
 
-    // Epochs after which rank 1 dies in rounds 0, 1 and 2.
+    // Epochs after which rank 1 dies in rounds 0, 1 and 2 (at least one more
+    // each round, so every round trains).
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos() as usize;
-    let kill_after: Vec<usize> = (0..3).map(|i| 1 + (seed >> (4 * i)) % 6).collect();
+    let mut kill_after = Vec::new();
+    for i in 0..3 {
+        let previous = kill_after.last().copied().unwrap_or(0);
+        kill_after.push(previous + 1 + (seed >> (4 * i)) % 2);
+    }
+    let dir = scratch("toy-restarts");
     let mut cmd = Command::new(launcher());
     cmd.args([
         "--standalone",
@@ -795,7 +802,8 @@ fn toy_killed_three_times_under_max_restarts_ends_as_an_uninterrupted_run() {
     ])
     .args(["--prefix-output"])
     .arg(example("toy"))
-    .args(toy_args);
+    .args(toy_args)
+    .args(["--resume", "auto"]);
     let mut job = Interactive::start(cmd, &dir);
     for (round, epoch) in kill_after.iter().enumerate() {
         job.wait_for(
@@ -810,30 +818,175 @@ fn toy_killed_three_times_under_max_restarts_ends_as_an_uninterrupted_run() {
     let (out, _) = job.wait(Duration::from_secs(120));
     let text = stdout(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "kills after epochs {kill_after:?}\n{text}\n{stderr}"
-    );
-    for round in 0..3 {
-        assert!(
-            stderr.contains(&format!("round {round} of the job failed")),
-            "{stderr}"
-        );
-    }
+    let context = format!("kills after epochs {kill_after:?}\n{text}\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{context}");
     assert!(
         stderr.contains("killed by SIGKILL") && stderr.contains("succeeded in round 3"),
+        "{context}"
+    );
+    for (round, killed_after) in kill_after.iter().enumerate() {
+        assert!(
+            stderr.contains(&format!("round {round} of the job failed")),
+            "{context}"
+        );
+        // The next round resumes from the last epoch saved before the kill:
+        // the one killed after, or the one before when the kill came first.
+        let resumed: usize = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("[rank 0 round {}] Resumed from ", round + 1)))
+            .find_map(|l| l.rsplit_once("at epoch ")?.1.trim().parse().ok())
+            .unwrap_or_else(|| panic!("round {} did not resume\n{context}", round + 1));
+        assert!(
+            resumed + 1 >= *killed_after && resumed <= *killed_after + 1,
+            "round {}: resumed at epoch {resumed}, killed after {killed_after}\n{context}",
+            round + 1
+        );
+    }
+    // Each epoch's last printed loss (a round may have redone one) is the
+    // uninterrupted run's.
+    let mut last = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("[rank 0 round ") {
+            if let Some((_, line)) = rest.split_once("] ") {
+                for (epoch, loss) in toy_losses(line) {
+                    last.insert(epoch, loss);
+                }
+            }
+        }
+    }
+    let last: Vec<(usize, f64)> = last.into_iter().collect();
+    assert_eq!(last, expected, "{context}");
+    let fingerprint = |text: &str| {
+        text.lines()
+            .find_map(|l| Some(l.split_once("Parameters fingerprint: ")?.1.to_string()))
+    };
+    let reference_fingerprint = fingerprint(&stdout(&reference));
+    assert!(reference_fingerprint.is_some(), "{}", stdout(&reference));
+    assert_eq!(
+        fingerprint(&text),
+        reference_fingerprint,
+        "the final parameters differ from the uninterrupted run's\n{context}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&reference_dir);
+}
+
+/// A rank stopped with SIGSTOP under `--max-restarts 1` and a 3 s timeout:
+/// the hang becomes a failure within the timeout, the workers start again,
+/// resume from the newest snapshot, and end with the uninterrupted run's
+/// parameters.
+#[test]
+fn toy_stopped_rank_under_max_restarts_becomes_a_restart() {
+    let toy_args = ["--epochs", "6", "--save-interval", "1"];
+    let fingerprint = |text: &str| {
+        text.lines()
+            .find_map(|l| Some(l.split_once("Parameters fingerprint: ")?.1.to_string()))
+    };
+    let reference_dir = scratch("toy-sigstop-reference");
+    let mut reference = Command::new(launcher());
+    reference
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .arg(example("toy"))
+        .args(toy_args)
+        .args(["--batch-size", "2"]);
+    let reference = run(reference, &reference_dir, Duration::from_secs(120));
+    assert_success(&reference);
+    let expected = fingerprint(&stdout(&reference));
+    assert!(expected.is_some(), "{}", stdout(&reference));
+
+    let dir = scratch("toy-sigstop");
+    let mut cmd = Command::new(launcher());
+    cmd.args([
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+    ])
+    .args(["--prefix-output"])
+    .arg(example("toy"))
+    .args(toy_args)
+    .args(["--batch-size", "2", "--resume", "auto"])
+    .env("BURN_DDP_TIMEOUT_SECS", "3");
+    let mut job = Interactive::start(cmd, &dir);
+    job.wait_for("[rank 0 round 0] Epoch 2/6", Duration::from_secs(120));
+    let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
+    let stopped_at = Instant::now();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(victim, libc::SIGSTOP) };
+    job.wait_for("[rank 0 round 1] Resumed from", Duration::from_secs(60));
+    let resumed_after = stopped_at.elapsed();
+    let (out, _) = job.wait(Duration::from_secs(120));
+    let text = stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let context = format!("{text}\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{context}");
+    // The 3 s timeout, the stop of the others, the restart and the load.
+    assert!(
+        resumed_after < Duration::from_secs(20),
+        "resumed {resumed_after:?} after the SIGSTOP\n{context}"
+    );
+    assert!(
+        stderr.contains("round 0 of the job failed") && stderr.contains("succeeded in round 1"),
+        "{context}"
+    );
+    assert_eq!(fingerprint(&text), expected, "{context}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&reference_dir);
+}
+
+/// `--resume auto` with bad folders: a corrupt newest snapshot is skipped
+/// with a warning naming it; another run's folder (other settings) is an
+/// error naming the saved configuration and what differs; a folder that
+/// cannot be written is refused before the first step, naming it.
+#[test]
+fn toy_resume_auto_skips_a_corrupt_snapshot_and_refuses_another_run() {
+    let dir = scratch("toy-auto");
+    let toy = |extra: &[&str]| {
+        let mut cmd = Command::new(example("toy"));
+        cmd.args(["--save-interval", "1", "--resume", "auto"])
+            .args(extra);
+        run(cmd, &dir, Duration::from_secs(120))
+    };
+    let first = toy(&["--epochs", "3"]);
+    assert_success(&first);
+    assert!(
+        stdout(&first).contains("No snapshot in .: starting afresh"),
+        "{}",
+        stdout(&first)
+    );
+    std::fs::write(dir.join("model_epoch_3.mpk"), b"half a file").unwrap();
+    let again = toy(&["--epochs", "4"]);
+    assert_success(&again);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        stderr.contains("snapshot ./model_epoch_3.mpk cannot be read")
+            && stdout(&again).contains("Resumed from ./model_epoch_2 at epoch 2"),
+        "{stderr}\n{}",
+        stdout(&again)
+    );
+    let other = toy(&["--epochs", "4", "--lr", "0.5"]);
+    assert_eq!(other.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert!(
+        stderr.contains("another run's")
+            && stderr.contains("toy_config.json")
+            && stderr.contains("lr: 0.01 -> 0.5"),
         "{stderr}"
     );
-    let last_round: String = text
-        .lines()
-        .filter_map(|line| line.strip_prefix("[rank 0 round 3] "))
-        .map(|line| format!("{line}\n"))
-        .collect();
-    assert_eq!(
-        toy_losses(&last_round),
-        expected,
-        "kills after epochs {kill_after:?}\n{text}"
+    let unwritable = dir.join("model_epoch_4.mpk").join("sub");
+    let refused = toy(&[
+        "--epochs",
+        "4",
+        "--checkpoint-dir",
+        unwritable.to_str().unwrap(),
+    ]);
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(unwritable.to_str().unwrap()) && !stdout(&refused).contains("Epoch 1/"),
+        "{stderr}\n{}",
+        stdout(&refused)
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

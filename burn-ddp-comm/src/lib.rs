@@ -42,6 +42,7 @@ pub mod job;
 pub mod nccl;
 pub mod reducer;
 pub mod replicas;
+pub mod snapshots;
 pub mod stop;
 pub mod store;
 pub mod sum;

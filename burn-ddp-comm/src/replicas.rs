@@ -44,6 +44,20 @@ impl ParamDigest {
     }
 }
 
+/// One number for all of `params` (their paths, shapes and bytes, in order):
+/// equal for two models exactly when, short of a hash collision, they hold
+/// the same parameters, so two runs can be compared (saved records cannot:
+/// they embed each process's parameter ids).
+pub fn fingerprint(params: &[ParamDigest]) -> u64 {
+    let mut hash = Fnv1a::default();
+    for param in params {
+        hash.write(param.path.as_bytes());
+        hash.write(&[0]);
+        hash.write(&param.digest.to_le_bytes());
+    }
+    hash.0
+}
+
 /// FNV-1a, 64 bits: not cryptographic, only a fingerprint of honest data.
 struct Fnv1a(u64);
 

@@ -66,6 +66,19 @@ impl fmt::Display for CheckpointError {
     }
 }
 
+impl CheckpointError {
+    /// What the error means for resuming from a snapshot: a file that cannot
+    /// be read or decoded is corrupt (an older snapshot may do); a record of
+    /// another shape is another model's, which no snapshot of the folder fixes.
+    pub fn for_snapshot(self) -> burn_ddp_comm::snapshots::LoadError {
+        use burn_ddp_comm::snapshots::LoadError;
+        match self {
+            CheckpointError::Shape { .. } => LoadError::Refused(self.to_string()),
+            other => LoadError::Corrupt(other.to_string()),
+        }
+    }
+}
+
 impl std::error::Error for CheckpointError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

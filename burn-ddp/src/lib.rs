@@ -60,6 +60,7 @@ pub(crate) mod wrap;
 pub use backend::Ddp;
 #[cfg(feature = "cuda")]
 pub use burn_ddp_comm::nccl;
+pub use burn_ddp_comm::snapshots;
 pub use burn_ddp_comm::stop::{catch_stop_signals, stop_requested, stop_signal};
 pub use burn_ddp_comm::{
     env::LaunchEnv, CommError, Element, Launcher, ParamLayout, ProcessGroup, ProcessGroupBuilder,
@@ -76,7 +77,7 @@ pub use device::nccl_view;
 #[cfg(feature = "cuda")]
 pub use device::{cuda_device_for_rank, FusedCuda, PlainCuda};
 pub use global::{default_group, destroy_process_group, init_process_group};
-pub use replicas::check_replicas;
+pub use replicas::{check_replicas, parameters_fingerprint};
 pub use sync::{
     no_sync, no_sync_for, reset_sync_stats, sync_enabled, sync_gradients, sync_stats,
     sync_stats_of, NoSyncGuard, SyncStats,

@@ -22,6 +22,17 @@ pub fn check_replicas<B: Backend, M: Module<B>>(model: &M, group: &ProcessGroup)
     burn_ddp_comm::replicas::check_replicas(group, &digests.params)
 }
 
+/// A fingerprint of every parameter tensor of `model` (paths, shapes and
+/// bytes; [`burn_ddp_comm::replicas::fingerprint`]): print it at the end of
+/// two runs to check that they ended with exactly the same parameters (a run
+/// restarted from snapshots and an uninterrupted one, say). Local: no
+/// collective.
+pub fn parameters_fingerprint<B: Backend, M: Module<B>>(model: &M) -> u64 {
+    let mut digests = Digests::default();
+    model.visit(&mut digests);
+    burn_ddp_comm::replicas::fingerprint(&digests.params)
+}
+
 #[derive(Default)]
 struct Digests {
     path: Vec<String>,

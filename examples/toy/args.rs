@@ -49,8 +49,11 @@ pub(crate) struct ToyArgs {
         default_value = "."
     )]
     pub checkpoint_dir: PathBuf,
-    /// Checkpoint to resume from (every rank loads it).
-    #[arg(long)]
+    /// Checkpoint to resume from (every rank loads it), or `auto`: the newest
+    /// model_epoch_N.mpk in --checkpoint-dir that loads (a corrupt one is
+    /// skipped, another run's is an error; none: start afresh), as a job
+    /// restarted by `burn-ddp-run --max-restarts` needs.
+    #[arg(long, value_name = "PATH|auto")]
     pub resume: Option<PathBuf>,
     /// Seed of the data and the initial model.
     #[arg(long, default_value_t = 0)]

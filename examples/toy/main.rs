@@ -21,6 +21,7 @@ use args::{ToyTrainingConfig, CONFIG_FILE};
 /// `--backend`'s default.
 const DEFAULT_BACKEND: &str = "ndarray";
 
+use burn::config::Config;
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::Module;
@@ -115,6 +116,75 @@ fn save<B: AutodiffBackend>(
     path
 }
 
+/// `--resume auto`.
+const RESUME_AUTO: &str = "auto";
+
+/// `--resume auto`: rank 0 picks the newest snapshot in `dir` that loads and
+/// is this run's, and every rank resumes from that one (`None`: there is
+/// none, start afresh). A folder of another configuration is an error.
+fn newest_snapshot<B: AutodiffBackend>(
+    group: &burn_ddp::ProcessGroup,
+    config: &ToyTrainingConfig,
+    dir: &Path,
+    device: &B::Device,
+) -> Option<PathBuf> {
+    let rank = group.rank();
+    let mut chosen = [-1i64];
+    if group.is_main() {
+        let saved = dir.join(CONFIG_FILE);
+        if saved.exists() {
+            let changed = ToyTrainingConfig::load(&saved)
+                .map(|saved| run_config::differences(&saved, config, &["epochs"]))
+                .unwrap_or_else(|err| vec![format!("unreadable ({err})")]);
+            if !changed.is_empty() {
+                fail(
+                    Some(rank),
+                    format!(
+                        "--resume auto: the snapshots in {} are another run's ({} says {}); \
+                         run with those settings, or give another --checkpoint-dir",
+                        dir.display(),
+                        saved.display(),
+                        changed.join(", ")
+                    ),
+                );
+            }
+        }
+        let snapshots = burn_ddp::snapshots::list(dir, "model_epoch_", ".mpk")
+            .unwrap_or_else(|e| fail(Some(rank), format!("{}: {e}", dir.display())));
+        let found = burn_ddp::snapshots::newest_loadable(&snapshots, |snapshot| {
+            let (model_record, optimizer_record, _epoch): (_, _, usize) =
+                burn_ddp::checkpoint::load::<B, _>(&snapshot.path, device)
+                    .map_err(|e| e.for_snapshot())?;
+            burn_ddp::checkpoint::load_record_checked(
+                ToyModel::<B>::new(device),
+                model_record,
+                &snapshot.path,
+            )
+            .map_err(|e| e.for_snapshot())?;
+            let _ = SgdConfig::new()
+                .init::<B, ToyModel<B>>()
+                .load_record(optimizer_record);
+            Ok(())
+        })
+        .unwrap_or_else(|e| fail(Some(rank), format!("--resume auto: {e}")));
+        match found {
+            Some(found) => {
+                for warning in &found.skipped {
+                    log::warn!("rank {rank}: {warning}");
+                }
+                chosen[0] = found.snapshot.number as i64;
+            }
+            None => println!("No snapshot in {}: starting afresh", dir.display()),
+        }
+    }
+    group
+        .broadcast(&mut chosen, 0)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    usize::try_from(chosen[0])
+        .ok()
+        .map(|epoch| dir.join(format!("model_epoch_{epoch}")))
+}
+
 fn main() {
     common::cli::init_logger();
     let args = ToyArgs::parse();
@@ -156,11 +226,17 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
         .build(shard);
 
     // 2. Model and optimizer, resumed on every rank before wrapping.
+    let resume = match args.resume.as_deref() {
+        Some(path) if path == Path::new(RESUME_AUTO) => {
+            newest_snapshot::<B>(&group, &config, checkpoint_dir, &device)
+        }
+        other => other.map(Path::to_path_buf),
+    };
     B::seed(&device, seed);
     let mut model = ToyModel::<B>::new(&device);
     let mut optimizer = SgdConfig::new().init();
     let mut first_epoch = 0;
-    if let Some(path) = &args.resume {
+    if let Some(path) = &resume {
         let (model_record, optimizer_record, epoch) =
             burn_ddp::checkpoint::load::<B, _>(&path, &device)
                 .unwrap_or_else(|e| fail(Some(rank), e));
@@ -246,7 +322,7 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
                 );
                 last_saved = Some(save::<B>(record, checkpoint_dir, stop.epoch, rank));
             }
-            match last_saved.as_deref().or(args.resume.as_deref()) {
+            match last_saved.as_deref().or(resume.as_deref()) {
                 Some(path) => println!(
                     "{}; go on with --resume {}",
                     stop.describe(),
@@ -267,6 +343,11 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
         );
     }
     if rank == 0 {
+        // Equal for two runs exactly when they ended with the same parameters.
+        println!(
+            "Parameters fingerprint: {:016x}",
+            burn_ddp::parameters_fingerprint(&model)
+        );
         println!("Training complete.");
     }
 }

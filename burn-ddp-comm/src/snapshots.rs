@@ -1,0 +1,196 @@
+//! Numbered snapshots in a folder (`model_epoch_3.mpk`, `model_epoch_4.mpk`,
+//! ...), and the newest one that loads: what a trainer restarted after a
+//! crash resumes from by itself. A corrupt snapshot (a damaged file) is
+//! skipped with a warning naming it, so the previous one is used; a snapshot
+//! that loads but belongs to another model or configuration is an error,
+//! never a silent fresh start. Both front-ends' trainers go through here;
+//! the loading itself (Burn's records) is theirs.
+
+use std::path::{Path, PathBuf};
+
+/// One snapshot file and its number (the epoch or step it was taken after).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The file.
+    pub path: PathBuf,
+    /// The number in its name.
+    pub number: usize,
+}
+
+/// Why a snapshot could not be resumed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadError {
+    /// The file is damaged or unreadable: an older snapshot may do.
+    Corrupt(String),
+    /// The file is whole but not this run's (another model or
+    /// configuration): resuming from any snapshot here would be wrong.
+    Refused(String),
+}
+
+/// What [`newest_loadable`] found.
+#[derive(Debug)]
+pub struct Resumed<T> {
+    /// What the loader made of the snapshot.
+    pub value: T,
+    /// The snapshot it came from.
+    pub snapshot: Snapshot,
+    /// A warning per newer snapshot that was corrupt and skipped.
+    pub skipped: Vec<String>,
+}
+
+/// The snapshots `<stem><N><extension>` in `dir` (`stem` = `model_epoch_`,
+/// `extension` = `.mpk`), newest (highest `N`) first; none when `dir` does
+/// not exist. Files being written (`*.partial`, temporary names) do not match.
+pub fn list(dir: &Path, stem: &str, extension: &str) -> std::io::Result<Vec<Snapshot>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(number) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(stem)?.strip_suffix(extension))
+            .filter(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|digits| digits.parse().ok())
+        else {
+            continue;
+        };
+        found.push(Snapshot {
+            path: entry.path(),
+            number,
+        });
+    }
+    found.sort_by(|a, b| b.number.cmp(&a.number));
+    Ok(found)
+}
+
+/// Loads the newest of `snapshots` (newest first, as [`list`] gives them)
+/// that `load` accepts. A corrupt one is skipped with a warning; a refused one
+/// ends the search with its error; when every one is corrupt that is an error
+/// too (naming them), not a fresh start. `Ok(None)`: there are none.
+pub fn newest_loadable<T>(
+    snapshots: &[Snapshot],
+    mut load: impl FnMut(&Snapshot) -> Result<T, LoadError>,
+) -> Result<Option<Resumed<T>>, String> {
+    let mut skipped = Vec::new();
+    for snapshot in snapshots {
+        match load(snapshot) {
+            Ok(value) => {
+                return Ok(Some(Resumed {
+                    value,
+                    snapshot: snapshot.clone(),
+                    skipped,
+                }))
+            }
+            Err(LoadError::Corrupt(why)) => skipped.push(format!(
+                "snapshot {} cannot be read ({why}); trying the one before",
+                snapshot.path.display()
+            )),
+            Err(LoadError::Refused(why)) => {
+                return Err(format!(
+                    "snapshot {} is not this run's: {why}; resume with the model and settings \
+                     it was made with, or give another checkpoint folder",
+                    snapshot.path.display()
+                ))
+            }
+        }
+    }
+    if skipped.is_empty() {
+        Ok(None)
+    } else {
+        Err(format!(
+            "no snapshot can be resumed from: {}; remove them to start afresh",
+            skipped.join("; ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder(name: &str, files: &[&str]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("snapshots-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for file in files {
+            std::fs::write(dir.join(file), file.as_bytes()).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn snapshots_are_listed_newest_first_and_others_ignored() {
+        let dir = folder(
+            "list",
+            &[
+                "model_epoch_2.mpk",
+                "model_epoch_10.mpk",
+                "model_epoch_9.mpk",
+                "model_epoch_.mpk",
+                "model_epoch_3.mpk.partial",
+                "model_epoch_x.mpk",
+                "config.json",
+            ],
+        );
+        let numbers: Vec<usize> = list(&dir, "model_epoch_", ".mpk")
+            .unwrap()
+            .iter()
+            .map(|s| s.number)
+            .collect();
+        assert_eq!(numbers, [10, 9, 2]);
+        assert!(list(&dir.join("absent"), "model_epoch_", ".mpk")
+            .unwrap()
+            .is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_corrupt_newest_falls_back_with_a_warning_naming_it() {
+        let dir = folder("corrupt", &["s_3.bin", "s_2.bin", "s_1.bin"]);
+        let snapshots = list(&dir, "s_", ".bin").unwrap();
+        let resumed = newest_loadable(&snapshots, |s| match s.number {
+            3 => Err(LoadError::Corrupt("truncated".into())),
+            n => Ok(n),
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!((resumed.value, resumed.snapshot.number), (2, 2));
+        assert_eq!(resumed.skipped.len(), 1);
+        assert!(
+            resumed.skipped[0].contains("s_3.bin") && resumed.skipped[0].contains("truncated"),
+            "{:?}",
+            resumed.skipped
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn another_runs_snapshot_is_an_error_not_a_fresh_start() {
+        let dir = folder("refused", &["s_2.bin", "s_1.bin"]);
+        let snapshots = list(&dir, "s_", ".bin").unwrap();
+        let err = newest_loadable(&snapshots, |_| -> Result<(), _> {
+            Err(LoadError::Refused(
+                "linear.weight is [10, 1], not [784, 10]".into(),
+            ))
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("s_2.bin") && err.contains("[784, 10]") && err.contains("not this run's"),
+            "{err}"
+        );
+        // Every one corrupt: an error naming them.
+        let err = newest_loadable(&snapshots, |_| -> Result<(), _> {
+            Err(LoadError::Corrupt("bad".into()))
+        })
+        .unwrap_err();
+        assert!(err.contains("s_2.bin") && err.contains("s_1.bin"), "{err}");
+        // None at all: a fresh start.
+        assert!(newest_loadable(&[], |_| Ok(())).unwrap().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
