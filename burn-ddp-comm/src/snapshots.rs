@@ -64,7 +64,7 @@ pub fn list(dir: &Path, stem: &str, extension: &str) -> std::io::Result<Vec<Snap
             number,
         });
     }
-    found.sort_by(|a, b| b.number.cmp(&a.number));
+    found.sort_by_key(|snapshot| std::cmp::Reverse(snapshot.number));
     Ok(found)
 }
 
