@@ -990,3 +990,116 @@ fn toy_resume_auto_skips_a_corrupt_snapshot_and_refuses_another_run() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The toy on the two-machine bed (2 x 2 ranks) under `--max-restarts 2` and
+/// `--resume auto`: rank 3 (machine 1) SIGKILLed in round 0, rank 0 (machine
+/// 0) in round 1. Both machines' launchers end each round together, start
+/// their workers again, and exit 0; the run ends with the parameters of an
+/// uninterrupted run on the same two machines.
+#[test]
+fn toy_on_two_machines_survives_a_worker_killed_on_either() {
+    let Some(machines) = burn_ddp_testkit::Machines::create(2).unwrap() else {
+        return;
+    };
+    let toy_args = [
+        "--epochs",
+        "8",
+        "--batch-size",
+        "4",
+        "--save-interval",
+        "1",
+        "--loss-precision",
+        "9",
+    ];
+    let launcher_on = |node: usize, dir: &Path, restarts: &[&str]| {
+        let mut cmd = machines.command_in(node, dir, launcher().to_str().unwrap());
+        cmd.args(["--nnodes", "2", "--node-rank", &node.to_string()])
+            .args(["--nproc-per-node", "2", "--master-port", "29500"])
+            .args(["--master-addr", &machines.addr(0).to_string()])
+            .args(["--prefix-output"])
+            .args(restarts)
+            .arg(example("toy"))
+            .args(toy_args)
+            .env("BURN_DDP_JOB_TOKEN", "toy-restarts-on-two-machines")
+            .env("BURN_DDP_TIMEOUT_SECS", "30");
+        cmd
+    };
+    let fingerprint = |text: &str| {
+        text.lines()
+            .find_map(|l| Some(l.split_once("Parameters fingerprint: ")?.1.to_string()))
+    };
+
+    let reference_dir = scratch("toy-machines-restarts-reference");
+    let runs: Vec<_> = (0..2)
+        .map(|node| {
+            let cmd = launcher_on(node, &reference_dir, &[]);
+            let dir = reference_dir.clone();
+            std::thread::spawn(move || run(cmd, &dir, Duration::from_secs(300)))
+        })
+        .collect();
+    let reference: Vec<Output> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+    for out in &reference {
+        assert_success(out);
+    }
+    let expected = fingerprint(&stdout(&reference[0]));
+    assert!(expected.is_some(), "{}", stdout(&reference[0]));
+
+    let dir = scratch("toy-machines-restarts");
+    let restarts = ["--max-restarts", "2"];
+    let mut jobs: Vec<Interactive> = (0..2)
+        .map(|node| {
+            let mut cmd = launcher_on(node, &dir, &restarts);
+            cmd.args(["--resume", "auto"]);
+            Interactive::start(cmd, &dir)
+        })
+        .collect();
+    // (round, the epoch rank 0 reports before the kill, machine, rank there).
+    for (round, epoch, node, rank) in [(0, 2, 1, 3), (1, 4, 0, 0)] {
+        jobs[0].wait_for(
+            &format!("[rank 0 round {round}] Epoch {epoch}/8"),
+            Duration::from_secs(120),
+        );
+        let victim = worker_pid(jobs[node].pid(), rank)
+            .unwrap_or_else(|| panic!("round {round}: no rank {rank} on machine {node}"));
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(victim, libc::SIGKILL) };
+    }
+    let outs: Vec<(Output, Duration)> = jobs
+        .into_iter()
+        .map(|job| job.wait(Duration::from_secs(300)))
+        .collect();
+    let context: String = outs
+        .iter()
+        .enumerate()
+        .map(|(node, (out, _))| {
+            format!(
+                "--- machine {node}: {:?}\n{}\n{}\n",
+                out.status,
+                stdout(out),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .collect();
+    for (out, _) in &outs {
+        assert_eq!(out.status.code(), Some(0), "{context}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("starting every worker again: round 2"),
+            "{context}"
+        );
+    }
+    // Each machine's launcher saw the other's failure or its own.
+    let stderr1 = String::from_utf8_lossy(&outs[1].0.stderr);
+    assert!(
+        stderr1.contains("round 1 failed on another machine (machine 0: rank 0 killed by SIGKILL)"),
+        "{context}"
+    );
+    let stderr0 = String::from_utf8_lossy(&outs[0].0.stderr);
+    assert!(
+        stderr0.contains("round 0 failed on another machine (machine 1: rank 3 killed by SIGKILL)"),
+        "{context}"
+    );
+    assert_eq!(fingerprint(&stdout(&outs[0].0)), expected, "{context}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&reference_dir);
+}

@@ -91,7 +91,8 @@ pub struct LaunchOptions {
           conflicts_with_all = ["master_addr", "master_port"])]
     pub rdzv_endpoint: Option<String>,
     /// When a worker fails, stop the others and start every worker again, up
-    /// to N times (one machine); each round forms a fresh group.
+    /// to N times (on every machine: the launchers agree through the store);
+    /// each round forms a fresh group.
     #[arg(
         long = "max-restarts",
         visible_alias = "max_restarts",
@@ -159,13 +160,6 @@ impl LaunchOptions {
     pub fn into_config(self, program: Vec<String>) -> Result<LaunchConfig, String> {
         if program.is_empty() {
             return Err("no program to launch".into());
-        }
-        if self.max_restarts != 0 && self.nnodes > 1 {
-            return Err(format!(
-                "--max-restarts {} with --nnodes {}: restarts are for one machine so far (the \
-                 launchers of several machines do not yet agree on a round); drop one of them",
-                self.max_restarts, self.nnodes
-            ));
         }
         if self.node_rank >= self.nnodes {
             return Err(format!(
@@ -359,16 +353,6 @@ mod tests {
         assert!(message(&["--nnodes", "1:4", "p"]).contains("elastic"));
         assert!(message(&["--master-port", "70000", "p"]).contains("port"));
         assert!(message(&["--standalone", "--master-port", "1234", "p"]).contains("drop"));
-        let several = message(&[
-            "--max-restarts",
-            "3",
-            "--nnodes",
-            "2",
-            "--master-addr",
-            "h",
-            "p",
-        ]);
-        assert!(several.contains("one machine"), "{several}");
         assert!(message(&["--max-restarts", "-1", "p"]).contains("-1"));
         assert!(message(&["--max-restarts", "many", "p"]).contains("many"));
         assert_eq!(launch(&["--max-restarts", "3", "p"]).max_restarts, 3);

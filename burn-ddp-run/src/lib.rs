@@ -21,6 +21,7 @@
 pub mod cargo_ddp;
 pub mod cli;
 mod output;
+mod rounds;
 mod signals;
 mod supervisor;
 

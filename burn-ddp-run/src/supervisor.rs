@@ -2,6 +2,7 @@
 
 use crate::cli::LaunchConfig;
 use crate::output::LineSink;
+use crate::rounds::{Failure, Peers, Policy, Verdict};
 use crate::signals;
 use burn_ddp_comm::env::LAUNCHER_STORE_VAR;
 use burn_ddp_comm::job::keys::{follow_blames, JobKeys};
@@ -132,14 +133,29 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
         );
     }
     signals::install();
+    // Several machines that restart agree on each round through the store.
+    let peers = if config.nnodes > 1 && config.max_restarts > 0 {
+        Some(Peers::connect(
+            &config.master_addr,
+            master_port,
+            job.token.as_ref(),
+            config.node_rank,
+            config.nnodes,
+            &job.id,
+            config.shutdown_timeout,
+        )?)
+    } else {
+        None
+    };
     let launch = Launch {
         config,
         job: &job,
         store: store.as_ref(),
+        peers: peers.as_ref(),
         master_port,
         thread_defaults: &thread_defaults,
     };
-    let mut failed_before_forming: Option<i32> = None;
+    let mut policy = Policy::new(config.max_restarts);
     for round in 0..=config.max_restarts {
         if round > 0 {
             log::info!(
@@ -147,91 +163,51 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
                 config.max_restarts
             );
         }
-        let end = launch.round(round)?;
-        let (code, formed, duplicate) = match end {
+        let failure = match launch.round(round)? {
             RoundEnd::Succeeded => {
                 if round > 0 {
                     log::info!("the job succeeded in round {round}, after {round} restart(s)");
                 }
                 return Ok(0);
             }
-            RoundEnd::Interrupted(code) => return Ok(code),
-            RoundEnd::Failed {
-                code,
-                formed,
-                duplicate,
-            } => (code, formed, duplicate),
+            RoundEnd::Failed(failure) => failure,
         };
-        if config.max_restarts == 0 {
-            return Ok(code);
-        }
-        if round == config.max_restarts {
-            log::error!(
-                "no restarts left ({} used): the job failed with the root cause above",
-                config.max_restarts
-            );
-            return Ok(code);
-        }
-        // A restart repeats what a setting or the program causes: say so, and
-        // keep the restarts for crashes.
-        if let Some(why) = duplicate {
-            log::error!(
-                "not restarting: {why}; that is a configuration error, which every round \
-                 would repeat"
-            );
-            return Ok(code);
-        }
-        if !formed {
-            if failed_before_forming == Some(code) {
-                log::error!(
-                    "not restarting: round {round} failed as round {} did ({}), before its \
-                     ranks formed their group, so before any training step: a setting, a \
-                     missing file or the program itself, not bad luck; fix it and start \
-                     the job again",
-                    round - 1,
-                    describe_code(code)
-                );
-                return Ok(code);
+        let verdict = match (&peers, config.node_rank) {
+            (None, _) => policy.after(round, &failure),
+            (Some(peers), 0) => {
+                let verdict = policy.after(round, &failure);
+                peers.publish(round, &verdict);
+                verdict
             }
-            log::warn!(
-                "round {round} failed ({}) before its ranks formed their group, so before \
-                 any training step; if the next round fails the same way it is not bad luck \
-                 and the job ends",
-                describe_code(code)
-            );
-            failed_before_forming = Some(code);
-        } else {
-            failed_before_forming = None;
+            (Some(peers), _) => {
+                if failure.interrupted {
+                    // The user stopped this machine: it does not wait for node 0.
+                    return Ok(failure.code);
+                }
+                peers.verdict(round)?
+            }
+        };
+        match verdict {
+            Verdict::Restart => {}
+            Verdict::Stop(code) => {
+                return Ok(if failure.code != 0 {
+                    failure.code
+                } else {
+                    code
+                })
+            }
         }
     }
     unreachable!("the last round returns")
-}
-
-/// The launcher's exit code in words.
-fn describe_code(code: i32) -> String {
-    if code > 128 && code < 128 + 65 {
-        format!("killed by {}", signals::name(code - 128))
-    } else {
-        format!("exit code {code}")
-    }
 }
 
 /// How one round of workers ended.
 enum RoundEnd {
     /// Every worker exited with 0.
     Succeeded,
-    /// The user stopped the job (Ctrl-C, SIGTERM): the launcher's code.
-    Interrupted(i32),
-    /// A worker failed.
-    Failed {
-        /// The launcher's code for the first failure.
-        code: i32,
-        /// Whether every rank had joined the round's group (so training may
-        /// have begun). Unknown on a machine that does not host the store.
-        formed: bool,
-        /// Why the group could not stand when a rank was claimed twice.
-        duplicate: Option<String>,
-    },
+    /// A worker failed, the user stopped the job, or another machine's
+    /// round failed.
+    Failed(Failure),
 }
 
 /// What every round of the job shares.
@@ -239,6 +215,8 @@ struct Launch<'a> {
     config: &'a LaunchConfig,
     job: &'a JobIdentity,
     store: Option<&'a StoreServer>,
+    /// The other machines' launchers, when several machines restart.
+    peers: Option<&'a Peers>,
     master_port: u16,
     thread_defaults: &'a [&'a str],
 }
@@ -273,15 +251,19 @@ impl Launch<'_> {
             keys: keys.clone(),
         };
         let label = (config.max_restarts > 0).then_some(round);
-        Ok(match supervise(workers, config, started, &blames, label) {
-            Supervised::Succeeded => RoundEnd::Succeeded,
-            Supervised::Interrupted(code) => RoundEnd::Interrupted(code),
-            Supervised::Failed(code) => RoundEnd::Failed {
-                code,
-                formed: self.formed(&keys, world_size),
-                duplicate: self.duplicate(&keys),
-            },
-        })
+        let peers = self.peers.map(|peers| (peers, round));
+        let (code, interrupted) = match supervise(workers, config, started, &blames, label, peers) {
+            Supervised::Succeeded => return Ok(RoundEnd::Succeeded),
+            Supervised::Interrupted(code) => (code, true),
+            Supervised::Failed(code) => (code, false),
+            Supervised::StoppedForPeer(code) => (code, false),
+        };
+        Ok(RoundEnd::Failed(Failure {
+            code,
+            formed: self.formed(&keys, world_size),
+            duplicate: self.duplicate(&keys),
+            interrupted: interrupted || self.peers.is_some_and(|p| p.interrupted(round)),
+        }))
     }
 
     /// Whether every rank joined the attempt's first group.
@@ -442,21 +424,33 @@ enum Supervised {
     Interrupted(i32),
     /// The launcher's code for the first failure (its summary printed).
     Failed(i32),
+    /// Another machine's round failed, so this one's workers were stopped;
+    /// the code they ended with (128 + SIGTERM, typically).
+    StoppedForPeer(i32),
 }
 
+/// How often a launcher of several machines looks for another's failure.
+const PEER_POLL: Duration = Duration::from_millis(200);
+
 /// Watches `workers` until all exit or one fails (then stops the others);
-/// `round` labels the summary when the job restarts.
+/// `round` labels the summary when the job restarts. With `peers` (several
+/// machines restarting, and the round), a failure here is reported to the
+/// other machines, and one reported there stops the workers here.
 fn supervise(
     mut workers: Vec<Worker>,
     config: &LaunchConfig,
     started: Instant,
     blames: &Blames<'_>,
     round: Option<u32>,
+    peers: Option<(&Peers, u32)>,
 ) -> Supervised {
     let mut first_failure: Option<usize> = None;
     let mut interrupted: Option<i32> = None;
     let mut kill_at: Option<Instant> = None;
     let mut term_again_at: Option<Instant> = None;
+    let mut peer_failure: Option<String> = None;
+    let mut reported = false;
+    let mut next_peer_poll = Instant::now() + PEER_POLL;
     loop {
         if let Some(signal) = signals::take() {
             if interrupted.is_none() {
@@ -490,7 +484,36 @@ fn supervise(
                 }
             }
         }
-        if first_failure.is_some() && kill_at.is_none() {
+        if let Some((peers, round)) = peers {
+            if !reported && (first_failure.is_some() || interrupted.is_some()) {
+                reported = true;
+                let what = match first_failure {
+                    Some(i) => format!(
+                        "rank {} {}",
+                        workers[i].rank,
+                        describe(workers[i].exit.unwrap().0)
+                    ),
+                    None => "the launcher got a stop signal".to_string(),
+                };
+                peers.report(round, &what, first_failure.is_none());
+            }
+            if first_failure.is_none()
+                && interrupted.is_none()
+                && peer_failure.is_none()
+                && Instant::now() >= next_peer_poll
+            {
+                next_peer_poll = Instant::now() + PEER_POLL;
+                if let Some(what) = peers.failure(round) {
+                    log::info!(
+                        "round {round} failed on another machine ({what}); stopping this \
+                         machine's workers"
+                    );
+                    peer_failure = Some(what);
+                    reported = true;
+                }
+            }
+        }
+        if (first_failure.is_some() || peer_failure.is_some()) && kill_at.is_none() {
             // Stop the others at once; they would otherwise wait out their
             // timeouts. A stopped worker is continued so it sees the SIGTERM.
             for w in workers.iter().filter(|w| w.exit.is_none()) {
@@ -528,6 +551,14 @@ fn supervise(
     }
     if let Some(signal) = interrupted {
         return Supervised::Interrupted(128 + signal);
+    }
+    if peer_failure.is_some() && first_failure.is_none() {
+        let code = workers
+            .iter()
+            .filter_map(|w| w.exit.map(|(status, _)| exit_code(status)))
+            .find(|code| *code != 0)
+            .unwrap_or(0);
+        return Supervised::StoppedForPeer(code);
     }
     match first_failure {
         None => Supervised::Succeeded,

@@ -10,6 +10,9 @@
 //!                                          host/<rank>          that rank's machine
 //!                                          blame/<rank>         the peer its first failure pointed at
 //!                                          <transport>/...      a transport's own keys
+//!                               launcher/failed              a round's first failure (several machines)
+//!                               launcher/verdict             node 0's launcher: restart or stop
+//!                               launcher/seen/<node>         that machine's launcher read the verdict
 //! ```
 //!
 //! The attempt counts the launcher's restarts of the job
@@ -43,6 +46,23 @@ impl JobKeys {
         GroupKeys {
             prefix: format!("{}{generation}/", self.prefix),
         }
+    }
+
+    /// The first failure of this attempt a launcher saw on its machine, for
+    /// the other machines' launchers (`--max-restarts` on several machines).
+    pub fn launcher_failed(&self) -> String {
+        format!("{}launcher/failed", self.prefix)
+    }
+
+    /// Node 0's launcher's verdict on this attempt after it failed
+    /// (`restart`, `stop <code>`).
+    pub fn launcher_verdict(&self) -> String {
+        format!("{}launcher/verdict", self.prefix)
+    }
+
+    /// Set by machine `node`'s launcher once it has read the verdict.
+    pub fn launcher_seen(&self, node: usize) -> String {
+        format!("{}launcher/seen/{node}", self.prefix)
     }
 
     /// `Some((generation, rank))` when `key` is a blame key of this job.

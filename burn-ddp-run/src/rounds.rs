@@ -1,0 +1,272 @@
+//! The rounds of a job that restarts (`--max-restarts`): whether a failed
+//! round is followed by another, and, on several machines, how the launchers
+//! agree on it through the rendezvous store.
+//!
+//! On several machines the launcher that sees the first failure of a round
+//! reports it under the round's keys; every other launcher watches for that
+//! report and stops its own workers, so the whole job ends the round within
+//! a poll. Node 0's launcher, which sees the store's keys, then decides
+//! (restart or stop) and publishes the decision; the others follow it, and
+//! say they have read it, so node 0 does not take the store away first.
+
+use crate::signals;
+use burn_ddp_comm::job::keys::JobKeys;
+use burn_ddp_comm::job::JobToken;
+use burn_ddp_comm::store::{Store, TcpStoreClient};
+use std::time::Duration;
+
+/// What follows a failed round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Start every worker again.
+    Restart,
+    /// End the job with this exit code.
+    Stop(i32),
+}
+
+/// How a round failed, as the decision needs it.
+pub(crate) struct Failure {
+    /// The launcher's code for the first failure.
+    pub code: i32,
+    /// Whether every rank joined the round's group.
+    pub formed: bool,
+    /// Why the group could not stand, when a rank was claimed twice.
+    pub duplicate: Option<String>,
+    /// The user stopped the job (on some machine).
+    pub interrupted: bool,
+}
+
+/// The restart policy: restarts are for crashes; what a setting or the
+/// program causes would only happen again.
+pub(crate) struct Policy {
+    max_restarts: u32,
+    /// The code of the last round, when it failed before its group formed.
+    failed_before_forming: Option<i32>,
+}
+
+impl Policy {
+    pub fn new(max_restarts: u32) -> Self {
+        Self {
+            max_restarts,
+            failed_before_forming: None,
+        }
+    }
+
+    /// The verdict after round `round` failed, said on stderr when it ends
+    /// the job or when the failure looks like a setting.
+    pub fn after(&mut self, round: u32, failure: &Failure) -> Verdict {
+        let code = failure.code;
+        if failure.interrupted || self.max_restarts == 0 {
+            return Verdict::Stop(code);
+        }
+        if round == self.max_restarts {
+            log::error!(
+                "no restarts left ({} used): the job failed with the root cause above",
+                self.max_restarts
+            );
+            return Verdict::Stop(code);
+        }
+        if let Some(why) = &failure.duplicate {
+            log::error!(
+                "not restarting: {why}; that is a configuration error, which every round \
+                 would repeat"
+            );
+            return Verdict::Stop(code);
+        }
+        if failure.formed {
+            self.failed_before_forming = None;
+            return Verdict::Restart;
+        }
+        if self.failed_before_forming == Some(code) {
+            log::error!(
+                "not restarting: round {round} failed as round {} did ({}), before its ranks \
+                 formed their group, so before any training step: a setting, a missing file \
+                 or the program itself, not bad luck; fix it and start the job again",
+                round - 1,
+                describe_code(code)
+            );
+            return Verdict::Stop(code);
+        }
+        log::warn!(
+            "round {round} failed ({}) before its ranks formed their group, so before any \
+             training step; if the next round fails the same way it is not bad luck and the \
+             job ends",
+            describe_code(code)
+        );
+        self.failed_before_forming = Some(code);
+        Verdict::Restart
+    }
+}
+
+/// A launcher's exit code in words.
+pub(crate) fn describe_code(code: i32) -> String {
+    if code > 128 && code < 128 + 65 {
+        format!("killed by {}", signals::name(code - 128))
+    } else {
+        format!("exit code {code}")
+    }
+}
+
+/// What a report of an interrupted round starts with.
+const INTERRUPTED: &str = "interrupted";
+
+/// The other machines' launchers, reached through the store.
+pub(crate) struct Peers {
+    store: TcpStoreClient,
+    node: usize,
+    nnodes: usize,
+    job_id: String,
+    /// How long to wait for node 0's decision: its workers may take the
+    /// shutdown timeout to stop.
+    decision_wait: Duration,
+}
+
+impl Peers {
+    /// Connects to the store at `host:port` as machine `node` of `nnodes`.
+    pub fn connect(
+        host: &str,
+        port: u16,
+        token: Option<&JobToken>,
+        node: usize,
+        nnodes: usize,
+        job_id: &str,
+        shutdown_timeout: Duration,
+    ) -> Result<Self, String> {
+        let store =
+            TcpStoreClient::connect_with_token(host, port, None, Duration::from_secs(300), token)
+                .map_err(|err| format!("cannot reach the store to agree on restarts: {err}"))?;
+        Ok(Self {
+            store,
+            node,
+            nnodes,
+            job_id: job_id.to_string(),
+            decision_wait: shutdown_timeout + Duration::from_secs(60),
+        })
+    }
+
+    fn keys(&self, round: u32) -> JobKeys {
+        JobKeys::new(&self.job_id, round as usize)
+    }
+
+    /// Tells the other machines that round `round` failed here (`what`), or
+    /// was interrupted here; the first report of a round stands.
+    pub fn report(&self, round: u32, what: &str, interrupted: bool) {
+        let key = self.keys(round).launcher_failed();
+        let text = if interrupted {
+            format!("{INTERRUPTED} on machine {}: {what}", self.node)
+        } else {
+            format!("machine {}: {what}", self.node)
+        };
+        if !matches!(self.store.check(&[&key]), Ok(true)) {
+            if let Err(err) = self.store.set(&key, text.as_bytes()) {
+                log::warn!("cannot tell the other machines that round {round} failed: {err}");
+            }
+        }
+    }
+
+    /// Another machine's report of round `round`, once there is one.
+    pub fn failure(&self, round: u32) -> Option<String> {
+        let key = self.keys(round).launcher_failed();
+        match self.store.check(&[&key]) {
+            Ok(true) => self
+                .store
+                .get(&key, Duration::from_secs(5))
+                .ok()
+                .map(|text| String::from_utf8_lossy(&text).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// Whether round `round` was interrupted by the user somewhere.
+    pub fn interrupted(&self, round: u32) -> bool {
+        self.failure(round)
+            .is_some_and(|text| text.starts_with(INTERRUPTED))
+    }
+
+    /// Node 0: publishes the verdict on round `round`, then waits (a few
+    /// seconds) until every other machine has read it.
+    pub fn publish(&self, round: u32, verdict: &Verdict) {
+        let keys = self.keys(round);
+        let text = match verdict {
+            Verdict::Restart => "restart".to_string(),
+            Verdict::Stop(code) => format!("stop {code}"),
+        };
+        if let Err(err) = self.store.set(&keys.launcher_verdict(), text.as_bytes()) {
+            log::warn!("cannot tell the other machines what follows round {round}: {err}");
+            return;
+        }
+        let seen: Vec<String> = (1..self.nnodes).map(|n| keys.launcher_seen(n)).collect();
+        let seen: Vec<&str> = seen.iter().map(String::as_str).collect();
+        if self.store.wait(&seen, Duration::from_secs(10)).is_err() {
+            log::warn!("not every machine read the verdict on round {round} within 10 s");
+        }
+    }
+
+    /// Another node: waits for node 0's verdict on round `round`.
+    pub fn verdict(&self, round: u32) -> Result<Verdict, String> {
+        let keys = self.keys(round);
+        let text = self
+            .store
+            .get(&keys.launcher_verdict(), self.decision_wait)
+            .map_err(|err| {
+                format!(
+                    "no word from node 0 on what follows round {round} ({err}); ending this \
+                     machine's part of the job"
+                )
+            })?;
+        let _ = self.store.set(&keys.launcher_seen(self.node), b"1");
+        let text = String::from_utf8_lossy(&text);
+        match text.strip_prefix("stop ") {
+            Some(code) => Ok(Verdict::Stop(code.trim().parse().unwrap_or(1))),
+            None if text == "restart" => Ok(Verdict::Restart),
+            None => Err(format!(
+                "node 0's verdict on round {round} is unreadable: {text:?}"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(code: i32, formed: bool) -> Failure {
+        Failure {
+            code,
+            formed,
+            duplicate: None,
+            interrupted: false,
+        }
+    }
+
+    #[test]
+    fn crashes_are_restarted_until_the_restarts_run_out() {
+        let mut policy = Policy::new(2);
+        assert_eq!(policy.after(0, &failure(137, true)), Verdict::Restart);
+        assert_eq!(policy.after(1, &failure(1, true)), Verdict::Restart);
+        assert_eq!(policy.after(2, &failure(1, true)), Verdict::Stop(1));
+    }
+
+    #[test]
+    fn settings_and_interrupts_are_not_restarted() {
+        let mut policy = Policy::new(5);
+        let mut duplicate = failure(1, true);
+        duplicate.duplicate = Some("rank 0 was claimed by two processes".into());
+        assert_eq!(policy.after(0, &duplicate), Verdict::Stop(1));
+        let mut interrupted = failure(130, true);
+        interrupted.interrupted = true;
+        assert_eq!(policy.after(0, &interrupted), Verdict::Stop(130));
+        // Before forming: once is given the benefit of the doubt, twice alike is not.
+        assert_eq!(policy.after(0, &failure(4, false)), Verdict::Restart);
+        assert_eq!(policy.after(1, &failure(4, false)), Verdict::Stop(4));
+        // Another code, or a round that formed in between, starts the count again.
+        let mut policy = Policy::new(5);
+        assert_eq!(policy.after(0, &failure(4, false)), Verdict::Restart);
+        assert_eq!(policy.after(1, &failure(2, false)), Verdict::Restart);
+        assert_eq!(policy.after(2, &failure(1, true)), Verdict::Restart);
+        assert_eq!(policy.after(3, &failure(1, false)), Verdict::Restart);
+        assert_eq!(policy.after(4, &failure(1, false)), Verdict::Stop(1));
+        // Without restarts, every failure stops.
+        assert_eq!(Policy::new(0).after(0, &failure(1, true)), Verdict::Stop(1));
+    }
+}
