@@ -1103,3 +1103,90 @@ fn toy_on_two_machines_survives_a_worker_killed_on_either() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&reference_dir);
 }
+
+/// `mnist --learner --resume auto` under `--max-restarts 1` on a small MNIST
+/// subset, rank 1 SIGKILLed in the middle of epoch 2: the second round goes
+/// on after epoch 1's checkpoint and ends with the uninterrupted run's
+/// figures (losses and accuracy) and parameters.
+#[test]
+fn mnist_learner_killed_mid_epoch_resumes_by_itself_and_ends_as_uninterrupted() {
+    let data = mnist_data(env!("CARGO_MANIFEST_DIR"));
+    let learner = |restarts: &[&str], extra: &[&str]| {
+        let mut cmd = Command::new(launcher());
+        cmd.args(["--standalone", "--nproc-per-node", "2", "--prefix-output"])
+            .args(restarts)
+            .arg(example("mnist"))
+            .arg("--learner")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--train-samples", "1024", "--test-samples", "128"])
+            .args([
+                "--batch-size",
+                "8",
+                "--epochs",
+                "2",
+                "--artifact-dir",
+                "art",
+            ])
+            .args(extra);
+        cmd
+    };
+    // The figures of an epoch line, without its time.
+    let figures = |text: &str, prefix: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .filter(|l| l.starts_with("epoch="))
+            .map(|l| l.split(" epoch_time=").next().unwrap().to_string())
+            .collect()
+    };
+    let reference_dir = scratch("mnist-learner-restart-reference");
+    let reference = run(learner(&[], &[]), &reference_dir, Duration::from_secs(300));
+    assert_success(&reference);
+    let expected = figures(&stdout(&reference), "[rank 0] ");
+    assert_eq!(expected.len(), 2, "{}", stdout(&reference));
+
+    let dir = scratch("mnist-learner-restart");
+    let mut job = Interactive::start(
+        learner(&["--max-restarts", "1"], &["--resume", "auto"]),
+        &dir,
+    );
+    job.wait_for("[rank 0 round 0] epoch=1 ", Duration::from_secs(300));
+    // Mid-epoch 2, with epoch 1's checkpoint written.
+    std::thread::sleep(Duration::from_secs(2));
+    let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let (out, _) = job.wait(Duration::from_secs(300));
+    let text = stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let context = format!("{text}\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{context}");
+    assert!(
+        text.contains("[rank 0 round 0] no checkpoint in art: starting afresh")
+            && text.contains("[rank 0 round 1] resuming after epoch 1"),
+        "{context}"
+    );
+    // Round 0 finished epoch 1; round 1 did epoch 2 only.
+    assert_eq!(
+        figures(&text, "[rank 0 round 0] "),
+        expected[..1],
+        "{context}"
+    );
+    assert_eq!(
+        figures(&text, "[rank 0 round 1] "),
+        expected[1..],
+        "{context}"
+    );
+    let fingerprint = |text: &str| {
+        text.lines()
+            .find_map(|l| Some(l.split_once("parameters fingerprint: ")?.1.to_string()))
+    };
+    assert!(fingerprint(&stdout(&reference)).is_some());
+    assert_eq!(
+        fingerprint(&text),
+        fingerprint(&stdout(&reference)),
+        "{context}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&reference_dir);
+}

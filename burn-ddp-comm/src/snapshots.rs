@@ -8,11 +8,14 @@
 
 use std::path::{Path, PathBuf};
 
-/// One snapshot file and its number (the epoch or step it was taken after).
+/// One snapshot and its number (the epoch or step it was taken after).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
-    /// The file.
+    /// Its file (the first of [`files`](Self::files)).
     pub path: PathBuf,
+    /// Every file it is made of (one, or Burn's Learner's model, optimizer
+    /// and scheduler files of one epoch).
+    pub files: Vec<PathBuf>,
     /// The number in its name.
     pub number: usize,
 }
@@ -61,11 +64,60 @@ pub fn list(dir: &Path, stem: &str, extension: &str) -> std::io::Result<Vec<Snap
         };
         found.push(Snapshot {
             path: entry.path(),
+            files: vec![entry.path()],
             number,
         });
     }
     found.sort_by_key(|snapshot| std::cmp::Reverse(snapshot.number));
     Ok(found)
+}
+
+/// The epochs `N` for which `dir` holds a file `<name>-<N>.<extension>` for
+/// every one of `names` (Burn's file checkpointer: `model-3.mpk`,
+/// `optim-3.mpk`, `scheduler-3.mpk`), newest first, each with its files in
+/// the order of `names`. An epoch missing one of them is not complete.
+pub fn complete_epochs(dir: &Path, names: &[&str]) -> std::io::Result<Vec<Snapshot>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let mut by_epoch: std::collections::BTreeMap<usize, Vec<Option<PathBuf>>> =
+        std::collections::BTreeMap::new();
+    for entry in entries {
+        let entry = entry?;
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        for (i, name) in names.iter().enumerate() {
+            let epoch = file_name
+                .strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .and_then(|rest| rest.split_once('.'))
+                .filter(|(digits, _)| {
+                    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+                })
+                .and_then(|(digits, _)| digits.parse::<usize>().ok());
+            if let Some(epoch) = epoch {
+                by_epoch
+                    .entry(epoch)
+                    .or_insert_with(|| vec![None; names.len()])[i] = Some(entry.path());
+            }
+        }
+    }
+    Ok(by_epoch
+        .into_iter()
+        .rev()
+        .filter_map(|(number, files)| {
+            let files: Vec<PathBuf> = files.into_iter().collect::<Option<_>>()?;
+            Some(Snapshot {
+                path: files[0].clone(),
+                files,
+                number,
+            })
+        })
+        .collect())
 }
 
 /// Loads the newest of `snapshots` (newest first, as [`list`] gives them)
@@ -146,6 +198,35 @@ mod tests {
         assert!(list(&dir.join("absent"), "model_epoch_", ".mpk")
             .unwrap()
             .is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_epoch_is_complete_when_every_file_of_it_is_there() {
+        let dir = folder(
+            "epochs",
+            &[
+                "model-1.mpk",
+                "optim-1.mpk",
+                "scheduler-1.mpk",
+                "model-2.mpk",
+                "optim-2.mpk",
+                "scheduler-2.mpk",
+                // Epoch 3's optimizer was never written: not complete.
+                "model-3.mpk",
+                "scheduler-3.mpk",
+                "model-x.mpk",
+            ],
+        );
+        let epochs = complete_epochs(&dir, &["model", "optim", "scheduler"]).unwrap();
+        let numbers: Vec<usize> = epochs.iter().map(|s| s.number).collect();
+        assert_eq!(numbers, [2, 1]);
+        let names: Vec<String> = epochs[0]
+            .files
+            .iter()
+            .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["model-2.mpk", "optim-2.mpk", "scheduler-2.mpk"]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

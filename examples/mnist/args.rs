@@ -85,9 +85,33 @@ pub(crate) struct MnistArgs {
         requires = "learner"
     )]
     pub(crate) artifact_dir: PathBuf,
-    /// With --learner: resume after this epoch from the experiment's checkpoints.
-    #[arg(long, value_name = "EPOCH", requires = "learner")]
-    pub(crate) resume: Option<usize>,
+    /// With --learner: resume after this epoch from the experiment's
+    /// checkpoints, or `auto`: after the newest complete one, if any (a
+    /// damaged one is skipped, another run's folder is an error), as a job
+    /// restarted by `burn-ddp-run --max-restarts` needs.
+    #[arg(long, value_name = "EPOCH|auto", requires = "learner", value_parser = resume_from)]
+    pub(crate) resume: Option<ResumeFrom>,
+}
+
+/// Where `--resume` goes on from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ResumeFrom {
+    /// After this epoch.
+    Epoch(usize),
+    /// After the newest complete checkpoint, if there is one.
+    Auto,
+}
+
+fn resume_from(value: &str) -> Result<ResumeFrom, String> {
+    if value == "auto" {
+        return Ok(ResumeFrom::Auto);
+    }
+    value
+        .parse()
+        .ok()
+        .filter(|epoch| *epoch > 0)
+        .map(ResumeFrom::Epoch)
+        .ok_or_else(|| format!("{value:?} is neither an epoch (1, 2, ...) nor `auto`"))
 }
 
 /// The hyper-parameters of a run, saved next to the model it produced.

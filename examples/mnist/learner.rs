@@ -5,13 +5,13 @@
 
 use crate::common::{fail, run_config};
 use crate::net::Net;
-use crate::{MnistArgs, MnistBatcher, MnistTrainingConfig};
+use crate::{MnistArgs, MnistBatcher, MnistTrainingConfig, ResumeFrom};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;
-use burn::record::CompactRecorder;
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use burn::train::metric::{AccuracyMetric, LossMetric};
@@ -97,6 +97,24 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
                                                                              // Rank 0 creates the folder, the others wait (kept as it is: a resume needs
                                                                              // its checkpoints; `recreate_artifact_dir` would empty it first).
     ddp.create_artifact_dir().unwrap_or_else(|e| fail(None, e)); // burn-ddp
+    let resume = match args.resume {
+        Some(ResumeFrom::Epoch(epoch)) => Some(epoch),
+        Some(ResumeFrom::Auto) => {
+            if ddp.is_main() {
+                refuse_another_run(&config, &directory.join("config.json"), rank);
+            }
+            // burn-ddp: rank 0 finds the newest whole checkpoint, every rank takes it.
+            let latest = ddp.latest_checkpoint().unwrap_or_else(|e| fail(None, e));
+            if ddp.is_main() {
+                match latest {
+                    Some(epoch) => println!("resuming after epoch {epoch}"),
+                    None => println!("no checkpoint in {}: starting afresh", directory.display()),
+                }
+            }
+            latest
+        }
+        None => None,
+    };
     if ddp.is_main() {
         // burn-ddp: one writer per file; every rank would write the same config.
         run_config::save(&config, &directory.join("config.json"))
@@ -126,11 +144,14 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     let optimizer = AdamWConfig::new().init();
     let mut training = SupervisedTraining::new(directory, loader_train, loader_valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
-        .with_file_checkpointer(CompactRecorder::new())
+        // burn-ddp: full precision (Burn's example uses CompactRecorder, half
+        // precision), so a run resumed after a restart goes on exactly as an
+        // uninterrupted one.
+        .with_file_checkpointer(NamedMpkFileRecorder::<FullPrecisionSettings>::new())
         .num_epochs(args.epochs)
         // One line per epoch (print_epoch) instead of a line per iteration.
         .renderer(SilentRenderer);
-    if let Some(epoch) = args.resume {
+    if let Some(epoch) = resume {
         training = training.checkpoint(epoch);
     }
     let training = training.ddp(&ddp); // burn-ddp
@@ -142,6 +163,11 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         println!(
             "replicas identical: {compared} parameter tensors on {} ranks",
             group.world_size()
+        );
+        // Equal for two runs exactly when they ended with the same parameters.
+        println!(
+            "parameters fingerprint: {:016x}",
+            burn_ddp::parameters_fingerprint(&result.model)
         );
         // burn-ddp: rank 0 alone saves, for every rank. Burn's MNIST example
         // saves the trained model beside the experiment; atomically here.
@@ -169,6 +195,29 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e)); // burn-ddp
     if let Some(signal) = stopped {
         std::process::exit(128 + signal);
+    }
+}
+
+/// `--resume auto` in a folder another run's configuration (other than its
+/// epochs) was saved in: an error naming it, not a resume from its checkpoints.
+fn refuse_another_run(config: &MnistTrainingConfig, saved: &std::path::Path, rank: usize) {
+    use burn::config::Config;
+    if !saved.exists() {
+        return;
+    }
+    let changed = MnistTrainingConfig::load(saved)
+        .map(|saved| run_config::differences(&saved, config, &["epochs"]))
+        .unwrap_or_else(|err| vec![format!("unreadable ({err})")]);
+    if !changed.is_empty() {
+        fail(
+            Some(rank),
+            format!(
+                "--resume auto: the checkpoints beside {} are another run's ({}); run with \
+                 those settings, or give another --artifact-dir",
+                saved.display(),
+                changed.join(", ")
+            ),
+        );
     }
 }
 

@@ -19,7 +19,7 @@ mod learner;
 mod net;
 mod source;
 
-use args::{MnistArgs, MnistTrainingConfig};
+use args::{MnistArgs, MnistTrainingConfig, ResumeFrom};
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};

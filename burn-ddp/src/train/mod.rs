@@ -56,6 +56,7 @@
 //! `MultiDevice` with `Ddp<B>` would run several backward passes in one
 //! process. Use this strategy (or `SingleDevice` in a world of one).
 
+mod checkpoints;
 mod metrics;
 mod quiet;
 mod strategy;
