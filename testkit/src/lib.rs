@@ -92,6 +92,9 @@ pub struct World {
     pub program: Option<(std::path::PathBuf, Vec<String>)>,
     /// The ranks' working folder (the driver's own by default).
     pub dir: Option<std::path::PathBuf>,
+    /// With [`Hosting::TorchrunAgent`]: this agent store, kept across runs
+    /// (torchrun restarting its workers), instead of a fresh one per run.
+    pub agent: Option<std::sync::Arc<C10dTestServer>>,
 }
 
 impl World {
@@ -109,6 +112,7 @@ impl World {
             machines: None,
             program: None,
             dir: None,
+            agent: None,
         }
     }
 
@@ -141,8 +145,9 @@ impl World {
             ),
             (_, None) => None,
         };
-        let agent = match self.hosting {
-            Hosting::TorchrunAgent => Some(C10dTestServer::start()),
+        let agent = match (self.hosting, &self.agent) {
+            (Hosting::TorchrunAgent, Some(agent)) => Some(std::sync::Arc::clone(agent)),
+            (Hosting::TorchrunAgent, None) => Some(std::sync::Arc::new(C10dTestServer::start())),
             _ => None,
         };
         let port = match (&ours, &agent) {

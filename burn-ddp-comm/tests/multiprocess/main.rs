@@ -23,6 +23,10 @@ fn main() {
             "runs_under_torchruns_agent_store",
             runs_under_torchruns_agent_store,
         ),
+        (
+            "workers_restarted_by_torchrun_join_afresh_each_round",
+            restarted_under_torchrun,
+        ),
         ("runs_under_mpirun", runs_under_mpirun),
         (
             "a_missing_agent_store_names_torchrun",
@@ -119,6 +123,29 @@ fn runs_under_torchruns_agent_store() -> Result<(), String> {
         let outcomes = w.run("lab");
         all_ok(&outcomes)?;
         check_lab_values(&outcomes, world)?;
+    }
+    Ok(())
+}
+
+/// torchrun with `--max-restarts`: its agent's store outlives the workers,
+/// and each round's workers (TORCHELASTIC_RESTART_COUNT 0, then 1) form a
+/// fresh group under that round's keys instead of meeting round 0's claims.
+fn restarted_under_torchrun() -> Result<(), String> {
+    let agent = std::sync::Arc::new(burn_ddp_testkit::C10dTestServer::start());
+    for round in ["0", "1"] {
+        let mut w = World::new(3).env("TORCHELASTIC_RESTART_COUNT", round);
+        w.hosting = Hosting::TorchrunAgent;
+        w.agent = Some(std::sync::Arc::clone(&agent));
+        let outcomes = w.run("lab");
+        all_ok(&outcomes).map_err(|e| format!("round {round}: {e}"))?;
+        check_lab_values(&outcomes, 3)?;
+    }
+    let keys = agent.keys();
+    for round in ["0", "1"] {
+        let prefix = format!("/worker/attempt_{round}/");
+        check(keys.iter().any(|k| k.starts_with(&prefix)), || {
+            format!("no key under {prefix}: {keys:?}")
+        })?;
     }
     Ok(())
 }
