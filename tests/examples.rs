@@ -1190,3 +1190,89 @@ fn mnist_learner_killed_mid_epoch_resumes_by_itself_and_ends_as_uninterrupted() 
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&reference_dir);
 }
+
+/// The hand-written MNIST loop's snapshots: 2 ranks train 2 epochs into
+/// `--checkpoint-dir`, then `--resume auto --epochs 3` goes on from
+/// model_epoch_2 and ends with the parameters of an uninterrupted 3-epoch
+/// run; another run's folder and `--resume` without a folder are refused.
+#[test]
+fn mnist_snapshots_resume_by_themselves_and_end_as_uninterrupted() {
+    let dir = scratch("mnist-snapshots");
+    small_mnist(&dir, 96, 20);
+    let mnist = |extra: &[&str]| {
+        let mut cmd = Command::new(launcher());
+        cmd.args(["--standalone", "--nproc-per-node", "2"])
+            .arg(example("mnist"))
+            .args(["--data-dir", ".", "--batch-size", "8"])
+            .args(extra);
+        run(cmd, &dir, Duration::from_secs(300))
+    };
+    let fingerprint = |text: &str| {
+        text.lines()
+            .find_map(|l| Some(l.split_once("parameters fingerprint: ")?.1.to_string()))
+    };
+    let straight = mnist(&["--epochs", "3", "--output", "straight"]);
+    assert_success(&straight);
+    let expected = fingerprint(&stdout(&straight));
+    assert!(expected.is_some(), "{}", stdout(&straight));
+
+    let first = mnist(&[
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        "ck",
+        "--resume",
+        "auto",
+    ]);
+    assert_success(&first);
+    assert!(
+        stdout(&first).contains("No snapshot in ck: starting afresh")
+            && dir.join("ck/model_epoch_2.mpk").is_file(),
+        "{}",
+        stdout(&first)
+    );
+    let resumed = mnist(&[
+        "--epochs",
+        "3",
+        "--checkpoint-dir",
+        "ck",
+        "--resume",
+        "auto",
+    ]);
+    assert_success(&resumed);
+    let text = stdout(&resumed);
+    assert!(
+        text.contains("Resumed from ck/model_epoch_2 at epoch 2")
+            && text.contains("epoch=2 ")
+            && !text.contains("epoch=1 "),
+        "{text}"
+    );
+    assert_eq!(fingerprint(&text), expected, "{text}");
+
+    let other = mnist(&[
+        "--epochs",
+        "4",
+        "--lr",
+        "0.01",
+        "--checkpoint-dir",
+        "ck",
+        "--resume",
+        "auto",
+    ]);
+    assert_eq!(other.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert!(
+        stderr.contains("another run's") && stderr.contains("mnist_config.json"),
+        "{stderr}"
+    );
+    let mut bare = Command::new(example("mnist"));
+    bare.args(["--data-dir", ".", "--resume", "auto"]);
+    let bare = run(bare, &dir, Duration::from_secs(60));
+    assert_eq!(bare.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&bare.stderr).contains("give --checkpoint-dir DIR"),
+        "{}",
+        String::from_utf8_lossy(&bare.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -59,6 +59,20 @@ impl fmt::Display for CheckpointError {
     }
 }
 
+impl CheckpointError {
+    /// What the error means for resuming from a snapshot: a record Burn
+    /// refuses (another model's parameters or shapes) is another run's, which
+    /// no snapshot of the folder fixes; a file that cannot be read or is not
+    /// whole is corrupt (an older snapshot may do).
+    pub fn for_snapshot(self) -> burn_ddp_comm::snapshots::LoadError {
+        use burn_ddp_comm::snapshots::LoadError;
+        match self {
+            CheckpointError::Record { .. } => LoadError::Refused(self.to_string()),
+            other => LoadError::Corrupt(other.to_string()),
+        }
+    }
+}
+
 impl std::error::Error for CheckpointError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

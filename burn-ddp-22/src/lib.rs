@@ -49,6 +49,7 @@ mod replicas;
 mod sync;
 mod wrap;
 
+pub use burn_ddp_comm::snapshots;
 pub use burn_ddp_comm::stop::{catch_stop_signals, stop_requested, stop_signal};
 pub use burn_ddp_comm::{
     env::LaunchEnv, CommError, Launcher, ParamLayout, ProcessGroup, ProcessGroupBuilder, ReduceOp,
@@ -59,7 +60,7 @@ pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter, Collecti
 pub use data::{
     batch_size_per_rank, distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum,
 };
-pub use replicas::check_replicas;
+pub use replicas::{check_replicas, parameters_fingerprint};
 pub use sync::{reset_sync_stats, sync_gradients, sync_stats, sync_stats_of, SyncStats};
 pub use wrap::{wrap, DdpConfig, GradientCompression};
 

@@ -22,6 +22,16 @@ pub fn check_replicas<M: Module>(model: &M, group: &ProcessGroup) -> Result<usiz
     burn_ddp_comm::replicas::check_replicas(group, &digests.params)
 }
 
+/// A fingerprint of every parameter tensor of `model` (paths, shapes and
+/// bytes; [`burn_ddp_comm::replicas::fingerprint`]): print it at the end of
+/// two runs to check that they ended with exactly the same parameters. Local:
+/// no collective.
+pub fn parameters_fingerprint<M: Module>(model: &M) -> u64 {
+    let mut digests = Digests::default();
+    model.visit(&mut digests);
+    burn_ddp_comm::replicas::fingerprint(&digests.params)
+}
+
 #[derive(Default)]
 struct Digests {
     path: Vec<String>,

@@ -30,6 +30,14 @@ pub enum LoadError {
     Refused(String),
 }
 
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Corrupt(why) | LoadError::Refused(why) => f.write_str(why),
+        }
+    }
+}
+
 /// What [`newest_loadable`] found.
 #[derive(Debug)]
 pub struct Resumed<T> {

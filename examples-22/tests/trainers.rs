@@ -241,3 +241,73 @@ fn mnist22_short_run_on_two_ranks_learns_and_saves_the_model() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `toy22 --resume auto` on 2 ranks: 2 epochs saved every epoch, then the
+/// run goes on to 4 from model_epoch_2.ckpt by itself (a damaged newer file
+/// skipped with a warning naming it) and ends with the parameters of an
+/// uninterrupted 4-epoch run; the MNIST trainer refuses snapshots for now.
+#[test]
+fn toy22_resume_auto_ends_as_an_uninterrupted_run() {
+    let dir = scratch("toy22-auto");
+    let toy = |extra: &[&str]| {
+        let mut cmd = Command::new(launcher());
+        cmd.args(["--standalone", "--nproc-per-node", "2"])
+            .arg(example("toy22"))
+            .args(["--save-interval", "1", "--batch-size", "16"])
+            .args(extra);
+        run(cmd, &dir, LIMIT)
+    };
+    let fingerprint = |text: &str| {
+        text.lines()
+            .find_map(|l| Some(l.split_once("Parameters fingerprint: ")?.1.to_string()))
+    };
+    let straight = toy(&["--epochs", "4", "--checkpoint-dir", "straight"]);
+    assert_success(&straight);
+    let expected = fingerprint(&stdout(&straight));
+    assert!(expected.is_some(), "{}", stdout(&straight));
+    std::fs::create_dir_all(dir.join("ck")).unwrap();
+    let first = toy(&[
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        "ck",
+        "--resume",
+        "auto",
+    ]);
+    assert_success(&first);
+    assert!(
+        stdout(&first).contains("No snapshot in ck: starting afresh"),
+        "{}",
+        stdout(&first)
+    );
+    std::fs::write(dir.join("ck/model_epoch_3.ckpt"), b"not a checkpoint").unwrap();
+    let resumed = toy(&[
+        "--epochs",
+        "4",
+        "--checkpoint-dir",
+        "ck",
+        "--resume",
+        "auto",
+    ]);
+    assert_success(&resumed);
+    let (text, stderr) = (
+        stdout(&resumed),
+        String::from_utf8_lossy(&resumed.stderr).into_owned(),
+    );
+    assert!(
+        text.contains("Resumed from ck/model_epoch_2 at epoch 2")
+            && stderr.contains("model_epoch_3.ckpt cannot be read"),
+        "{text}\n{stderr}"
+    );
+    assert_eq!(fingerprint(&text), expected, "{text}");
+    let mut mnist = Command::new(example("mnist22"));
+    mnist.args(["--checkpoint-dir", "ck", "--resume", "auto"]);
+    let refused = run(mnist, &dir, LIMIT);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("not built yet"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

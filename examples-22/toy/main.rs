@@ -116,7 +116,7 @@ fn save(
     epochs_done: usize,
     rank: usize,
 ) -> PathBuf {
-    let path = dir.join(format!("model_epoch_{epochs_done}"));
+    let path = common::resume::snapshot_path(dir, epochs_done);
     let path = burn_ddp_22::checkpoint::save_atomic(path, model, Some(optimizer), epochs_done)
         .unwrap_or_else(|e| fail(Some(rank), e));
     println!("Rank {rank} saved checkpoint to {}", path.display());
@@ -159,11 +159,31 @@ fn train(args: &ToyArgs, device: Device) {
         .build(shard);
 
     // 2. Model and optimizer, resumed on every rank before wrapping.
+    let resume = match args.resume.as_deref() {
+        // The newest snapshot that loads into this model, the same for every rank.
+        Some(path) if path == Path::new("auto") => common::resume::newest_snapshot(
+            &group,
+            checkpoint_dir,
+            burn_ddp_22::checkpoint::EXTENSION,
+            &config,
+            &checkpoint_dir.join(CONFIG_FILE),
+            &["epochs"],
+            |snapshot| {
+                let checkpoint =
+                    burn_ddp_22::checkpoint::load(&snapshot.path).map_err(|e| e.for_snapshot())?;
+                checkpoint
+                    .load_model(ToyModel::new(&device))
+                    .map_err(|e| e.for_snapshot())?;
+                Ok(())
+            },
+        ),
+        other => other.map(Path::to_path_buf),
+    };
     device.seed(seed);
     let mut model = ToyModel::new(&device);
     let mut optimizer = SgdConfig::new().init();
     let mut first_epoch = 0;
-    if let Some(path) = &args.resume {
+    if let Some(path) = &resume {
         let checkpoint =
             burn_ddp_22::checkpoint::load(path).unwrap_or_else(|e| fail(Some(rank), e));
         model = checkpoint
@@ -183,7 +203,10 @@ fn train(args: &ToyArgs, device: Device) {
         }
     }
     if group.is_main() {
-        run_config::save(&config, &checkpoint_dir.join(CONFIG_FILE))
+        // Made if missing; refused here, before the first step, if it cannot be.
+        std::fs::create_dir_all(checkpoint_dir)
+            .map_err(|e| format!("--checkpoint-dir {}: {e}", checkpoint_dir.display()))
+            .and_then(|()| run_config::save(&config, &checkpoint_dir.join(CONFIG_FILE)))
             .unwrap_or_else(|e| fail(Some(rank), e));
     }
     let mut model = burn_ddp_22::wrap(model, &group).unwrap_or_else(|e| fail(Some(rank), e));
@@ -245,7 +268,7 @@ fn train(args: &ToyArgs, device: Device) {
             if stop.step == 0 && stop.epoch > first_epoch && stop.epoch % save_interval != 0 {
                 last_saved = Some(save(checkpoint_dir, &model, &optimizer, stop.epoch, rank));
             }
-            match last_saved.as_deref().or(args.resume.as_deref()) {
+            match last_saved.as_deref().or(resume.as_deref()) {
                 Some(path) => println!(
                     "{}; go on with --resume {}",
                     stop.describe(),
@@ -259,6 +282,11 @@ fn train(args: &ToyArgs, device: Device) {
     }
     burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
     if rank == 0 {
+        // Equal for two runs exactly when they ended with the same parameters.
+        println!(
+            "Parameters fingerprint: {:016x}",
+            burn_ddp_22::parameters_fingerprint(&model)
+        );
         println!("Training complete.");
     }
 }

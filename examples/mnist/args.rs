@@ -85,11 +85,26 @@ pub(crate) struct MnistArgs {
         requires = "learner"
     )]
     pub(crate) artifact_dir: PathBuf,
-    /// With --learner: resume after this epoch from the experiment's
-    /// checkpoints, or `auto`: after the newest complete one, if any (a
-    /// damaged one is skipped, another run's folder is an error), as a job
-    /// restarted by `burn-ddp-run --max-restarts` needs.
-    #[arg(long, value_name = "EPOCH|auto", requires = "learner", value_parser = resume_from)]
+    /// Hand-written loop: where rank 0 writes a snapshot (model, optimizer,
+    /// epochs done: model_epoch_N.mpk) every --save-interval epochs, and the
+    /// run's configuration (mnist_config.json). Without it, no snapshots.
+    #[arg(
+        long = "checkpoint-dir",
+        visible_alias = "checkpoint_dir",
+        value_name = "DIR",
+        conflicts_with = "learner"
+    )]
+    pub(crate) checkpoint_dir: Option<PathBuf>,
+    /// Hand-written loop: epochs between two snapshots.
+    #[arg(long = "save-interval", visible_alias = "save_interval", value_name = "N",
+          default_value_t = 1, value_parser = positive, requires = "checkpoint_dir")]
+    pub(crate) save_interval: usize,
+    /// Resume after this epoch (the Learner's checkpoint of it, or
+    /// model_epoch_N.mpk in --checkpoint-dir), or `auto`: after the newest
+    /// one that is whole, if any (a damaged one is skipped, another run's
+    /// folder is an error), as a job restarted by `burn-ddp-run
+    /// --max-restarts` needs.
+    #[arg(long, value_name = "EPOCH|auto", value_parser = resume_from)]
     pub(crate) resume: Option<ResumeFrom>,
 }
 

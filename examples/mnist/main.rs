@@ -20,6 +20,9 @@ mod net;
 mod source;
 
 use args::{MnistArgs, MnistTrainingConfig, ResumeFrom};
+
+/// Beside the hand-written loop's snapshots.
+const SNAPSHOT_CONFIG_FILE: &str = "mnist_config.json";
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};
@@ -160,6 +163,14 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     let config =
         MnistTrainingConfig::new(epochs, batch_size, world_size, lr, seed, train_set.len())
             .with_max_steps(max_steps);
+    let snapshots = args.checkpoint_dir.as_deref();
+    if args.resume.is_some() && snapshots.is_none() {
+        fail(
+            Some(rank),
+            "--resume without --learner resumes from --checkpoint-dir's snapshots: give \
+             --checkpoint-dir DIR",
+        );
+    }
 
     let sampler = burn_ddp::distributed_sampler(&group, train_set.len())
         .unwrap_or_else(|e| fail(Some(rank), e))
@@ -179,17 +190,51 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         .set_device(device.clone())
         .build(DistributedDataset::new(test_set, test_sampler));
 
+    // Where to go on from, chosen before the model draws its initial weights.
+    let resume = match (args.resume, snapshots) {
+        (Some(ResumeFrom::Auto), Some(dir)) => common::resume::newest_snapshot(
+            &group,
+            dir,
+            "mpk",
+            &config,
+            &dir.join(SNAPSHOT_CONFIG_FILE),
+            &["epochs"],
+            |snapshot| load_snapshot::<B>(&snapshot.path, &device).map(|_| ()),
+        ),
+        (Some(ResumeFrom::Epoch(epoch)), Some(dir)) => {
+            Some(common::resume::snapshot_path(dir, epoch))
+        }
+        _ => None,
+    };
+    if let (Some(dir), true) = (snapshots, group.is_main()) {
+        // Refused here, before the first step, when the folder cannot be written.
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("--checkpoint-dir {}: {e}", dir.display()))
+            .and_then(|()| run_config::save(&config, &dir.join(SNAPSHOT_CONFIG_FILE)))
+            .unwrap_or_else(|e| fail(Some(rank), e));
+    }
     B::seed(&device, seed);
-    let mut model =
-        burn_ddp::wrap(Net::<B>::new(&device), &group).unwrap_or_else(|e| fail(Some(rank), e));
+    let mut model = Net::<B>::new(&device);
     let mut optimizer = AdamWConfig::new().init();
+    let mut first_epoch = 0;
+    if let Some(path) = &resume {
+        let (loaded, optimizer_record, epochs_done) =
+            load_snapshot::<B>(path, &device).unwrap_or_else(|e| fail(Some(rank), e));
+        model = loaded;
+        optimizer = optimizer.load_record(optimizer_record);
+        first_epoch = epochs_done;
+        if group.is_main() {
+            println!("Resumed from {} at epoch {first_epoch}", path.display());
+        }
+    }
+    let mut model = burn_ddp::wrap(model, &group).unwrap_or_else(|e| fail(Some(rank), e));
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
 
     // Ctrl-C or SIGTERM: every rank stops before the same step (asked each
     // step) and rank 0 saves the model trained so far.
     burn_ddp::catch_stop_signals();
     let mut stopped = None;
-    'training: for epoch in 0..epochs {
+    'training: for epoch in first_epoch..epochs {
         epoch_handle.set_epoch(epoch);
         let started = Instant::now();
         let steps_per_epoch = shard_len
@@ -244,12 +289,31 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
                 all_samples as f64 / elapsed
             );
         }
+        if let Some(dir) = snapshots.filter(|_| (epoch + 1) % args.save_interval == 0) {
+            if group.is_main() {
+                let record = (
+                    model.clone().into_record(),
+                    optimizer.to_record(),
+                    epoch + 1,
+                );
+                let path = common::resume::snapshot_path(dir, epoch + 1);
+                burn_ddp::checkpoint::save_atomic::<B, _>(record, path)
+                    .unwrap_or_else(|e| fail(Some(rank), e));
+            }
+            // Every rank goes on once the snapshot is whole.
+            group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+        }
     }
 
     if let Some(stop) = stopped {
         println!("{}", stop.rank_line(rank));
     }
     if group.is_main() {
+        // Equal for two runs exactly when they ended with the same parameters.
+        println!(
+            "parameters fingerprint: {:016x}",
+            burn_ddp::parameters_fingerprint(&model)
+        );
         let path = burn_ddp::checkpoint::save_atomic::<B, _>(model.into_record(), &args.output)
             .unwrap_or_else(|e| fail(Some(rank), e));
         run_config::save(&config, &args.output.with_extension("config.json"))
@@ -266,6 +330,31 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     if let Some(stop) = stopped {
         std::process::exit(stop.exit_code());
     }
+}
+
+/// The model, optimizer state and epochs done of a snapshot, the model's
+/// shapes checked; an error says what it means for a resume.
+#[allow(clippy::type_complexity)]
+fn load_snapshot<B: AutodiffBackend>(
+    path: &std::path::Path,
+    device: &B::Device,
+) -> Result<
+    (
+        Net<B>,
+        <burn::optim::adaptor::OptimizerAdaptor<burn::optim::AdamW, Net<B>, B> as Optimizer<
+            Net<B>,
+            B,
+        >>::Record,
+        usize,
+    ),
+    burn_ddp::snapshots::LoadError,
+> {
+    let (model_record, optimizer_record, epochs_done): (_, _, usize) =
+        burn_ddp::checkpoint::load::<B, _>(path, device).map_err(|e| e.for_snapshot())?;
+    let model =
+        burn_ddp::checkpoint::load_record_checked(Net::<B>::new(device), model_record, path)
+            .map_err(|e| e.for_snapshot())?;
+    Ok((model, optimizer_record, epochs_done))
 }
 
 /// Correct predictions and samples seen on this rank's test shard.

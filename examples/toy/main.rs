@@ -21,7 +21,6 @@ use args::{ToyTrainingConfig, CONFIG_FILE};
 /// `--backend`'s default.
 const DEFAULT_BACKEND: &str = "ndarray";
 
-use burn::config::Config;
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::Module;
@@ -109,7 +108,7 @@ fn save<B: AutodiffBackend>(
     epochs_done: usize,
     rank: usize,
 ) -> PathBuf {
-    let path = dir.join(format!("model_epoch_{epochs_done}"));
+    let path = common::resume::snapshot_path(dir, epochs_done);
     let path = burn_ddp::checkpoint::save_atomic::<B, _>(record, path)
         .unwrap_or_else(|e| fail(Some(rank), e));
     println!("Rank {rank} saved checkpoint to {}", path.display());
@@ -119,39 +118,22 @@ fn save<B: AutodiffBackend>(
 /// `--resume auto`.
 const RESUME_AUTO: &str = "auto";
 
-/// `--resume auto`: rank 0 picks the newest snapshot in `dir` that loads and
-/// is this run's, and every rank resumes from that one (`None`: there is
-/// none, start afresh). A folder of another configuration is an error.
+/// `--resume auto`: the newest snapshot in `dir` that loads into a ToyModel
+/// and its SGD state, the same for every rank ([`common::resume`]).
 fn newest_snapshot<B: AutodiffBackend>(
     group: &burn_ddp::ProcessGroup,
     config: &ToyTrainingConfig,
     dir: &Path,
     device: &B::Device,
 ) -> Option<PathBuf> {
-    let rank = group.rank();
-    let mut chosen = [-1i64];
-    if group.is_main() {
-        let saved = dir.join(CONFIG_FILE);
-        if saved.exists() {
-            let changed = ToyTrainingConfig::load(&saved)
-                .map(|saved| run_config::differences(&saved, config, &["epochs"]))
-                .unwrap_or_else(|err| vec![format!("unreadable ({err})")]);
-            if !changed.is_empty() {
-                fail(
-                    Some(rank),
-                    format!(
-                        "--resume auto: the snapshots in {} are another run's ({} says {}); \
-                         run with those settings, or give another --checkpoint-dir",
-                        dir.display(),
-                        saved.display(),
-                        changed.join(", ")
-                    ),
-                );
-            }
-        }
-        let snapshots = burn_ddp::snapshots::list(dir, "model_epoch_", ".mpk")
-            .unwrap_or_else(|e| fail(Some(rank), format!("{}: {e}", dir.display())));
-        let found = burn_ddp::snapshots::newest_loadable(&snapshots, |snapshot| {
+    common::resume::newest_snapshot(
+        group,
+        dir,
+        "mpk",
+        config,
+        &dir.join(CONFIG_FILE),
+        &["epochs"],
+        |snapshot| {
             let (model_record, optimizer_record, _epoch): (_, _, usize) =
                 burn_ddp::checkpoint::load::<B, _>(&snapshot.path, device)
                     .map_err(|e| e.for_snapshot())?;
@@ -165,24 +147,8 @@ fn newest_snapshot<B: AutodiffBackend>(
                 .init::<B, ToyModel<B>>()
                 .load_record(optimizer_record);
             Ok(())
-        })
-        .unwrap_or_else(|e| fail(Some(rank), format!("--resume auto: {e}")));
-        match found {
-            Some(found) => {
-                for warning in &found.skipped {
-                    log::warn!("rank {rank}: {warning}");
-                }
-                chosen[0] = found.snapshot.number as i64;
-            }
-            None => println!("No snapshot in {}: starting afresh", dir.display()),
-        }
-    }
-    group
-        .broadcast(&mut chosen, 0)
-        .unwrap_or_else(|e| fail(Some(rank), e));
-    usize::try_from(chosen[0])
-        .ok()
-        .map(|epoch| dir.join(format!("model_epoch_{epoch}")))
+        },
+    )
 }
 
 fn main() {
@@ -254,7 +220,10 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
         }
     }
     if group.is_main() {
-        run_config::save(&config, &checkpoint_dir.join(CONFIG_FILE))
+        // Made if missing; refused here, before the first step, if it cannot be.
+        std::fs::create_dir_all(checkpoint_dir)
+            .map_err(|e| format!("--checkpoint-dir {}: {e}", checkpoint_dir.display()))
+            .and_then(|()| run_config::save(&config, &checkpoint_dir.join(CONFIG_FILE)))
             .unwrap_or_else(|e| fail(Some(rank), e));
     }
     let mut model = burn_ddp::wrap(model, &group).unwrap_or_else(|e| fail(Some(rank), e));
