@@ -780,17 +780,13 @@ fn toy_killed_three_times_under_max_restarts_ends_as_an_uninterrupted_run() {
     let expected = toy_losses(&stdout(&reference));
     assert_eq!(expected.len(), 10, "{}", stdout(&reference));
 
-    // Epochs after which rank 1 dies in rounds 0, 1 and 2 (at least one more
-    // each round, so every round trains).
+    // Rank 1 dies in rounds 0, 1 and 2, each time 1 or 2 epochs (drawn at
+    // random) after the round began: after epoch 1-2, then after the epoch
+    // the round resumed at plus 1-2.
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos() as usize;
-    let mut kill_after = Vec::new();
-    for i in 0..3 {
-        let previous = kill_after.last().copied().unwrap_or(0);
-        kill_after.push(previous + 1 + (seed >> (4 * i)) % 2);
-    }
     let dir = scratch("toy-restarts");
     let mut cmd = Command::new(launcher());
     cmd.args([
@@ -805,7 +801,21 @@ fn toy_killed_three_times_under_max_restarts_ends_as_an_uninterrupted_run() {
     .args(toy_args)
     .args(["--resume", "auto"]);
     let mut job = Interactive::start(cmd, &dir);
-    for (round, epoch) in kill_after.iter().enumerate() {
+    let mut kill_after = Vec::new();
+    for round in 0..3 {
+        let began_at = if round == 0 {
+            0
+        } else {
+            let marker = format!("[rank 0 round {round}] Resumed from ");
+            job.wait_for(&marker, Duration::from_secs(120));
+            job.stdout()
+                .lines()
+                .filter_map(|l| l.strip_prefix(&marker))
+                .find_map(|l| l.rsplit_once("at epoch ")?.1.trim().parse().ok())
+                .unwrap_or_else(|| panic!("round {round}: no epoch resumed at"))
+        };
+        let epoch: usize = began_at + 1 + (seed >> (4 * round)) % 2;
+        kill_after.push(epoch);
         job.wait_for(
             &format!("[rank 0 round {round}] Epoch {epoch}/10"),
             Duration::from_secs(120),
@@ -871,7 +881,7 @@ fn toy_killed_three_times_under_max_restarts_ends_as_an_uninterrupted_run() {
     let _ = std::fs::remove_dir_all(&reference_dir);
 }
 
-/// A rank stopped with SIGSTOP under `--max-restarts 1` and a 3 s timeout:
+/// A rank stopped with SIGSTOP under `--max-restarts 1` and a 5 s timeout:
 /// the hang becomes a failure within the timeout, the workers start again,
 /// resume from the newest snapshot, and end with the uninterrupted run's
 /// parameters.
@@ -907,7 +917,7 @@ fn toy_stopped_rank_under_max_restarts_becomes_a_restart() {
     .arg(example("toy"))
     .args(toy_args)
     .args(["--batch-size", "2", "--resume", "auto"])
-    .env("BURN_DDP_TIMEOUT_SECS", "3");
+    .env("BURN_DDP_TIMEOUT_SECS", "5");
     let mut job = Interactive::start(cmd, &dir);
     job.wait_for("[rank 0 round 0] Epoch 2/6", Duration::from_secs(120));
     let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
@@ -921,7 +931,7 @@ fn toy_stopped_rank_under_max_restarts_becomes_a_restart() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let context = format!("{text}\n{stderr}");
     assert_eq!(out.status.code(), Some(0), "{context}");
-    // The 3 s timeout, the stop of the others, the restart and the load.
+    // The 5 s timeout, the stop of the others, the restart and the load.
     assert!(
         resumed_after < Duration::from_secs(20),
         "resumed {resumed_after:?} after the SIGSTOP\n{context}"
@@ -1151,8 +1161,30 @@ fn mnist_learner_killed_mid_epoch_resumes_by_itself_and_ends_as_uninterrupted() 
         &dir,
     );
     job.wait_for("[rank 0 round 0] epoch=1 ", Duration::from_secs(300));
-    // Mid-epoch 2, with epoch 1's checkpoint written.
-    std::thread::sleep(Duration::from_secs(2));
+    // Mid-epoch 2, once epoch 1's checkpoint (written in the background) is
+    // all there: its three files, their sizes no longer changing.
+    let files: Vec<_> = ["model", "optim", "scheduler"]
+        .iter()
+        .map(|name| dir.join(format!("art/checkpoint/{name}-1.mpk")))
+        .collect();
+    let sizes = || -> Option<Vec<u64>> {
+        files
+            .iter()
+            .map(|f| std::fs::metadata(f).ok().map(|m| m.len()))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let before = sizes();
+        std::thread::sleep(Duration::from_millis(200));
+        if before.is_some() && before == sizes() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "epoch 1's checkpoint: {before:?}"
+        );
+    }
     let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(victim, libc::SIGKILL) };

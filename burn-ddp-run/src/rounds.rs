@@ -107,6 +107,9 @@ pub(crate) fn describe_code(code: i32) -> String {
     }
 }
 
+/// Bound on one request to the store (it is on node 0).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What a report of an interrupted round starts with.
 const INTERRUPTED: &str = "interrupted";
 
@@ -134,7 +137,10 @@ impl Peers {
     ) -> Result<Self, String> {
         let store =
             TcpStoreClient::connect_with_token(host, port, None, Duration::from_secs(300), token)
-                .map_err(|err| format!("cannot reach the store to agree on restarts: {err}"))?;
+                .map_err(|err| format!("cannot reach the store to agree on restarts: {err}"))?
+                // Polled every 200 ms while the workers run: a request must not hang
+                // on a machine that went away.
+                .with_request_timeout(REQUEST_TIMEOUT);
         Ok(Self {
             store,
             node,
@@ -164,16 +170,33 @@ impl Peers {
         }
     }
 
-    /// Another machine's report of round `round`, once there is one.
+    /// Another machine's report of round `round`, once there is one; a store
+    /// that cannot be reached (node 0's machine is gone) counts as one.
     pub fn failure(&self, round: u32) -> Option<String> {
         let key = self.keys(round).launcher_failed();
         match self.store.check(&[&key]) {
             Ok(true) => self
                 .store
-                .get(&key, Duration::from_secs(5))
+                .get(&key, REQUEST_TIMEOUT)
                 .ok()
                 .map(|text| String::from_utf8_lossy(&text).into_owned()),
-            _ => None,
+            Ok(false) => None,
+            Err(err) => Some(format!("the store on node 0 cannot be reached ({err})")),
+        }
+    }
+
+    /// Another machine's report of round `round`, waiting up to `grace` for
+    /// one.
+    pub fn failure_within(&self, round: u32, grace: Duration) -> Option<String> {
+        let deadline = std::time::Instant::now() + grace;
+        loop {
+            if let Some(what) = self.failure(round) {
+                return Some(what);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -197,23 +220,49 @@ impl Peers {
         }
         let seen: Vec<String> = (1..self.nnodes).map(|n| keys.launcher_seen(n)).collect();
         let seen: Vec<&str> = seen.iter().map(String::as_str).collect();
-        if self.store.wait(&seen, Duration::from_secs(10)).is_err() {
-            log::warn!("not every machine read the verdict on round {round} within 10 s");
+        // As long as a machine may take to stop its workers and look.
+        if self.store.wait(&seen, self.decision_wait).is_err() {
+            log::warn!(
+                "not every machine read the verdict on round {round} within {:?}",
+                self.decision_wait
+            );
         }
     }
 
-    /// Another node: waits for node 0's verdict on round `round`.
+    /// Another node: waits for node 0's verdict on round `round` (a Ctrl-C
+    /// meanwhile ends the wait: `Stop(130)`).
     pub fn verdict(&self, round: u32) -> Result<Verdict, String> {
         let keys = self.keys(round);
+        let deadline = std::time::Instant::now() + self.decision_wait;
+        let key = keys.launcher_verdict();
+        loop {
+            if let Some(signal) = signals::take() {
+                return Ok(Verdict::Stop(128 + signal));
+            }
+            match self.store.check(&[&key]) {
+                Ok(true) => break,
+                Ok(false) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+                Ok(false) => {
+                    return Err(format!(
+                        "no word from node 0 on what follows round {round} within {:?}; \
+                         ending this machine's part of the job",
+                        self.decision_wait
+                    ))
+                }
+                Err(err) => {
+                    return Err(format!(
+                        "node 0's store went away before saying what follows round {round} \
+                         ({err}); ending this machine's part of the job"
+                    ))
+                }
+            }
+        }
         let text = self
             .store
-            .get(&keys.launcher_verdict(), self.decision_wait)
-            .map_err(|err| {
-                format!(
-                    "no word from node 0 on what follows round {round} ({err}); ending this \
-                     machine's part of the job"
-                )
-            })?;
+            .get(&key, REQUEST_TIMEOUT)
+            .map_err(|err| format!("cannot read node 0's verdict on round {round}: {err}"))?;
         let _ = self.store.set(&keys.launcher_seen(self.node), b"1");
         let text = String::from_utf8_lossy(&text);
         match text.strip_prefix("stop ") {

@@ -132,8 +132,9 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
             config.nproc_per_node
         );
     }
-    signals::install();
-    // Several machines that restart agree on each round through the store.
+    // Several machines that restart agree on each round through the store
+    // (reached before the signal handlers go in: a Ctrl-C while node 0 is
+    // awaited simply ends the launcher).
     let peers = if config.nnodes > 1 && config.max_restarts > 0 {
         Some(Peers::connect(
             &config.master_addr,
@@ -147,6 +148,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
     } else {
         None
     };
+    signals::install();
     let launch = Launch {
         config,
         job: &job,
@@ -188,6 +190,14 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
             }
         };
         match verdict {
+            Verdict::Restart if round == config.max_restarts => {
+                return Err(format!(
+                    "node 0 starts round {} but this machine's --max-restarts is {}; give \
+                     every machine's launcher the same --max-restarts",
+                    round + 1,
+                    config.max_restarts
+                ))
+            }
             Verdict::Restart => {}
             Verdict::Stop(code) => {
                 return Ok(if failure.code != 0 {
@@ -198,7 +208,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, String> {
             }
         }
     }
-    unreachable!("the last round returns")
+    unreachable!("the last round returns or restarts")
 }
 
 /// How one round of workers ended.
@@ -432,6 +442,10 @@ enum Supervised {
 /// How often a launcher of several machines looks for another's failure.
 const PEER_POLL: Duration = Duration::from_millis(200);
 
+/// How long a launcher whose worker failed waits for another machine's
+/// report of the same round before reporting its own.
+const PEER_GRACE: Duration = Duration::from_millis(500);
+
 /// Watches `workers` until all exit or one fails (then stops the others);
 /// `round` labels the summary when the job restarts. With `peers` (several
 /// machines restarting, and the round), a failure here is reported to the
@@ -479,12 +493,32 @@ fn supervise(
             }
             if let Ok(Some(status)) = w.child.try_wait() {
                 w.exit = Some((status, started.elapsed()));
-                if !status.success() && first_failure.is_none() && interrupted.is_none() {
+                // Workers stopped for another machine's failure are not this
+                // machine's failure (nor its root cause).
+                if !status.success()
+                    && first_failure.is_none()
+                    && interrupted.is_none()
+                    && peer_failure.is_none()
+                {
                     first_failure = Some(i);
                 }
             }
         }
         if let Some((peers, round)) = peers {
+            if !reported && first_failure.is_some() && interrupted.is_none() {
+                // A failure here may only echo one on another machine (these
+                // workers lost their peers there): that machine's report,
+                // if it comes within a moment, is the round's root cause.
+                if let Some(what) = peers.failure_within(round, PEER_GRACE) {
+                    log::info!(
+                        "round {round} failed on another machine ({what}); stopping this \
+                         machine's workers"
+                    );
+                    peer_failure = Some(what);
+                    first_failure = None;
+                    reported = true;
+                }
+            }
             if !reported && (first_failure.is_some() || interrupted.is_some()) {
                 reported = true;
                 let what = match first_failure {
@@ -557,7 +591,8 @@ fn supervise(
             .iter()
             .filter_map(|w| w.exit.map(|(status, _)| exit_code(status)))
             .find(|code| *code != 0)
-            .unwrap_or(0);
+            // Workers that happened to finish still belong to a failed round.
+            .unwrap_or(1);
         return Supervised::StoppedForPeer(code);
     }
     match first_failure {

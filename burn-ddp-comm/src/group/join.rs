@@ -267,6 +267,11 @@ fn wait_for_join(
         match store.wait(&[key], left.min(DUPLICATE_POLL)) {
             Err(err) if err.is_timeout() && !left.is_zero() => {
                 if matches!(store.check(&[&keys.duplicate()]), Ok(true)) {
+                    if env.rank == 0 && env.store_host == StoreHost::RankZero {
+                        // The store goes with this process: leave the other
+                        // waiting ranks a poll or two to read why.
+                        std::thread::sleep(2 * DUPLICATE_POLL);
+                    }
                     return Err(duplicate_error(store, env, keys));
                 }
                 if left <= DUPLICATE_POLL {

@@ -54,6 +54,14 @@ impl TcpStoreClient {
         Ok(client)
     }
 
+    /// Bounds every later request by `timeout` instead of the connect
+    /// timeout: for a client that polls, and must not hang on a store whose
+    /// machine went away.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout.max(Duration::from_millis(100));
+        self
+    }
+
     /// The server's address.
     pub fn server_addr(&self) -> SocketAddr {
         self.server

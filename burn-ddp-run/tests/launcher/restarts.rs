@@ -41,11 +41,16 @@ pub fn worker(name: &str) -> Option<i32> {
                 std::env::var("TORCHELASTIC_MAX_RESTARTS").unwrap_or_default(),
                 group.world_size()
             );
-            if rank == 1 && round() < until {
-                std::thread::sleep(Duration::from_millis(200));
-                return Some(3);
+            if round() < until {
+                if rank == 1 {
+                    std::thread::sleep(Duration::from_millis(200));
+                    return Some(3);
+                }
+                // The others wait, outside any collective (so the crash is
+                // the only failure), until the launcher stops them.
+                std::thread::sleep(Duration::from_secs(60));
+                return Some(0);
             }
-            // The others wait in a collective that the crash ends.
             group.barrier().unwrap_or_else(|e| {
                 eprintln!("{e}");
                 std::process::exit(1)
