@@ -12,6 +12,10 @@ use std::time::Duration;
 /// How long a failing rank waits for a peer's report of whom it gave up on.
 const ORIGIN_WAIT: Duration = Duration::from_millis(500);
 
+/// How long rank 0, which may host the store, stays after learning that the
+/// group cannot stand, so the others can still read why from its store.
+const DUPLICATE_LINGER: Duration = Duration::from_millis(500);
+
 /// One rank's view of its group's failures.
 pub(super) struct Failures {
     pub rank: usize,
@@ -21,6 +25,8 @@ pub(super) struct Failures {
     pub duplicate_watch: Option<KeyWatch>,
     /// Whether this rank has recorded whom its first failure points at.
     blamed: AtomicBool,
+    /// Whether rank 0 has already lingered for the others (once is enough).
+    lingered: AtomicBool,
 }
 
 impl Failures {
@@ -30,12 +36,22 @@ impl Failures {
             keys: None,
             duplicate_watch: None,
             blamed: AtomicBool::new(false),
+            lingered: AtomicBool::new(false),
+        }
+    }
+
+    /// On rank 0, once: a pause before failing for a duplicate, so that a
+    /// store it hosts outlives the moment the others look there.
+    fn linger_for_the_others(&self) {
+        if self.rank == 0 && !self.lingered.swap(true, Ordering::SeqCst) {
+            std::thread::sleep(DUPLICATE_LINGER);
         }
     }
 
     /// Why the group cannot go on, once the watch has heard.
     pub fn fatal(&self) -> Option<CommError> {
         let reason = self.duplicate_watch.as_ref().and_then(KeyWatch::reason)?;
+        self.linger_for_the_others();
         Some(CommError::Mismatch {
             rank: self.rank,
             message: format!("the group cannot go on: {reason}"),
@@ -61,10 +77,13 @@ impl Failures {
             Some(String::from_utf8_lossy(&value).into_owned())
         });
         match reason {
-            Some(reason) => CommError::Mismatch {
-                rank: self.rank,
-                message: format!("the group cannot go on: {reason} (then: {err})"),
-            },
+            Some(reason) => {
+                self.linger_for_the_others();
+                CommError::Mismatch {
+                    rank: self.rank,
+                    message: format!("the group cannot go on: {reason} (then: {err})"),
+                }
+            }
             None => self.trace_origin(store, err),
         }
     }
