@@ -10,7 +10,9 @@
 //! [`ProcessGroup`] (collectives, dispatched to [`transport`] for host
 //! buffers and [`nccl`] for device buffers) → [`reducer`] (a model's
 //! gradients, bucket by bucket, behind the [`GradientSet`] a front-end
-//! implements).
+//! implements). [`learner`] holds what a Learner strategy on several
+//! processes needs beyond gradients (agreements, epoch figures, resume), for
+//! both Burn front-ends.
 //!
 //! ```
 //! use burn_ddp_comm::{ProcessGroup, ReduceOp};
@@ -39,6 +41,7 @@ pub mod frame;
 pub mod gpu;
 mod group;
 pub mod job;
+pub mod learner;
 pub mod nccl;
 pub mod reducer;
 pub mod replicas;

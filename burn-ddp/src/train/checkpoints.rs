@@ -1,49 +1,29 @@
 //! Resuming a Learner run by itself: the newest epoch whose checkpoint
-//! (Burn's file checkpointer: `model-N`, `optim-N` and `scheduler-N` in the
-//! experiment's `checkpoint` folder) is complete and whole, chosen by rank 0
-//! for every rank. The folder scan and the fallback are burn-ddp-comm's
-//! `snapshots`; what "whole" means for Burn's files is here.
+//! (Burn 0.21's file checkpointer: `model-N`, `optim-N` and `scheduler-N`,
+//! MessagePack, maybe gzipped) is complete and whole. The choice and the
+//! check that every rank has it are burn-ddp-comm's [`LearnerJob`]; what
+//! "whole" means for Burn 0.21's files is here.
+//!
+//! [`LearnerJob`]: burn_ddp_comm::learner::LearnerJob
 
-use super::DdpTraining;
-use crate::{CommError, Result};
-use burn_ddp_comm::snapshots::{self, LoadError, Snapshot};
+use super::{DdpTraining, LearnerJob};
+use crate::Result;
+use burn_ddp_comm::snapshots::{LoadError, Snapshot};
 use serde::Deserialize;
 use std::io::Read;
 use std::path::Path;
 
-/// The files Burn's Learner writes per epoch.
-const CHECKPOINT_NAMES: [&str; 3] = ["model", "optim", "scheduler"];
-
 impl DdpTraining {
     /// The newest epoch whose checkpoint in `<directory>/checkpoint` is
     /// complete (model, optimizer and scheduler) and whole, for every rank
-    /// alike (rank 0 decides): give it to `SupervisedTraining::checkpoint`
-    /// to go on after a restart (`burn-ddp-run --max-restarts`). A damaged
-    /// newest one is skipped with a warning naming the file; `None` when
-    /// there is none (start afresh); an error when every one is damaged.
-    /// Collective: every rank calls it, before `.ddp(...)`.
+    /// alike (rank 0 decides, every rank must have it): give it to
+    /// `SupervisedTraining::checkpoint` to go on after a restart
+    /// (`burn-ddp-run --max-restarts`). A damaged newest one is skipped with
+    /// a warning naming the file; `None` when there is none (start afresh);
+    /// an error when every one is damaged. Collective: every rank calls it,
+    /// before `.ddp(...)`.
     pub fn latest_checkpoint(&self) -> Result<Option<usize>> {
-        let rank = self.group.rank();
-        let mut chosen = [-1i64];
-        if self.is_main() {
-            let folder = self.directory.join("checkpoint");
-            let epochs = snapshots::complete_epochs(&folder, &CHECKPOINT_NAMES).map_err(|err| {
-                CommError::config(format!(
-                    "rank {rank}: cannot read the checkpoints in {}: {err}",
-                    folder.display()
-                ))
-            })?;
-            let found = snapshots::newest_loadable(&epochs, check_whole)
-                .map_err(|err| CommError::config(format!("rank {rank}: {err}")))?;
-            if let Some(found) = found {
-                for warning in &found.skipped {
-                    log::warn!("rank {rank}: {warning}");
-                }
-                chosen[0] = found.snapshot.number as i64;
-            }
-        }
-        self.group.broadcast(&mut chosen, 0)?;
-        Ok(usize::try_from(chosen[0]).ok())
+        LearnerJob::latest_checkpoint(self, check_whole)
     }
 }
 

@@ -61,48 +61,35 @@ mod metrics;
 mod quiet;
 mod strategy;
 
-pub use metrics::{GlobalMetric, GLOBAL_METRICS_FILE};
+pub use burn_ddp_comm::learner::{EpochReport, GlobalMetric, LearnerJob, GLOBAL_METRICS_FILE};
 pub use quiet::{NeverCheckpoint, SilentRenderer};
 pub use strategy::DdpLearningStrategy;
 
-use crate::data::{DistributedDataset, DistributedSampler, EpochHandle};
-use crate::{BucketConfig, ProcessGroup, Reducer, Result};
+use crate::data::{DistributedDataset, DistributedSampler};
+use crate::{BucketConfig, ProcessGroup, Result};
 use burn::data::dataset::Dataset;
 use burn::train::{LearningComponentsTypes, SupervisedTraining, TrainingStrategy};
-use metrics::{GlobalMetricLogger, MetricTotals};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use metrics::GlobalMetricLogger;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One rank's part in a Learner run: the group, the model's gradient reducer
 /// (its own, over that group), the experiment folder and the shards whose
-/// epochs the strategy advances.
+/// epochs the strategy advances. What does not touch Burn (the agreements,
+/// the folder, the epoch figures, resuming) is burn-ddp-comm's
+/// [`LearnerJob`], whose methods it has too.
 #[derive(Clone)]
 pub struct DdpTraining {
-    group: ProcessGroup,
-    reducer: Arc<Mutex<Reducer>>,
-    directory: PathBuf,
-    shards: Arc<Mutex<Vec<EpochHandle>>>,
-    totals: Arc<MetricTotals>,
-    metrics_wait: Duration,
-    on_epoch_end: Option<Arc<EpochCallback>>,
+    job: LearnerJob,
 }
 
-type EpochCallback = dyn Fn(&EpochReport) + Send + Sync;
+impl std::ops::Deref for DdpTraining {
+    type Target = LearnerJob;
 
-/// What rank 0 knows at the end of an epoch, for [`DdpTraining::on_epoch_end`].
-#[derive(Debug, Clone)]
-pub struct EpochReport {
-    /// Burn's 1-based epoch.
-    pub epoch: usize,
-    /// Epochs in the run.
-    pub num_epochs: usize,
-    /// Every numeric metric of both splits, summed over the ranks.
-    pub figures: Vec<GlobalMetric>,
-    /// Wall time of the training part of the epoch (all ranks move together).
-    pub train_time: Duration,
-    /// Wall time of the validation part.
-    pub valid_time: Duration,
+    fn deref(&self) -> &LearnerJob {
+        &self.job
+    }
 }
 
 impl DdpTraining {
@@ -112,52 +99,44 @@ impl DdpTraining {
     /// PyTorch's defaults; see [`with_buckets`](Self::with_buckets).
     pub fn new(group: &ProcessGroup, directory: impl AsRef<Path>) -> Self {
         Self {
-            group: group.clone(),
-            reducer: Arc::new(Mutex::new(Reducer::new(group, BucketConfig::new()))),
-            directory: directory.as_ref().to_path_buf(),
-            shards: Arc::default(),
-            totals: Arc::default(),
-            metrics_wait: Duration::from_secs(120),
-            on_epoch_end: None,
+            job: LearnerJob::new(group, directory),
         }
     }
 
     /// Calls `report` on rank 0 after each epoch's figures are summed (to print
     /// one line per epoch, feed a dashboard, ...).
-    pub fn on_epoch_end(mut self, report: impl Fn(&EpochReport) + Send + Sync + 'static) -> Self {
-        self.on_epoch_end = Some(Arc::new(report));
-        self
+    pub fn on_epoch_end(self, report: impl Fn(&EpochReport) + Send + Sync + 'static) -> Self {
+        Self {
+            job: self.job.on_epoch_end(report),
+        }
     }
 
     /// Gradient buckets of other sizes than PyTorch's defaults.
     pub fn with_buckets(self, buckets: BucketConfig) -> Self {
-        self.reducer.lock().unwrap().set_config(buckets);
-        self
-    }
-
-    /// What averaging the model's gradients has cost so far.
-    pub fn sync_stats(&self) -> crate::SyncStats {
-        self.reducer.lock().unwrap().stats()
+        Self {
+            job: self.job.with_buckets(buckets.into()),
+        }
     }
 
     /// How long the end of an epoch waits for this rank's metric threads to
     /// catch up before its figures are summed (default 120 s).
-    pub fn with_metrics_wait(mut self, wait: Duration) -> Self {
-        self.metrics_wait = wait;
-        self
+    pub fn with_metrics_wait(self, wait: Duration) -> Self {
+        Self {
+            job: self.job.with_metrics_wait(wait),
+        }
     }
 
     /// This rank's shard of a training set: PyTorch's `DistributedSampler`
     /// (shuffled with seed 0, padded to equal lengths), advanced every epoch.
     pub fn shard<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
-        let sampler = crate::distributed_sampler(&self.group, dataset.len())?;
+        let sampler = crate::distributed_sampler(self.group(), dataset.len())?;
         Ok(self.shard_with(dataset, sampler))
     }
 
     /// This rank's shard of an evaluation set: every item on exactly one rank,
     /// unshuffled, so summed figures are exact.
     pub fn shard_eval<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
-        let sampler = crate::evaluation_sampler(&self.group, dataset.len())?;
+        let sampler = crate::evaluation_sampler(self.group(), dataset.len())?;
         Ok(self.shard_with(dataset, sampler))
     }
 
@@ -168,7 +147,9 @@ impl DdpTraining {
         sampler: DistributedSampler,
     ) -> DistributedDataset<D, I> {
         let shard = DistributedDataset::new(dataset, sampler);
-        self.shards.lock().unwrap().push(shard.epoch_handle());
+        let epochs = shard.epoch_handle();
+        self.job
+            .register_shard(move |epoch| epochs.set_epoch(epoch));
         shard
     }
 
@@ -177,81 +158,7 @@ impl DdpTraining {
     /// ranks trains with 128. A global batch the world size does not divide is
     /// an error naming the nearest multiples.
     pub fn batch_size_per_rank(&self, global_batch: usize) -> Result<usize> {
-        crate::batch_size_per_rank(&self.group, global_batch)
-    }
-
-    /// Creates the experiment folder (and its parents) on rank 0, keeping what
-    /// it holds (a resume's checkpoints); every rank returns once it exists.
-    /// Call it instead of `create_dir_all` on every rank.
-    pub fn create_artifact_dir(&self) -> Result<()> {
-        self.prepare_artifact_dir(false)
-    }
-
-    /// Empties the experiment folder on rank 0, as Burn's examples do at the
-    /// start of a fresh run (`remove_dir_all` then `create_dir_all`); every
-    /// rank returns once it is there and empty. On every rank, the same two
-    /// calls would race: a late rank would delete files rank 0 had started.
-    pub fn recreate_artifact_dir(&self) -> Result<()> {
-        self.prepare_artifact_dir(true)
-    }
-
-    /// Rank 0 prepares the folder; its outcome reaches every rank, so a
-    /// failure there is an error everywhere instead of a wait in the barrier.
-    fn prepare_artifact_dir(&self, empty_first: bool) -> Result<()> {
-        let rank = self.group.rank();
-        let mut failed = [0i64];
-        let mut problem = None;
-        if rank == 0 {
-            let prepare = || -> std::io::Result<()> {
-                if empty_first && self.directory.exists() {
-                    std::fs::remove_dir_all(&self.directory)?;
-                }
-                std::fs::create_dir_all(&self.directory)
-            };
-            if let Err(err) = prepare() {
-                failed[0] = 1;
-                problem = Some(err);
-            }
-        }
-        self.group.broadcast(&mut failed, 0)?;
-        if failed[0] == 0 {
-            return Ok(());
-        }
-        let message = match problem {
-            Some(err) => format!(
-                "cannot {} the experiment folder {}: {err}; give DdpTraining a folder this user \
-                 can write",
-                if empty_first { "recreate" } else { "create" },
-                self.directory.display()
-            ),
-            None => format!(
-                "rank 0 could not prepare the experiment folder {}; its error says why",
-                self.directory.display()
-            ),
-        };
-        Err(crate::CommError::InvalidArgument { rank, message })
-    }
-
-    /// The group.
-    pub fn group(&self) -> &ProcessGroup {
-        &self.group
-    }
-
-    /// Whether this is rank 0, the rank that writes files and reports.
-    pub fn is_main(&self) -> bool {
-        self.group.rank() == 0
-    }
-
-    /// The experiment folder.
-    pub fn directory(&self) -> &Path {
-        &self.directory
-    }
-
-    /// Sets every registered shard to Burn's 1-based `epoch`.
-    pub(crate) fn set_epoch(&self, epoch: usize) {
-        for shard in self.shards.lock().unwrap().iter() {
-            shard.set_epoch(epoch.saturating_sub(1));
-        }
+        crate::batch_size_per_rank(self.group(), global_batch)
     }
 }
 
@@ -273,13 +180,10 @@ where
         // Registered first, so the store asks it (global figures) before the files.
         let training = self
             .with_training_strategy(TrainingStrategy::Custom(strategy))
-            .with_metric_logger(GlobalMetricLogger::new(
-                Arc::clone(&ddp.totals),
-                &ddp.directory,
-            ));
+            .with_metric_logger(GlobalMetricLogger::new(ddp));
         if ddp.is_main() {
             // Registering any logger replaces Burn's default file logger: put it back.
-            training.with_metric_logger(burn::train::logger::FileMetricLogger::new(&ddp.directory))
+            training.with_metric_logger(burn::train::logger::FileMetricLogger::new(ddp.directory()))
         } else {
             training
                 .renderer(SilentRenderer)

@@ -1,0 +1,175 @@
+//! Resuming a Learner run: the newest epoch whose checkpoint (Burn's file
+//! checkpointer: `model-N`, `optim-N` and `scheduler-N` in the experiment's
+//! `checkpoint` folder) is complete and whole, chosen by rank 0 for every
+//! rank, and there on every rank (each loads its own copy). What "whole"
+//! means for a Burn version's files is the front-end's `check` closure.
+
+use super::LearnerJob;
+use crate::snapshots::{self, LoadError, Snapshot};
+use crate::{CommError, Result};
+use std::path::PathBuf;
+
+/// The files Burn's Learner writes per epoch, in its `checkpoint` folder.
+pub const CHECKPOINT_NAMES: [&str; 3] = ["model", "optim", "scheduler"];
+
+impl LearnerJob {
+    /// Where Burn's Learner keeps its checkpoints.
+    pub fn checkpoint_folder(&self) -> PathBuf {
+        self.directory.join("checkpoint")
+    }
+
+    /// The newest epoch whose checkpoint is complete and passes `check`
+    /// (rank 0 decides, for every rank); `None` when there is none. A damaged
+    /// newest one is skipped with a warning naming the file; every one
+    /// damaged is an error. The chosen epoch must be there on every rank
+    /// ([`verify_checkpoint`](Self::verify_checkpoint)). Collective.
+    pub fn latest_checkpoint(
+        &self,
+        check: impl FnMut(&Snapshot) -> std::result::Result<(), LoadError>,
+    ) -> Result<Option<usize>> {
+        let rank = self.rank();
+        let mut chosen = [-1i64];
+        let mut problem = None;
+        if self.is_main() {
+            match self.newest_whole(check) {
+                Ok(Some(epoch)) => chosen[0] = epoch as i64,
+                Ok(None) => {}
+                Err(err) => {
+                    chosen[0] = -2;
+                    problem = Some(err);
+                }
+            }
+        }
+        self.group.broadcast(&mut chosen, 0)?;
+        match chosen[0] {
+            -1 => Ok(None),
+            -2 => Err(problem.unwrap_or_else(|| {
+                CommError::config(format!(
+                    "rank {rank}: rank 0 could not choose a checkpoint in {}; its error says why",
+                    self.checkpoint_folder().display()
+                ))
+            })),
+            epoch => {
+                let epoch = epoch as usize;
+                self.verify_checkpoint(epoch)?;
+                Ok(Some(epoch))
+            }
+        }
+    }
+
+    fn newest_whole(
+        &self,
+        check: impl FnMut(&Snapshot) -> std::result::Result<(), LoadError>,
+    ) -> Result<Option<usize>> {
+        let rank = self.rank();
+        let folder = self.checkpoint_folder();
+        let epochs = snapshots::complete_epochs(&folder, &CHECKPOINT_NAMES).map_err(|err| {
+            CommError::config(format!(
+                "rank {rank}: cannot read the checkpoints in {}: {err}",
+                folder.display()
+            ))
+        })?;
+        let found = snapshots::newest_loadable(&epochs, check)
+            .map_err(|err| CommError::config(format!("rank {rank}: {err}")))?;
+        Ok(found.map(|found| {
+            for warning in &found.skipped {
+                log::warn!("rank {rank}: {warning}");
+            }
+            found.snapshot.number
+        }))
+    }
+
+    /// Every rank has `epoch`'s model, optimizer and scheduler files, or
+    /// every rank fails with an error naming the ranks without them (each
+    /// rank loads its own copy, so on several machines the folder must be
+    /// copied to each or shared). Collective.
+    pub fn verify_checkpoint(&self, epoch: usize) -> Result<()> {
+        let folder = self.checkpoint_folder();
+        let here = snapshots::complete_epochs(&folder, &CHECKPOINT_NAMES)
+            .map(|epochs| epochs.iter().any(|snapshot| snapshot.number == epoch))
+            .unwrap_or(false);
+        let present = self.group.all_gather(&[here as i64])?;
+        let missing: Vec<String> = present
+            .iter()
+            .enumerate()
+            .filter(|(_, &here)| here == 0)
+            .map(|(rank, _)| rank.to_string())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let fix = "every rank loads the checkpoint itself, so on several machines copy the \
+                   experiment's checkpoint folder to each of them (or put it on a shared file \
+                   system)";
+        let message = if here {
+            format!(
+                "cannot resume from epoch {epoch}: rank(s) {} have no complete checkpoint of it; \
+                 {fix}",
+                missing.join(", ")
+            )
+        } else {
+            format!(
+                "cannot resume from epoch {epoch}: no complete checkpoint of it in {} ({} for \
+                 rank(s) {}); {fix}",
+                folder.display(),
+                CHECKPOINT_NAMES
+                    .iter()
+                    .map(|name| format!("{name}-{epoch}.*"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                missing.join(", ")
+            )
+        };
+        Err(CommError::InvalidArgument {
+            rank: self.rank(),
+            message,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ProcessGroup;
+
+    #[test]
+    fn the_newest_whole_epoch_is_chosen_and_a_missing_one_named() {
+        let dir = std::env::temp_dir().join(format!("ddp-learner-ckpt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let folder = dir.join("checkpoint");
+        std::fs::create_dir_all(&folder).unwrap();
+        for epoch in 1..=3 {
+            for name in CHECKPOINT_NAMES {
+                std::fs::write(folder.join(format!("{name}-{epoch}.bpk")), b"x").unwrap();
+            }
+        }
+        let group = ProcessGroup::builder(0, 1).build().unwrap();
+        let job = LearnerJob::new(&group, &dir);
+        let latest = job
+            .latest_checkpoint(|snapshot| match snapshot.number {
+                3 => Err(LoadError::Corrupt("cut short".into())),
+                _ => Ok(()),
+            })
+            .unwrap();
+        assert_eq!(latest, Some(2));
+        let err = job.verify_checkpoint(7).unwrap_err().to_string();
+        assert!(
+            err.contains("rank 0: cannot resume from epoch 7")
+                && err.contains(&folder.display().to_string())
+                && err.contains("model-7.*")
+                && err.contains("shared"),
+            "{err}"
+        );
+        let err = job
+            .latest_checkpoint(|_| Err(LoadError::Corrupt("bad".into())))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model-3.bpk") && err.contains("model-1.bpk"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&folder).unwrap();
+        assert_eq!(job.latest_checkpoint(|_| Ok(())).unwrap(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
