@@ -47,13 +47,15 @@ mod dtype;
 mod gradients;
 mod replicas;
 mod sync;
+#[cfg(feature = "train")]
+pub mod train;
 mod wrap;
 
 pub use burn_ddp_comm::snapshots;
 pub use burn_ddp_comm::stop::{catch_stop_signals, stop_requested, stop_signal};
 pub use burn_ddp_comm::{
-    env::LaunchEnv, CommError, Launcher, ParamLayout, ProcessGroup, ProcessGroupBuilder, ReduceOp,
-    Reducer, Result, WeakProcessGroup,
+    env::LaunchEnv, BucketConfig, CommError, Launcher, ParamLayout, ProcessGroup,
+    ProcessGroupBuilder, ReduceOp, Reducer, Result, WeakProcessGroup,
 };
 pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter, CollectiveKind};

@@ -94,7 +94,11 @@ pub fn wrap<M: Module>(model: M, group: &ProcessGroup) -> crate::Result<M> {
 
 /// Rank 0's trainable parameters (and, with `buffers`, every other tensor)
 /// on every rank; the layouts were checked to agree.
-fn broadcast_module<M: Module>(model: M, group: &ProcessGroup, buffers: bool) -> crate::Result<M> {
+pub(crate) fn broadcast_module<M: Module>(
+    model: M,
+    group: &ProcessGroup,
+    buffers: bool,
+) -> crate::Result<M> {
     let mut broadcaster = Broadcaster {
         group,
         buffers,

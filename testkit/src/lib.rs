@@ -5,6 +5,7 @@
 //! wait and checks what they printed and how they exited.
 
 mod c10d_server;
+pub mod learner;
 mod machines;
 mod mpirun;
 pub mod numbers;

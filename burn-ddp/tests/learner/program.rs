@@ -31,13 +31,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-pub const DIR_VAR: &str = "LEARNER_TEST_DIR";
-/// Set: every rank uses the folder itself (resume); unset: `rank<N>` below it.
-pub const SHARED_DIR_VAR: &str = "LEARNER_TEST_SHARED_DIR";
-pub const OPTIMIZER_VAR: &str = "LEARNER_TEST_OPTIMIZER";
-pub const EPOCHS_VAR: &str = "LEARNER_TEST_EPOCHS";
-pub const RESUME_VAR: &str = "LEARNER_TEST_RESUME";
-pub const EPOCHS: usize = 2;
+use burn_ddp_testkit::learner::{
+    DIR_VAR, EPOCHS, EPOCHS_VAR, OPTIMIZER_VAR, RESUME_VAR, SHARED_DIR_VAR,
+};
 
 const TRAIN_ITEMS: usize = 64;
 const VALID_ITEMS: usize = 40;

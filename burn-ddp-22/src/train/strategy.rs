@@ -1,0 +1,363 @@
+//! The learning strategy: burn-train 0.22's single-device loop, with the
+//! ranks kept in step.
+//!
+//! It follows `SingleDeviceTrainingStrategy` of burn-train 0.22
+//! (`learner/supervised/strategies/single/`) line for line where one rank is
+//! concerned (events, scheduler cadence, the leftover micro-batches of an
+//! epoch, no checkpoint after an interrupt), so a world of one trains as
+//! Burn's own strategy does, and adds what several processes need: shard
+//! epochs, one gradient average per optimizer step, a vote per iteration,
+//! global epoch figures, rank 0's early stopping decision, and a closing
+//! barrier. The agreements themselves are burn-ddp-comm's `LearnerJob`.
+
+use super::metrics::globalize;
+use super::DdpTraining;
+use crate::CommError;
+use burn::data::dataloader::Progress;
+use burn::optim::GradientsAccumulator;
+use burn::tensor::Device;
+use burn::train::{
+    EventProcessorTraining, InferenceStep, Interrupter, Learner, LearnerEvent, LearnerModel,
+    LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
+    TrainingComponents, TrainingItem, ValidLoader,
+};
+use burn_ddp_comm::learner::{AfterEpoch, NextIteration};
+use burn_ddp_comm::stop;
+use std::time::Instant;
+
+/// burn-ddp's `SupervisedLearningStrategy`; installed by
+/// [`DdpSupervisedTraining::ddp`](super::DdpSupervisedTraining::ddp).
+pub struct DdpLearningStrategy {
+    ddp: DdpTraining,
+}
+
+impl DdpLearningStrategy {
+    /// The strategy for one rank of `ddp`'s group.
+    pub fn new(ddp: DdpTraining) -> Self {
+        Self { ddp }
+    }
+
+    /// A communication failure leaves no way to continue in step with the
+    /// others: stop this rank with the reason (burn-train's `TrainingError`
+    /// has no place for it, and the other ranks fail on their next
+    /// collective, within the group's timeout).
+    fn fail(&self, what: &str, err: CommError) -> ! {
+        match err {
+            // A disagreement between the ranks: its message names this rank.
+            CommError::InvalidArgument { .. } => panic!("{err}"),
+            err => panic!("rank {}: {what}: {err}", self.ddp.rank()),
+        }
+    }
+
+    /// This rank's device, with autodiff (Burn's own strategies are handed
+    /// one; a custom one gets the model's): where the model was built, not
+    /// the backend's default (`cuda:0` for every rank).
+    fn device_of<M: LearnerModel>(&self, learner: &Learner<M>) -> Device {
+        let device = learner
+            .model()
+            .devices()
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let device = device.inner().autodiff();
+        if self.ddp.gradient_checkpointing {
+            device.gradient_checkpointing()
+        } else {
+            device
+        }
+    }
+
+    fn train_epoch<M: LearnerModel>(
+        &self,
+        learner: &mut Learner<M>,
+        loader: &TrainLoader<M>,
+        global_progress: &Progress,
+        processor: &mut SupervisedTrainingEventProcessor<M>,
+        interrupter: &Interrupter,
+        grad_accumulation: Option<usize>,
+    ) {
+        let epoch = global_progress.items_processed;
+        log::info!("Executing training step for epoch {epoch}");
+        let lengths = self
+            .ddp
+            .check_lengths("training", loader.num_items())
+            .unwrap_or_else(|err| self.fail("comparing loader lengths", err));
+        let mut iterator = loader.iter();
+        let mut iteration = 0;
+        let mut accumulator = GradientsAccumulator::new();
+        let mut accumulated = 0;
+        loop {
+            let item = match iterator.next() {
+                Some(Ok(item)) => Some(item),
+                Some(Err(err)) => {
+                    // Voted as an interrupt below, so the others stop too.
+                    interrupter.fail(err);
+                    None
+                }
+                None => None,
+            };
+            let next = self
+                .ddp
+                .next_iteration(
+                    epoch,
+                    iteration,
+                    item.is_some() || interrupter.should_stop(),
+                    interrupter.should_stop(),
+                    &lengths,
+                )
+                .unwrap_or_else(|err| self.fail("agreeing on the next iteration", err));
+            let item = match (next, item) {
+                (NextIteration::Train, Some(item)) => item,
+                (NextIteration::Stop { reason }, _) => {
+                    if let Some(reason) = reason {
+                        interrupter.stop(Some(&reason));
+                    }
+                    break;
+                }
+                _ => break,
+            };
+            iteration += 1;
+            let progress = iterator.progress();
+            let output = learner.train_step(item);
+            let grads = match grad_accumulation {
+                Some(k) => {
+                    accumulator.accumulate(&learner.model(), output.grads);
+                    accumulated += 1;
+                    // Every rank's shard has the same length, so every rank
+                    // applies an epoch's leftover micro-batches at once.
+                    if accumulated >= k || progress.is_completed() {
+                        accumulated = 0;
+                        Some(accumulator.grads())
+                    } else {
+                        None
+                    }
+                }
+                None => Some(output.grads),
+            };
+            if let Some(grads) = grads {
+                let grads = crate::sync::sync_module(
+                    self.ddp.reducer(),
+                    self.ddp.group(),
+                    &learner.model(),
+                    grads,
+                )
+                .unwrap_or_else(|err| self.fail("averaging gradients", err));
+                learner.lr_step();
+                learner.optimizer_step(grads);
+            }
+            let item = TrainingItem::new(
+                output.item,
+                progress,
+                Some(iteration),
+                Some(learner.lr_current()),
+            );
+            interrupter.fail_on_error(processor.process_train(LearnerEvent::ProcessedItem(item)));
+        }
+    }
+
+    fn valid_epoch<M: LearnerModel>(
+        &self,
+        learner: &Learner<M>,
+        loader: &ValidLoader<M>,
+        global_progress: &Progress,
+        processor: &mut SupervisedTrainingEventProcessor<M>,
+        interrupter: &Interrupter,
+    ) {
+        let epoch = global_progress.items_processed;
+        log::info!("Executing validation step for epoch {epoch}");
+        let model = learner.model().valid();
+        let mut iterator = loader.iter();
+        let mut iteration = 0;
+        // No collective here: shards may differ by one item, and an
+        // interrupt is agreed on at the end of the epoch.
+        while let Some(item) = iterator.next() {
+            let item = match item {
+                Ok(item) => item,
+                Err(err) => {
+                    interrupter.fail(err);
+                    break;
+                }
+            };
+            if stop::stop_signal().is_some() {
+                // Ctrl-C during validation: this rank's figures end here; the
+                // ranks agree to stop at the end of the epoch.
+                break;
+            }
+            let progress = iterator.progress();
+            iteration += 1;
+            let item = InferenceStep::step(&model, item);
+            let item = TrainingItem::new(item, progress, Some(iteration), None);
+            interrupter.fail_on_error(processor.process_valid(LearnerEvent::ProcessedItem(item)));
+            if interrupter.should_stop() {
+                break;
+            }
+        }
+    }
+
+    /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
+    fn broadcast_parameters<M: LearnerModel>(&self, learner: &mut Learner<M>) {
+        let model = crate::wrap::broadcast_module(learner.model(), self.ddp.group(), true)
+            .unwrap_or_else(|err| self.fail("broadcasting rank 0's parameters", err));
+        learner.load_model(model.into_record());
+    }
+}
+
+impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
+    fn train(
+        &self,
+        mut learner: Learner<M>,
+        dataloader_train: TrainLoader<M>,
+        dataloader_valid: ValidLoader<M>,
+        components: TrainingComponents<M>,
+    ) -> LearningResult<M> {
+        // Ctrl-C and SIGTERM stop every rank after the same iteration, through
+        // the same path as the TUI's quit key, instead of killing it mid-step.
+        stop::catch_stop_signals();
+        // Burn 0.22's `launch` has loaded the checkpoint on every rank already.
+        let starting_epoch = components.checkpoint.unwrap_or(0) + 1;
+        if starting_epoch == 1 {
+            self.broadcast_parameters(&mut learner);
+        }
+        self.ddp
+            .figures()
+            .start_at(starting_epoch, self.ddp.directory(), self.ddp.is_main());
+        let summary = components.summary.clone().filter(|_| self.ddp.is_main());
+        let interrupter = components.interrupter.clone();
+        let mut components = components;
+        interrupter.fail_on_error(
+            components
+                .event_processor
+                .process_train(LearnerEvent::Start {
+                    total_epochs: components.num_epochs,
+                    starting_epoch,
+                    label: components.label.clone(),
+                }),
+        );
+        let (model, mut processor) = self.fit(
+            components,
+            learner,
+            dataloader_train,
+            dataloader_valid,
+            starting_epoch,
+        );
+        // Without the model's description: burn-train keeps `with_model` to itself.
+        let summary = summary
+            .and_then(|summary| summary.init().ok())
+            .map(|summary| globalize(self.ddp.figures(), summary));
+        interrupter.fail_on_error(processor.process_train(LearnerEvent::End(summary)));
+        let model = model.valid();
+        interrupter.fail_on_error(processor.flush());
+        let renderer = processor.renderer();
+        LearningResult {
+            model,
+            renderer,
+            interrupted: interrupter.interruption(),
+            error: interrupter.error(),
+        }
+    }
+
+    fn fit(
+        &self,
+        components: TrainingComponents<M>,
+        mut learner: Learner<M>,
+        dataloader_train: TrainLoader<M>,
+        dataloader_valid: ValidLoader<M>,
+        starting_epoch: usize,
+    ) -> (M, SupervisedTrainingEventProcessor<M>) {
+        let device = self.device_of(&learner);
+        let dataloader_train = dataloader_train.to_device(&device);
+        let train_items = dataloader_train.num_items();
+        let dataloader_valid = dataloader_valid.to_device(&device.clone().inner());
+        let valid_items = dataloader_valid.num_items();
+        learner.fork(&device);
+        let mut processor = components.event_processor;
+        let mut checkpointer = components.checkpointer;
+        let mut early_stopping = components.early_stopping;
+        let interrupter = components.interrupter;
+        let num_epochs = components.num_epochs;
+
+        for epoch in starting_epoch..=num_epochs {
+            let progress = Progress::new(epoch, num_epochs, Some("epochs".to_string()));
+            self.ddp.set_epoch(epoch);
+            let started = Instant::now();
+            interrupter.fail_on_error(processor.process_train(LearnerEvent::StartSplit {
+                epoch_number: epoch,
+                total_items: train_items,
+            }));
+            self.train_epoch(
+                &mut learner,
+                &dataloader_train,
+                &progress,
+                &mut processor,
+                &interrupter,
+                components.grad_accumulation,
+            );
+            interrupter.fail_on_error(processor.process_train(LearnerEvent::EndSplit(epoch)));
+            if interrupter.should_stop() {
+                let reason = interrupter
+                    .interruption()
+                    .and_then(|interruption| interruption.reason)
+                    .unwrap_or_else(|| "reason unknown".to_string());
+                log::info!("Training interrupted: {reason}");
+                break;
+            }
+            let train_time = started.elapsed();
+            let started = Instant::now();
+            interrupter.fail_on_error(processor.process_valid(LearnerEvent::StartSplit {
+                epoch_number: epoch,
+                total_items: valid_items,
+            }));
+            self.valid_epoch(
+                &learner,
+                &dataloader_valid,
+                &progress,
+                &mut processor,
+                &interrupter,
+            );
+            interrupter.fail_on_error(processor.process_valid(LearnerEvent::EndSplit(epoch)));
+            interrupter.fail_on_error(processor.process_train(LearnerEvent::EndEpoch(epoch)));
+            let valid_time = started.elapsed();
+            // The store's thread has the epoch's events once the processor's
+            // has; the figures wait for the store (EpochFigures::reduce_epoch).
+            interrupter.fail_on_error(processor.flush());
+            self.ddp
+                .end_epoch(epoch, num_epochs, train_time, valid_time)
+                .unwrap_or_else(|err| self.fail("summing the epoch's metrics", err));
+            // An interrupt during validation: no checkpoint of this epoch,
+            // as in Burn's own strategy; the ranks agree below.
+            if !interrupter.should_stop() {
+                if let Some(checkpointer) = &mut checkpointer {
+                    checkpointer.checkpoint(&learner, epoch, &components.event_store);
+                }
+            }
+            let early_stop = self.ddp.is_main()
+                && !interrupter.should_stop()
+                && early_stopping
+                    .as_mut()
+                    .is_some_and(|strategy| strategy.should_stop(epoch, &components.event_store));
+            let after = self
+                .ddp
+                .after_epoch(early_stop, interrupter.should_stop())
+                .unwrap_or_else(|err| self.fail("agreeing on early stopping", err));
+            match after {
+                AfterEpoch::Continue => {}
+                AfterEpoch::Interrupted => {
+                    if !interrupter.should_stop() {
+                        interrupter.stop(Some("interrupted on another rank"));
+                    }
+                    log::info!("Training interrupted after epoch {epoch}");
+                    break;
+                }
+                AfterEpoch::EarlyStop => {
+                    log::info!("Early stopping after epoch {epoch} (decided by rank 0)");
+                    break;
+                }
+            }
+        }
+        // Nobody leaves while another rank may still need it.
+        if let Err(err) = self.ddp.group().barrier() {
+            self.fail("the closing barrier", err);
+        }
+        (learner.model(), processor)
+    }
+}

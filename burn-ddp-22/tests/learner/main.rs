@@ -1,0 +1,11 @@
+//! Burn 0.22's Learner under burn-ddp-22's strategy, across real processes:
+//! the checks are testkit's (shared with burn-ddp), the ranks run program.rs.
+
+#[allow(dead_code)]
+#[path = "../multiprocess/models.rs"]
+mod models;
+mod program;
+
+fn main() {
+    burn_ddp_testkit::learner::run_suite(program::run, "bpk")
+}

@@ -1,0 +1,445 @@
+//! The Learner strategy's multi-process checks, shared by both Burn
+//! front-ends: each front-end's `tests/learner` binary is a program (one rank
+//! of a scenario, its Burn version's code) and [`run_suite`], which starts the
+//! scenarios as real processes and checks what they print and write:
+//! parameters against a single-process reference, the files of each rank,
+//! the experiment folder, resume, a missing checkpoint, early stopping,
+//! interrupts, gradient accumulation, unequal loaders and a world of one.
+
+use crate::{all_ok, check, run_cases, Case, RankOutcome, World, SCENARIO_VAR};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The scenario's folder.
+pub const DIR_VAR: &str = "LEARNER_TEST_DIR";
+/// Set: every rank uses the folder itself (resume); unset: `rank<N>` below it.
+pub const SHARED_DIR_VAR: &str = "LEARNER_TEST_SHARED_DIR";
+/// `sgd` (default) or `adamw`.
+pub const OPTIMIZER_VAR: &str = "LEARNER_TEST_OPTIMIZER";
+/// Epochs to train.
+pub const EPOCHS_VAR: &str = "LEARNER_TEST_EPOCHS";
+/// The epoch to resume after.
+pub const RESUME_VAR: &str = "LEARNER_TEST_RESUME";
+/// Epochs when [`EPOCHS_VAR`] is not set.
+pub const EPOCHS: usize = 2;
+
+/// The extension of Burn's checkpoint files (`mpk` for 0.21, `bpk` for 0.22).
+static CHECKPOINT_EXTENSION: OnceLock<&'static str> = OnceLock::new();
+
+fn checkpoint_extension() -> &'static str {
+    CHECKPOINT_EXTENSION.get().copied().unwrap_or("mpk")
+}
+
+/// A learner test binary's `main`: as a rank (the scenario variable set),
+/// runs `program(scenario)` and exits; otherwise runs every case, whose
+/// ranks are this binary again. `checkpoint_extension` is what the Burn
+/// version's file checkpointer writes.
+pub fn run_suite(program: fn(&str) -> Result<(), String>, checkpoint_extension: &'static str) -> ! {
+    if let Ok(name) = std::env::var(SCENARIO_VAR) {
+        if let Err(message) = program(&name) {
+            eprintln!("ERROR: {message}");
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+    let _ = CHECKPOINT_EXTENSION.set(checkpoint_extension);
+    let cases: &[Case] = &[
+        (
+            "two_ranks_equal_one_process_with_twice_the_batch",
+            equals_big_batch,
+        ),
+        ("only_rank_0_writes_files", files),
+        (
+            "the_artifact_folder_is_prepared_once_for_every_rank",
+            artifact_dir,
+        ),
+        ("resume_continues_as_if_uninterrupted", resume),
+        (
+            "a_missing_checkpoint_is_named_on_the_rank",
+            missing_checkpoint,
+        ),
+        ("early_stopping_on_rank_0_stops_every_rank", early_stopping),
+        ("an_interrupt_on_rank_1_stops_both_ranks", interrupt),
+        (
+            "gradient_accumulation_syncs_once_per_optimizer_step",
+            accumulation,
+        ),
+        ("unequal_loaders_fail_on_every_rank", unequal_loaders),
+        (
+            "a_world_of_one_is_burns_single_device_strategy",
+            world_of_one,
+        ),
+    ];
+    run_cases(cases)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-ddp-learner-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn params(outcome: &RankOutcome) -> Result<Vec<u32>, String> {
+    let line = outcome.value("params").ok_or_else(|| {
+        format!(
+            "rank {} printed no parameters:\n{}",
+            outcome.rank, outcome.stdout
+        )
+    })?;
+    Ok(line
+        .split(',')
+        .map(|bits| u32::from_str_radix(bits, 16).unwrap())
+        .collect())
+}
+
+fn same_on_every_rank(outcomes: &[RankOutcome]) -> Result<Vec<u32>, String> {
+    let first = params(&outcomes[0])?;
+    for o in &outcomes[1..] {
+        check(params(o)? == first, || {
+            format!("rank {}'s parameters differ from rank 0's", o.rank)
+        })?;
+    }
+    Ok(first)
+}
+
+fn learner_world(dir: &Path, extra: &[(&str, &str)]) -> World {
+    let mut world = World::new(2).env(DIR_VAR, dir.to_str().unwrap());
+    for (key, value) in extra {
+        world = world.env(key, value);
+    }
+    world
+}
+
+/// 2 ranks x batch 8 against one process with batch 16 over the same global
+/// order (rank 0's initial parameters, rank 1 built from another seed), with
+/// SGD and AdamW; each rank prints its gap to the reference.
+fn equals_big_batch() -> Result<(), String> {
+    for optimizer in ["sgd", "adamw"] {
+        let dir = scratch(&format!("big-batch-{optimizer}"));
+        let outcomes = learner_world(&dir, &[(OPTIMIZER_VAR, optimizer)]).run("against_reference");
+        all_ok(&outcomes)?;
+        same_on_every_rank(&outcomes)?;
+        for o in &outcomes {
+            let gap: f64 = o.value("max_rel_diff").unwrap().parse().unwrap();
+            check(gap < 1e-6, || {
+                format!(
+                    "{optimizer}: rank {} is {gap} away from the reference",
+                    o.rank
+                )
+            })?;
+        }
+        // Rank 0's global valid accuracy is the reference's over the whole set.
+        let csv = std::fs::read_to_string(dir.join("rank0").join("global-metrics.csv"))
+            .map_err(|e| format!("global-metrics.csv: {e}"))?;
+        let expected: f64 = outcomes[0]
+            .value("reference_valid_accuracy")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let reported = csv
+            .lines()
+            .rfind(|l| l.contains(",valid,Accuracy,"))
+            .and_then(|l| l.split(',').nth(3))
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| format!("no valid accuracy in {csv}"))?;
+        check((reported - expected).abs() < 1e-9, || {
+            format!("global valid accuracy {reported} != reference {expected}")
+        })?;
+        // The end-of-training summary a program shows is the global one too,
+        // not rank 0's half of the validation set.
+        let summarized: f64 = outcomes[0]
+            .value("summary_valid_Accuracy")
+            .ok_or_else(|| format!("rank 0 printed no summary:\n{}", outcomes[0].stdout))?
+            .parse()
+            .unwrap();
+        check((summarized - expected).abs() < 1e-9, || {
+            format!("the summary's valid accuracy {summarized} != the global {expected}")
+        })?;
+    }
+    Ok(())
+}
+
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                found.push(path.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Each rank gets its own folder: rank 1's stays empty, rank 0's holds exactly
+/// what a single-process Learner writes plus the global figures.
+fn files() -> Result<(), String> {
+    let dir = scratch("files");
+    let outcomes = learner_world(&dir, &[]).run("against_reference");
+    all_ok(&outcomes)?;
+    let rank1 = files_under(&dir.join("rank1"));
+    check(rank1.is_empty(), || format!("rank 1 wrote {rank1:?}"))?;
+    let mut expected: Vec<String> = vec!["experiment.log".into(), "global-metrics.csv".into()];
+    for epoch in 1..=EPOCHS {
+        for name in ["model", "optim", "scheduler"] {
+            expected.push(format!(
+                "checkpoint/{name}-{epoch}.{}",
+                checkpoint_extension()
+            ));
+        }
+        for split in ["train", "valid"] {
+            for metric in ["Accuracy", "Loss"] {
+                expected.push(format!("{split}/epoch-{epoch}/{metric}.log"));
+            }
+        }
+    }
+    expected.sort();
+    let rank0 = files_under(&dir.join("rank0"));
+    check(rank0 == expected, || {
+        format!("rank 0 wrote {rank0:?}, expected {expected:?}")
+    })?;
+    // Only errors may reach the terminal from rank 1: nothing at all here.
+    let stderr = outcomes[1].stderr.trim();
+    check(stderr.is_empty(), || format!("rank 1 printed {stderr:?}"))
+}
+
+/// 3 ranks share a folder with a stale file: gone for all after
+/// `recreate_artifact_dir`, rank 0's new file kept by `create_artifact_dir`,
+/// and an impossible folder an error on every rank naming it.
+fn artifact_dir() -> Result<(), String> {
+    let dir = scratch("artifact-dir");
+    std::fs::write(dir.join("stale.txt"), "from an earlier run").unwrap();
+    let world = World::new(3)
+        .env(DIR_VAR, dir.to_str().unwrap())
+        .env(SHARED_DIR_VAR, "1");
+    let outcomes = world.run("artifact_dir");
+    all_ok(&outcomes)?;
+    let impossible = dir.join("fresh.txt").join("sub");
+    for o in &outcomes {
+        check(o.value("stale_left") == Some("false"), || o.stdout.clone())?;
+        check(o.value("fresh_kept") == Some("true"), || o.stdout.clone())?;
+        let error = o.value("prepare_error").unwrap_or_default();
+        let expected = if o.rank == 0 {
+            format!(
+                "rank 0: cannot recreate the experiment folder {}",
+                impossible.display()
+            )
+        } else {
+            format!(
+                "rank {}: rank 0 could not prepare the experiment folder {}",
+                o.rank,
+                impossible.display()
+            )
+        };
+        check(error.starts_with(&expected), || o.stdout.clone())?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// 4 epochs straight, against 2 then a resume to 4 in one shared folder
+/// (full-precision checkpoints): identical parameters on both ranks, and the
+/// metric files continue at epoch 3.
+fn resume() -> Result<(), String> {
+    let straight_dir = scratch("straight");
+    let straight =
+        learner_world(&straight_dir, &[(SHARED_DIR_VAR, "1"), (EPOCHS_VAR, "4")]).run("train");
+    all_ok(&straight)?;
+    let seen_straight = straight[0]
+        .value("valid_loss_by_epoch")
+        .unwrap_or("")
+        .to_string();
+    let straight = same_on_every_rank(&straight)?;
+
+    let dir = scratch("resumed");
+    let first = learner_world(&dir, &[(SHARED_DIR_VAR, "1"), (EPOCHS_VAR, "2")]).run("train");
+    all_ok(&first)?;
+    let loss_epoch_1 = std::fs::read_to_string(dir.join("train/epoch-1/Loss.log")).unwrap();
+    let resumed = learner_world(
+        &dir,
+        &[(SHARED_DIR_VAR, "1"), (EPOCHS_VAR, "4"), (RESUME_VAR, "2")],
+    )
+    .run("train");
+    all_ok(&resumed)?;
+    // Rank 0's store still knows the global figures of epochs 1 and 2 (Burn's
+    // best-checkpoint and early-stopping strategies ask it), as in the run
+    // that never stopped.
+    let seen_resumed = resumed[0]
+        .value("valid_loss_by_epoch")
+        .unwrap_or("")
+        .to_string();
+    check(
+        seen_resumed == seen_straight && !seen_straight.contains("none"),
+        || format!("after the resume the store answers {seen_resumed}, straight {seen_straight}"),
+    )?;
+    // One row per epoch, split and metric, the same figures as the straight run.
+    let csv = |d: &Path| std::fs::read_to_string(d.join("global-metrics.csv")).unwrap_or_default();
+    check(
+        csv(&dir) == csv(&straight_dir) && csv(&dir).lines().count() == 17,
+        || {
+            format!(
+                "global-metrics.csv after the resume:\n{}\nstraight:\n{}",
+                csv(&dir),
+                csv(&straight_dir)
+            )
+        },
+    )?;
+    let resumed = same_on_every_rank(&resumed)?;
+    // Redoing epochs 3 and 4 in the folder that already has them replaces
+    // their rows instead of adding a second set.
+    let redo = learner_world(
+        &straight_dir,
+        &[(SHARED_DIR_VAR, "1"), (EPOCHS_VAR, "4"), (RESUME_VAR, "2")],
+    )
+    .run("train");
+    all_ok(&redo)?;
+    check(csv(&straight_dir) == csv(&dir), || {
+        format!("after redoing epochs 3-4:\n{}", csv(&straight_dir))
+    })?;
+    check(resumed == straight, || {
+        "2 epochs + resume to 4 ended with other parameters than 4 epochs straight".into()
+    })?;
+    for epoch in [3, 4] {
+        let path = dir.join(format!("train/epoch-{epoch}/Loss.log"));
+        check(path.exists(), || {
+            format!("{} is missing after the resume", path.display())
+        })?;
+    }
+    let after = std::fs::read_to_string(dir.join("train/epoch-1/Loss.log")).unwrap();
+    check(after == loss_epoch_1, || {
+        "the resumed run wrote into epoch 1's metric files".into()
+    })
+}
+
+/// Rank 1 has its own (empty) folder: it must load the checkpoint itself, so it
+/// fails naming the folder and what to do.
+fn missing_checkpoint() -> Result<(), String> {
+    let dir = scratch("missing");
+    let first = learner_world(&dir, &[(EPOCHS_VAR, "1")]).run("train");
+    all_ok(&first)?;
+    let outcomes = learner_world(&dir, &[(EPOCHS_VAR, "2"), (RESUME_VAR, "1")]).run("train");
+    let rank1 = &outcomes[1];
+    check(rank1.code != Some(0), || {
+        "rank 1 resumed without a checkpoint".into()
+    })?;
+    let folder = dir.join("rank1").join("checkpoint");
+    for needle in [
+        "rank 1: cannot resume from epoch 1",
+        &folder.display().to_string(),
+        "copy the experiment's checkpoint folder",
+    ] {
+        check(rank1.stderr.contains(needle), || {
+            format!("rank 1's error lacks {needle:?}:\n{}", rank1.stderr)
+        })?;
+    }
+    // Rank 0 is not left waiting: it ends within the world's deadline too.
+    check(outcomes.iter().all(|o| !o.killed_at_deadline), || {
+        format!("a rank hung: {outcomes:?}")
+    })
+}
+
+fn epochs_run(o: &RankOutcome) -> usize {
+    o.value("epochs_run")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX)
+}
+
+/// An early-stopping strategy that says stop after epoch 2 on rank 0 only.
+fn early_stopping() -> Result<(), String> {
+    let dir = scratch("early");
+    let started = Instant::now();
+    let outcomes = learner_world(&dir, &[(EPOCHS_VAR, "10")]).run("early_stop");
+    all_ok(&outcomes)?;
+    for o in &outcomes {
+        check(epochs_run(o) == 2, || {
+            format!(
+                "rank {} ran {} epochs, not 2:\n{}",
+                o.rank,
+                epochs_run(o),
+                o.stdout
+            )
+        })?;
+    }
+    check(started.elapsed() < Duration::from_secs(60), || {
+        format!("early stopping took {:?}", started.elapsed())
+    })
+}
+
+/// Rank 1's interrupter is stopped while it fetches its 5th batch of epoch 1:
+/// both ranks stop before that iteration, after 4 optimizer steps.
+fn interrupt() -> Result<(), String> {
+    let dir = scratch("interrupt");
+    let outcomes = learner_world(&dir, &[(EPOCHS_VAR, "3")]).run("interrupt_rank_1");
+    all_ok(&outcomes)?;
+    for o in &outcomes {
+        let steps = o.value("optimizer_steps").unwrap_or("?");
+        check(steps == "4", || {
+            format!(
+                "rank {} took {steps} optimizer steps, not 4:\n{}",
+                o.rank, o.stdout
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// grads_accumulation(4) on Ddp<Autodiff<NdArray>> with rank 0 checkpointing:
+/// one gradient sync per optimizer step, and the parameters of averaging every
+/// micro-batch.
+fn accumulation() -> Result<(), String> {
+    let dir = scratch("accumulation");
+    let outcomes = learner_world(&dir, &[]).run("accumulation");
+    all_ok(&outcomes)?;
+    same_on_every_rank(&outcomes)?;
+    for o in &outcomes {
+        let syncs = o.value("syncs").unwrap_or("?");
+        let steps = o.value("optimizer_steps").unwrap_or("?");
+        check(syncs == steps && syncs != "0", || {
+            format!("rank {}: {syncs} syncs for {steps} optimizer steps", o.rank)
+        })?;
+        let gap: f64 = o.value("max_rel_diff").unwrap().parse().unwrap();
+        check(gap < 1e-6, || {
+            format!("rank {} is {gap} from the reference", o.rank)
+        })?;
+    }
+    Ok(())
+}
+
+/// Rank 1's training set is shorter and not padded: both ranks fail before the
+/// first step, naming every rank's length.
+fn unequal_loaders() -> Result<(), String> {
+    let dir = scratch("unequal");
+    let started = Instant::now();
+    let outcomes = learner_world(&dir, &[]).run("unequal");
+    for o in &outcomes {
+        check(o.code != Some(0), || format!("rank {} succeeded", o.rank))?;
+        for needle in ["different lengths", "rank 0: 64, rank 1: 48"] {
+            check(o.stderr.contains(needle), || {
+                format!("rank {}'s error lacks {needle:?}:\n{}", o.rank, o.stderr)
+            })?;
+        }
+    }
+    check(started.elapsed() < Duration::from_secs(60), || {
+        format!("took {:?}", started.elapsed())
+    })
+}
+
+/// One process: burn-ddp's strategy and Burn's SingleDevice end bitwise equal.
+fn world_of_one() -> Result<(), String> {
+    let dir = scratch("one");
+    let outcomes = World::new(1)
+        .env(DIR_VAR, dir.to_str().unwrap())
+        .run("single_device_parity");
+    all_ok(&outcomes)?;
+    let o = &outcomes[0];
+    check(o.value("bitwise_equal") == Some("true"), || {
+        o.stdout.clone()
+    })
+}
