@@ -4,9 +4,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use burn_ddp_testkit::mnist_learner::{self, MnistLearner};
 use burn_ddp_testkit::programs::{
     assert_success, example, field, launcher, mnist_data, relative, run, scratch, stdout,
-    toy_ctrl_c_then_resume, toy_losses, Interactive,
+    toy_ctrl_c_then_resume, toy_losses, worker_pid, Interactive,
 };
 
 #[test]
@@ -472,133 +473,6 @@ fn toy_on_two_machines_equals_one_big_batch() {
     }
 }
 
-/// `mnist --learner` through the launcher: Burn's Learner on 2 ranks. Rank 0
-/// prints one line per epoch and writes the experiment; rank 1 prints nothing.
-#[test]
-fn mnist_learner_on_two_ranks_writes_one_experiment() {
-    let dir = scratch("mnist-learner");
-    let mut cmd = Command::new(launcher());
-    cmd.args(["--standalone", "--nproc-per-node", "2", "--prefix-output"])
-        .arg(example("mnist"))
-        .arg("--learner")
-        .arg("--data-dir")
-        .arg(mnist_data(env!("CARGO_MANIFEST_DIR")))
-        .args(["--train-samples", "512", "--test-samples", "256"])
-        .args([
-            "--epochs",
-            "2",
-            "--global-batch-size",
-            "64",
-            "--artifact-dir",
-            "art",
-        ]);
-    let out = run(cmd, &dir, Duration::from_secs(600));
-    assert_success(&out);
-    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
-    let rank1: Vec<&str> = text.lines().filter(|l| l.starts_with("[rank 1]")).collect();
-    assert!(rank1.is_empty(), "rank 1 printed {rank1:?}");
-    // Conv2d x2 and Linear x2, weight and bias each: compared across the ranks.
-    assert!(
-        text.contains("[rank 0] replicas identical: 8 parameter tensors on 2 ranks"),
-        "{text}"
-    );
-    let epochs: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("[rank 0] epoch="))
-        .collect();
-    assert_eq!(epochs.len(), 2, "{text}");
-    assert!(epochs[1].contains("test_acc="), "{}", epochs[1]);
-    let art = dir.join("art");
-    for file in [
-        "experiment.log",
-        "global-metrics.csv",
-        "config.json",
-        "model.mpk",
-        "checkpoint/model-2.mpk",
-        "checkpoint/optim-2.mpk",
-        "train/epoch-2/Loss.log",
-        "valid/epoch-2/Accuracy.log",
-    ] {
-        assert!(art.join(file).is_file(), "{file} missing");
-    }
-    // --global-batch-size 64 over 2 ranks: 32 per rank's loader.
-    let config = std::fs::read_to_string(art.join("config.json")).unwrap();
-    assert!(config.contains("\"batch_size\": 32"), "{config}");
-    let csv = std::fs::read_to_string(art.join("global-metrics.csv")).unwrap();
-    // 256 test images over 2 ranks: the global accuracy counts all of them.
-    assert!(
-        csv.contains("2,valid,Accuracy,") && csv.contains(",256\n"),
-        "{csv}"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Ctrl-C during `mnist --learner`'s second epoch: every rank stops at the
-/// same iteration through the Learner's own interrupt path (no worker is
-/// killed), epoch 1's checkpoint is complete, rank 0 says how to go on, the
-/// launcher exits 130, and the resume finishes the next epoch.
-#[test]
-fn mnist_learner_ctrl_c_stops_cleanly_and_resumes() {
-    let dir = scratch("mnist-learner-ctrl-c");
-    let data = mnist_data(env!("CARGO_MANIFEST_DIR"));
-    let learner = |extra: &[&str]| {
-        let mut cmd = Command::new(launcher());
-        cmd.args(["--standalone", "--nproc-per-node", "2", "--prefix-output"])
-            .arg(example("mnist"))
-            .arg("--learner")
-            .arg("--data-dir")
-            .arg(&data)
-            .args([
-                "--train-samples",
-                "2048",
-                "--test-samples",
-                "128",
-                "--batch-size",
-                "8",
-            ])
-            .args(["--artifact-dir", "art"])
-            .args(extra);
-        cmd
-    };
-    let mut job = Interactive::start(learner(&["--epochs", "50"]), &dir);
-    job.wait_for("[rank 0] epoch=1 ", Duration::from_secs(300));
-    job.ctrl_c();
-    let (out, elapsed) = job.wait(Duration::from_secs(120));
-    let text = stdout(&out);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{text}\n{stderr}");
-    assert!(
-        elapsed < Duration::from_secs(30),
-        "{elapsed:?} from Ctrl-C to the end"
-    );
-    assert!(!stderr.contains("killed by"), "{stderr}");
-    let resume: usize = text
-        .lines()
-        .find_map(|line| line.split_once("go on with --resume ").map(|(_, n)| n))
-        .unwrap_or_else(|| panic!("rank 0 named no epoch to go on from:\n{text}\n{stderr}"))
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(
-        dir.join(format!("art/checkpoint/model-{resume}.mpk"))
-            .is_file(),
-        "{text}"
-    );
-    let next = (resume + 1).to_string();
-    let out = run(
-        learner(&["--epochs", &next, "--resume", &resume.to_string()]),
-        &dir,
-        Duration::from_secs(300),
-    );
-    assert_success(&out);
-    assert!(
-        stdout(&out).contains(&format!("[rank 0] epoch={next} ")),
-        "{}",
-        stdout(&out)
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 /// burn-dataset's MNIST cache (`$XDG_CACHE_HOME/burn-dataset/mnist/{train,test}`),
 /// filled from the shared files, so no download happens.
 fn fill_burn_dataset_cache(cache_home: &Path) {
@@ -724,32 +598,6 @@ fn mnist_stalled_download_ends_within_the_timeout() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The pid of the launcher `launcher`'s worker for `rank` (a child of it
-/// with `RANK=<rank>` in its environment), if running.
-fn worker_pid(launcher: u32, rank: usize) -> Option<i32> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // pid (comm) state ppid ...: the comm may hold spaces, so from the ')'.
-            let ppid: u32 = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            let environ = std::fs::read(entry.path().join("environ")).ok()?;
-            let rank_var = format!("RANK={rank}");
-            let is_rank = environ
-                .split(|b| *b == 0)
-                .any(|var| var == rank_var.as_bytes());
-            (ppid == launcher && is_rank).then_some(pid)
-        })
 }
 
 /// `--max-restarts 3`, `--resume auto` and rank 1 SIGKILLed in three rounds,
@@ -1114,115 +962,6 @@ fn toy_on_two_machines_survives_a_worker_killed_on_either() {
     let _ = std::fs::remove_dir_all(&reference_dir);
 }
 
-/// `mnist --learner --resume auto` under `--max-restarts 1` on a small MNIST
-/// subset, rank 1 SIGKILLed in the middle of epoch 2: the second round goes
-/// on after epoch 1's checkpoint and ends with the uninterrupted run's
-/// figures (losses and accuracy) and parameters.
-#[test]
-fn mnist_learner_killed_mid_epoch_resumes_by_itself_and_ends_as_uninterrupted() {
-    let data = mnist_data(env!("CARGO_MANIFEST_DIR"));
-    let learner = |restarts: &[&str], extra: &[&str]| {
-        let mut cmd = Command::new(launcher());
-        cmd.args(["--standalone", "--nproc-per-node", "2", "--prefix-output"])
-            .args(restarts)
-            .arg(example("mnist"))
-            .arg("--learner")
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--train-samples", "1024", "--test-samples", "128"])
-            .args([
-                "--batch-size",
-                "8",
-                "--epochs",
-                "2",
-                "--artifact-dir",
-                "art",
-            ])
-            .args(extra);
-        cmd
-    };
-    // The figures of an epoch line, without its time.
-    let figures = |text: &str, prefix: &str| -> Vec<String> {
-        text.lines()
-            .filter_map(|l| l.strip_prefix(prefix))
-            .filter(|l| l.starts_with("epoch="))
-            .map(|l| l.split(" epoch_time=").next().unwrap().to_string())
-            .collect()
-    };
-    let reference_dir = scratch("mnist-learner-restart-reference");
-    let reference = run(learner(&[], &[]), &reference_dir, Duration::from_secs(300));
-    assert_success(&reference);
-    let expected = figures(&stdout(&reference), "[rank 0] ");
-    assert_eq!(expected.len(), 2, "{}", stdout(&reference));
-
-    let dir = scratch("mnist-learner-restart");
-    let mut job = Interactive::start(
-        learner(&["--max-restarts", "1"], &["--resume", "auto"]),
-        &dir,
-    );
-    job.wait_for("[rank 0 round 0] epoch=1 ", Duration::from_secs(300));
-    // Mid-epoch 2, once epoch 1's checkpoint (written in the background) is
-    // all there: its three files, their sizes no longer changing.
-    let files: Vec<_> = ["model", "optim", "scheduler"]
-        .iter()
-        .map(|name| dir.join(format!("art/checkpoint/{name}-1.mpk")))
-        .collect();
-    let sizes = || -> Option<Vec<u64>> {
-        files
-            .iter()
-            .map(|f| std::fs::metadata(f).ok().map(|m| m.len()))
-            .collect()
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let before = sizes();
-        std::thread::sleep(Duration::from_millis(200));
-        if before.is_some() && before == sizes() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "epoch 1's checkpoint: {before:?}"
-        );
-    }
-    let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(victim, libc::SIGKILL) };
-    let (out, _) = job.wait(Duration::from_secs(300));
-    let text = stdout(&out);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let context = format!("{text}\n{stderr}");
-    assert_eq!(out.status.code(), Some(0), "{context}");
-    assert!(
-        text.contains("[rank 0 round 0] no checkpoint in art: starting afresh")
-            && text.contains("[rank 0 round 1] resuming after epoch 1"),
-        "{context}"
-    );
-    // Round 0 finished epoch 1; round 1 did epoch 2 only.
-    assert_eq!(
-        figures(&text, "[rank 0 round 0] "),
-        expected[..1],
-        "{context}"
-    );
-    assert_eq!(
-        figures(&text, "[rank 0 round 1] "),
-        expected[1..],
-        "{context}"
-    );
-    let fingerprint = |text: &str| {
-        text.lines()
-            .find_map(|l| Some(l.split_once("parameters fingerprint: ")?.1.to_string()))
-    };
-    assert!(fingerprint(&stdout(&reference)).is_some());
-    assert_eq!(
-        fingerprint(&text),
-        fingerprint(&stdout(&reference)),
-        "{context}"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_dir_all(&reference_dir);
-}
-
 /// The hand-written MNIST loop's snapshots: 2 ranks train 2 epochs into
 /// `--checkpoint-dir`, then `--resume auto --epochs 3` goes on from
 /// model_epoch_2 and ends with the parameters of an uninterrupted 3-epoch
@@ -1307,4 +1046,29 @@ fn mnist_snapshots_resume_by_themselves_and_end_as_uninterrupted() {
         String::from_utf8_lossy(&bare.stderr)
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `mnist --learner` (Burn 0.21) as testkit's Learner scenarios check it.
+fn mnist_learner() -> MnistLearner {
+    MnistLearner {
+        program: example("mnist"),
+        data: mnist_data(env!("CARGO_MANIFEST_DIR")),
+        checkpoint_extension: "mpk",
+        model_file: "model.mpk".into(),
+    }
+}
+
+#[test]
+fn mnist_learner_on_two_ranks_writes_one_experiment() {
+    mnist_learner::writes_one_experiment(&mnist_learner());
+}
+
+#[test]
+fn mnist_learner_ctrl_c_stops_cleanly_and_resumes() {
+    mnist_learner::ctrl_c_stops_cleanly_and_resumes(&mnist_learner());
+}
+
+#[test]
+fn mnist_learner_killed_mid_epoch_resumes_by_itself_and_ends_as_uninterrupted() {
+    mnist_learner::killed_mid_epoch_resumes_by_itself(&mnist_learner());
 }

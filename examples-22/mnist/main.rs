@@ -17,6 +17,7 @@ mod common;
 mod args;
 #[path = "../../examples/mnist/idx.rs"]
 mod idx;
+mod learner;
 
 use args::{MnistArgs, MnistTrainingConfig};
 use burn::data::dataloader::{batcher::Batcher, DataLoader, DataLoaderBuilder};
@@ -119,20 +120,18 @@ impl Batcher<MnistItem, (Tensor<4>, Tensor<1, Int>)> for MnistBatcher {
 }
 
 fn main() {
-    common::cli::init_logger();
     let args = MnistArgs::parse();
-    if args.checkpoint_dir.is_some() || args.resume.is_some() {
-        fail(
-            None,
-            "--checkpoint-dir/--resume: snapshots of the Burn 0.22 MNIST trainer are not \
-             built yet; run examples/mnist on Burn 0.21 to resume after a restart",
-        );
+    // With --learner, Burn's Learner sends rank 0's messages to experiment.log;
+    // the other ranks (and the hand-written loop) print warnings and errors.
+    if !args.learner || burn_ddp_22::LaunchEnv::from_env().is_ok_and(|env| env.rank != 0) {
+        common::cli::init_logger();
     }
-    if args.learner {
+    if !args.learner && (args.checkpoint_dir.is_some() || args.resume.is_some()) {
         fail(
             None,
-            "--learner: the Learner strategy for Burn 0.22 is not built yet; run the \
-             hand-written loop (without --learner), or examples/mnist on Burn 0.21",
+            "--checkpoint-dir/--resume: snapshots of the Burn 0.22 hand-written MNIST loop are \
+             not built yet; resume through the Learner (--learner --resume auto), or run \
+             examples/mnist on Burn 0.21",
         );
     }
     let device = match args.backend {
@@ -145,7 +144,11 @@ fn main() {
             ),
         ),
     };
-    train(&args, device);
+    if args.learner {
+        learner::train(&args, device);
+    } else {
+        train(&args, device);
+    }
 }
 
 /// This rank's copy of both splits, limited by --train-samples/--test-samples.

@@ -2,6 +2,7 @@
 //! simulated torchrun agent and Open MPI's mpirun, against one process with
 //! the combined batch.
 
+use burn_ddp_testkit::mnist_learner::{self, MnistLearner};
 use burn_ddp_testkit::programs::{
     assert_success, example, field, launcher, mnist_data, relative, run, scratch, stdout,
     toy_ctrl_c_then_resume, toy_losses,
@@ -233,12 +234,6 @@ fn mnist22_short_run_on_two_ranks_learns_and_saves_the_model() {
     );
     assert!(dir.join("mnist_ddp.ckpt").is_file());
     assert!(dir.join("mnist_ddp.config.json").is_file());
-    // --learner is not there yet on Burn 0.22, and says so.
-    let mut learner = Command::new(example("mnist22"));
-    learner.arg("--learner");
-    let out = run(learner, &dir, LIMIT);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -310,4 +305,30 @@ fn toy22_resume_auto_ends_as_an_uninterrupted_run() {
         String::from_utf8_lossy(&refused.stderr)
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `mnist22 --learner` as testkit's Learner scenarios check it (the same
+/// scenarios as the Burn 0.21 trainer's).
+fn mnist22_learner() -> MnistLearner {
+    MnistLearner {
+        program: example("mnist22"),
+        data: mnist_data(env!("CARGO_MANIFEST_DIR")),
+        checkpoint_extension: "bpk",
+        model_file: "model.ckpt".into(),
+    }
+}
+
+#[test]
+fn mnist22_learner_on_two_ranks_writes_one_experiment() {
+    mnist_learner::writes_one_experiment(&mnist22_learner());
+}
+
+#[test]
+fn mnist22_learner_ctrl_c_stops_cleanly_and_resumes() {
+    mnist_learner::ctrl_c_stops_cleanly_and_resumes(&mnist22_learner());
+}
+
+#[test]
+fn mnist22_learner_killed_mid_epoch_resumes_by_itself_and_ends_as_uninterrupted() {
+    mnist_learner::killed_mid_epoch_resumes_by_itself(&mnist22_learner());
 }

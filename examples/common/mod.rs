@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod learner;
 pub mod resume;
 pub mod run_config;
 pub mod stopped;

@@ -3,6 +3,9 @@
 //! multi-process by burn-ddp's strategy. The lines marked `burn-ddp` are all
 //! that differ from a single-process Learner program.
 
+use crate::common::learner::{
+    announce_resume, last_checkpoint, print_epoch, refuse_another_run, stopped_line,
+};
 use crate::common::{fail, run_config};
 use crate::net::Net;
 use crate::{MnistArgs, MnistBatcher, MnistTrainingConfig, ResumeFrom};
@@ -18,7 +21,7 @@ use burn::train::metric::{AccuracyMetric, LossMetric};
 use burn::train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
-use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, EpochReport, SilentRenderer};
+use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
 
 type MnistBatch<B> = (Tensor<B, 4>, Tensor<B, 1, Int>);
 
@@ -55,25 +58,6 @@ impl<B: Backend> InferenceStep for Net<B> {
     }
 }
 
-/// The hand-written trainer's line, from the global epoch figures.
-fn print_epoch(report: &EpochReport) {
-    let figure = |split: &str, name: &str| {
-        report
-            .figures
-            .iter()
-            .find(|f| f.split == split && f.name == name)
-            .map_or(f64::NAN, |f| f.value)
-    };
-    println!(
-        "epoch={} train_loss={:.4} valid_loss={:.4} test_acc={:.2}% epoch_time={:.1}s",
-        report.epoch,
-        figure("train", "Loss"),
-        figure("valid", "Loss"),
-        figure("valid", "Accuracy"),
-        report.train_time.as_secs_f64()
-    );
-}
-
 pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e)); // burn-ddp
     let rank = group.rank();
@@ -93,9 +77,10 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         args.seed,
         train_set.len(),
     );
-    let ddp = DdpTraining::new(&group, directory).on_epoch_end(print_epoch); // burn-ddp
-                                                                             // Rank 0 creates the folder, the others wait (kept as it is: a resume needs
-                                                                             // its checkpoints; `recreate_artifact_dir` would empty it first).
+    // burn-ddp: the run's handle; one line per epoch from the global figures.
+    let ddp = DdpTraining::new(&group, directory).on_epoch_end(print_epoch);
+    // Rank 0 creates the folder, the others wait (kept as it is: a resume needs
+    // its checkpoints; `recreate_artifact_dir` would empty it first).
     ddp.create_artifact_dir().unwrap_or_else(|e| fail(None, e)); // burn-ddp
     let resume = match args.resume {
         Some(ResumeFrom::Epoch(epoch)) => Some(epoch),
@@ -106,10 +91,7 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
             // burn-ddp: rank 0 finds the newest whole checkpoint, every rank takes it.
             let latest = ddp.latest_checkpoint().unwrap_or_else(|e| fail(None, e));
             if ddp.is_main() {
-                match latest {
-                    Some(epoch) => println!("resuming after epoch {epoch}"),
-                    None => println!("no checkpoint in {}: starting afresh", directory.display()),
-                }
+                announce_resume(latest, directory);
             }
             latest
         }
@@ -180,55 +162,15 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     }
     // A Ctrl-C or SIGTERM on any rank stopped every rank at the same iteration
     // (unless it came after the last one: then the run is complete).
-    let finished = last_checkpoint(&directory.join("checkpoint"));
+    let finished = last_checkpoint(directory);
     let stopped = burn_ddp::stop_requested(&group)
         .unwrap_or_else(|e| fail(None, e))
         .filter(|_| finished.is_none_or(|epoch| epoch < args.epochs));
     if let (Some(signal), true) = (stopped, group.is_main()) {
-        let resume = match finished {
-            Some(epoch) => format!("go on with --resume {epoch}"),
-            None => "no epoch was finished".to_string(),
-        };
-        let signal = crate::common::stopped::signal_name(signal);
-        println!("Stopped by {signal} before the end of training; {resume}");
+        println!("{}", stopped_line(signal, finished));
     }
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e)); // burn-ddp
     if let Some(signal) = stopped {
         std::process::exit(128 + signal);
     }
-}
-
-/// `--resume auto` in a folder another run's configuration (other than its
-/// epochs) was saved in: an error naming it, not a resume from its checkpoints.
-fn refuse_another_run(config: &MnistTrainingConfig, saved: &std::path::Path, rank: usize) {
-    use burn::config::Config;
-    if !saved.exists() {
-        return;
-    }
-    let changed = MnistTrainingConfig::load(saved)
-        .map(|saved| run_config::differences(&saved, config, &["epochs"]))
-        .unwrap_or_else(|err| vec![format!("unreadable ({err})")]);
-    if !changed.is_empty() {
-        fail(
-            Some(rank),
-            format!(
-                "--resume auto: the checkpoints beside {} are another run's ({}); run with \
-                 those settings, or give another --artifact-dir",
-                saved.display(),
-                changed.join(", ")
-            ),
-        );
-    }
-}
-
-/// The newest epoch with a saved model in the experiment's checkpoint folder.
-fn last_checkpoint(folder: &std::path::Path) -> Option<usize> {
-    std::fs::read_dir(folder)
-        .ok()?
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            name.strip_prefix("model-")?.split('.').next()?.parse().ok()
-        })
-        .max()
 }

@@ -7,6 +7,7 @@
 mod c10d_server;
 pub mod learner;
 mod machines;
+pub mod mnist_learner;
 mod mpirun;
 pub mod numbers;
 pub mod programs;

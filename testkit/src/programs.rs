@@ -335,3 +335,29 @@ impl Interactive {
         )
     }
 }
+
+/// The pid of the launcher `launcher`'s worker for `rank` (a child of it
+/// with `RANK=<rank>` in its environment), if running.
+pub fn worker_pid(launcher: u32, rank: usize) -> Option<i32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // pid (comm) state ppid ...: the comm may hold spaces, so from the ')'.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let rank_var = format!("RANK={rank}");
+            let is_rank = environ
+                .split(|b| *b == 0)
+                .any(|var| var == rank_var.as_bytes());
+            (ppid == launcher && is_rank).then_some(pid)
+        })
+}

@@ -12,7 +12,7 @@ use burn::optim::OptimizerRecord;
 use burn::store::ModuleRecord;
 use burn::train::checkpoint::Checkpoint;
 use burn_ddp_comm::snapshots::{LoadError, Snapshot};
-use std::path::PathBuf;
+use std::path::Path;
 
 impl DdpTraining {
     /// The newest epoch whose checkpoint in `<directory>/checkpoint` is
@@ -39,8 +39,8 @@ fn check_whole(snapshot: &Snapshot) -> std::result::Result<(), LoadError> {
     whole::<LrSchedulerRecord>(scheduler)
 }
 
-fn whole<R: Checkpoint>(file: &PathBuf) -> std::result::Result<(), LoadError> {
-    R::load(file.clone())
+fn whole<R: Checkpoint>(file: &Path) -> std::result::Result<(), LoadError> {
+    R::load(file.to_path_buf())
         .map(drop)
         .map_err(|err| LoadError::Corrupt(format!("{}: {err}", file.display())))
 }
