@@ -41,6 +41,7 @@ pub mod frame;
 pub mod gpu;
 mod group;
 pub mod job;
+pub mod layout;
 pub mod learner;
 pub mod nccl;
 pub mod reducer;

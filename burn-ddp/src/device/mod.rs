@@ -8,7 +8,6 @@
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
-mod layout;
 #[cfg(feature = "cubecl")]
 mod packed;
 

@@ -2,12 +2,12 @@
 //! elements packed from the buffer's start, while cubecl's allocator may pad
 //! every row of a tensor of rank 2 or more to an aligned pitch (on CUDA and
 //! HIP, for its `Optimized` strategy: `empty_device_dtype`, kernels' outputs;
-//! `super::packed` tests this against cubecl's own policies). A tensor is safe
-//! for NCCL only if its strides are the packed row-major ones.
-#![cfg_attr(not(feature = "cubecl"), allow(dead_code))]
+//! each front-end tests this against its cubecl's own policies). A tensor is
+//! safe for NCCL only if its strides are the packed row-major ones. Both Burn
+//! front-ends' device code asks here.
 
 /// The row-major strides of a packed tensor of `shape`.
-pub(crate) fn packed_strides(shape: &[usize]) -> Vec<usize> {
+pub fn packed_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1];
@@ -17,7 +17,7 @@ pub(crate) fn packed_strides(shape: &[usize]) -> Vec<usize> {
 
 /// Whether `strides` lay `shape` out packed, row after row with no gap (a
 /// dimension of size 1 may have any stride: it is never stepped over).
-pub(crate) fn is_packed(shape: &[usize], strides: &[usize]) -> bool {
+pub fn is_packed(shape: &[usize], strides: &[usize]) -> bool {
     shape.len() == strides.len()
         && (shape.iter().product::<usize>() == 0
             || shape
