@@ -2,10 +2,12 @@
 # Builds and tests burn-ddp-22's unchanged sources against Burn 0.23.0-pre.1:
 # a scratch package (outside the workspace, so the workspace keeps one Burn
 # 0.22 build) with burn-ddp-22's src/, tests/ and guide, the shared core by
-# path, and Burn pinned to the pre-release. Not part of CI (it is a third Burn
-# build); run it when Burn 0.23 moves.
+# path, Burn pinned to the pre-release, and the `train` feature on (the
+# Learner strategy and its multi-process tests). CI runs it (.ci/run) with
+# the workspace's target dir, so Burn 0.23 is supported the week it is out.
 #
 #   scripts/burn-023-check.sh [SCRATCH_DIR]     (default /tmp/burn-ddp-023-check)
+#   BURN_023_VERSION='=0.23.0' scripts/burn-023-check.sh   (another release)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${1:-/tmp/burn-ddp-023-check}"
@@ -22,9 +24,15 @@ version = "0.1.0"
 edition = "2021"
 publish = false
 
+build = "build.rs"
+
 [lib]
 name = "burn_ddp_22"
 path = "src/lib.rs"
+
+[features]
+train = ["burn/train"]
+default = ["train"]
 
 [dependencies]
 burn = { version = "$version", default-features = false, features = ["std", "optim", "dataset"] }
@@ -35,7 +43,7 @@ half = { version = "2", features = ["bytemuck"] }
 bytemuck = "1"
 
 [dev-dependencies]
-burn = { version = "$version", default-features = false, features = ["std", "optim", "dataset", "flex", "autodiff"] }
+burn = { version = "$version", default-features = false, features = ["std", "optim", "dataset", "flex", "autodiff", "train"] }
 burn-ddp-testkit = { path = "$repo/testkit" }
 libc = "0.2"
 
@@ -44,8 +52,23 @@ name = "multiprocess"
 path = "tests/multiprocess/main.rs"
 harness = false
 
+[[test]]
+name = "learner"
+path = "tests/learner/main.rs"
+harness = false
+
+# The few Learner events and progress loggers Burn 0.23 changed are
+# cfg(burn_023) in the sources (src/train/burn_version.rs).
+[lints.rust]
+unexpected_cfgs = { level = "warn", check-cfg = ["cfg(burn_023)", 'cfg(feature, values("cuda"))'] }
+
 [workspace]
 TOML
+cat > "$dir/build.rs" <<'RS'
+fn main() {
+    println!("cargo::rustc-cfg=burn_023");
+}
+RS
 cd "$dir"
 cargo test
 echo "burn-ddp-22's sources pass against burn $version"

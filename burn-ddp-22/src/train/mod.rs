@@ -42,13 +42,14 @@
 //! on the builder is not seen by a custom strategy, use
 //! [`DdpTraining::with_gradient_checkpointing`] instead.
 
+mod burn_version;
 mod checkpoints;
 mod metrics;
 mod quiet;
 mod strategy;
 
 pub use burn_ddp_comm::learner::{EpochReport, GlobalMetric, LearnerJob, GLOBAL_METRICS_FILE};
-pub use quiet::{NeverCheckpoint, SilentRenderer};
+pub use quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};
 pub use strategy::DdpLearningStrategy;
 
 use crate::data::DistributedDataset;

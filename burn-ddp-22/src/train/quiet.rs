@@ -1,7 +1,8 @@
-//! What ranks other than 0 get instead of a display and checkpoint saving.
+//! What ranks other than 0 get instead of a display and checkpoint saving,
+//! and a renderer that only reports the end-of-training summary.
 
+use super::burn_version::quiet_progress;
 use burn::train::checkpoint::{CheckpointingAction, CheckpointingStrategy};
-use burn::train::logger::{EvaluationProgressLogger, TrainingProgressLogger};
 use burn::train::metric::store::EventStoreClient;
 use burn::train::metric::MetricDefinition;
 use burn::train::renderer::{
@@ -35,33 +36,59 @@ impl MetricsRendererEvaluation for SilentRenderer {
     }
 }
 
-impl TrainingProgressLogger for SilentRenderer {
-    fn start(
-        &mut self,
-        _epochs: usize,
-        _starting: usize,
-        _items: Option<usize>,
-        _label: Option<&str>,
-    ) {
-    }
-    fn update_epoch(&mut self, _epoch: usize) {}
-    fn start_split(&mut self, _split: &str, _total_items: usize) {}
-    fn update_split(&mut self, _items_processed: usize) {}
-    fn end_split(&mut self) {}
-    fn end(&mut self) {}
-    fn log_event_training(&mut self, _event: String) {}
-}
-
-impl EvaluationProgressLogger for SilentRenderer {
-    fn start_global_progress(&mut self, _total_tests: usize) {}
-    fn start_test(&mut self, _name: &str, _total_items: usize) {}
-    fn update_test_progress(&mut self, _items_processed: usize) {}
-    fn end_test(&mut self) {}
-    fn end_global_progress(&mut self) {}
-    fn log_event_evaluation(&mut self, _event: String) {}
-}
+quiet_progress!(SilentRenderer);
 
 impl MetricsRenderer for SilentRenderer {
+    fn manual_close(&mut self) {}
+    fn register_metric(&mut self, _definition: MetricDefinition) {}
+}
+
+type SummaryReport = dyn FnMut(LearnerSummary) + Send + Sync;
+
+/// A renderer that shows nothing during training and hands the
+/// end-of-training summary (with `.summary()` on the builder; on rank 0 its
+/// figures are summed over the ranks) to a closure: to print it, log it,
+/// compare it. Install it before `.ddp(&ddp)`, which silences ranks > 0.
+pub struct SummaryRenderer {
+    report: Box<SummaryReport>,
+}
+
+impl SummaryRenderer {
+    /// Calls `report` with the summary when training ends.
+    pub fn new(report: impl FnMut(LearnerSummary) + Send + Sync + 'static) -> Self {
+        Self {
+            report: Box::new(report),
+        }
+    }
+}
+
+impl MetricsRendererTraining for SummaryRenderer {
+    fn update_train(&mut self, _state: MetricState) {}
+    fn update_valid(&mut self, _state: MetricState) {}
+    fn on_train_end(
+        &mut self,
+        summary: Option<LearnerSummary>,
+    ) -> Result<(), Box<dyn core::error::Error>> {
+        if let Some(summary) = summary {
+            (self.report)(summary);
+        }
+        Ok(())
+    }
+}
+
+impl MetricsRendererEvaluation for SummaryRenderer {
+    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
+    fn on_test_end(
+        &mut self,
+        _summary: Option<LearnerSummary>,
+    ) -> Result<(), Box<dyn core::error::Error>> {
+        Ok(())
+    }
+}
+
+quiet_progress!(SummaryRenderer);
+
+impl MetricsRenderer for SummaryRenderer {
     fn manual_close(&mut self) {}
     fn register_metric(&mut self, _definition: MetricDefinition) {}
 }

@@ -10,11 +10,12 @@
 //! global epoch figures, rank 0's early stopping decision, and a closing
 //! barrier. The agreements themselves are burn-ddp-comm's `LearnerJob`.
 
+use super::burn_version;
 use super::metrics::globalize;
 use super::DdpTraining;
 use crate::CommError;
 use burn::data::dataloader::Progress;
-use burn::optim::GradientsAccumulator;
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
 use burn::train::{
     EventProcessorTraining, InferenceStep, Interrupter, Learner, LearnerEvent, LearnerModel,
@@ -83,6 +84,11 @@ impl DdpLearningStrategy {
             .check_lengths("training", loader.num_items())
             .unwrap_or_else(|err| self.fail("comparing loader lengths", err));
         let mut iterator = loader.iter();
+        interrupter.fail_on_error(processor.process_train(burn_version::start_split(
+            epoch,
+            loader.num_items(),
+            iterator.progress(),
+        )));
         let mut iteration = 0;
         let mut accumulator = GradientsAccumulator::new();
         let mut accumulated = 0;
@@ -123,27 +129,15 @@ impl DdpLearningStrategy {
                 Some(k) => {
                     accumulator.accumulate(&learner.model(), output.grads);
                     accumulated += 1;
-                    // Every rank's shard has the same length, so every rank
-                    // applies an epoch's leftover micro-batches at once.
-                    if accumulated >= k || progress.is_completed() {
+                    (accumulated >= k).then(|| {
                         accumulated = 0;
-                        Some(accumulator.grads())
-                    } else {
-                        None
-                    }
+                        accumulator.grads()
+                    })
                 }
                 None => Some(output.grads),
             };
             if let Some(grads) = grads {
-                let grads = crate::sync::sync_module(
-                    self.ddp.reducer(),
-                    self.ddp.group(),
-                    &learner.model(),
-                    grads,
-                )
-                .unwrap_or_else(|err| self.fail("averaging gradients", err));
-                learner.lr_step();
-                learner.optimizer_step(grads);
+                self.step(learner, grads);
             }
             let item = TrainingItem::new(
                 output.item,
@@ -153,6 +147,27 @@ impl DdpLearningStrategy {
             );
             interrupter.fail_on_error(processor.process_train(LearnerEvent::ProcessedItem(item)));
         }
+        // The epoch's leftover micro-batches, as Burn's own strategy applies
+        // them; every rank's shard has the same length, so every rank has
+        // them (none after an agreed stop).
+        if accumulated > 0 && !interrupter.should_stop() {
+            self.step(learner, accumulator.grads());
+        }
+        let end = burn_version::end_split(epoch, iterator.progress(), !interrupter.should_stop());
+        interrupter.fail_on_error(processor.process_train(end));
+    }
+
+    /// One optimizer step with the gradients averaged over the ranks.
+    fn step<M: LearnerModel>(&self, learner: &mut Learner<M>, grads: GradientsParams) {
+        let grads = crate::sync::sync_module(
+            self.ddp.reducer(),
+            self.ddp.group(),
+            &learner.model(),
+            grads,
+        )
+        .unwrap_or_else(|err| self.fail("averaging gradients", err));
+        learner.lr_step();
+        learner.optimizer_step(grads);
     }
 
     fn valid_epoch<M: LearnerModel>(
@@ -167,6 +182,11 @@ impl DdpLearningStrategy {
         log::info!("Executing validation step for epoch {epoch}");
         let model = learner.model().valid();
         let mut iterator = loader.iter();
+        interrupter.fail_on_error(processor.process_valid(burn_version::start_split(
+            epoch,
+            loader.num_items(),
+            iterator.progress(),
+        )));
         let mut iteration = 0;
         // No collective here: shards may differ by one item, and an
         // interrupt is agreed on at the end of the epoch.
@@ -192,6 +212,8 @@ impl DdpLearningStrategy {
                 break;
             }
         }
+        let end = burn_version::end_split(epoch, iterator.progress(), !interrupter.should_stop());
+        interrupter.fail_on_error(processor.process_valid(end));
     }
 
     /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
@@ -266,9 +288,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
     ) -> (M, SupervisedTrainingEventProcessor<M>) {
         let device = self.device_of(&learner);
         let dataloader_train = dataloader_train.to_device(&device);
-        let train_items = dataloader_train.num_items();
         let dataloader_valid = dataloader_valid.to_device(&device.clone().inner());
-        let valid_items = dataloader_valid.num_items();
         learner.fork(&device);
         let mut processor = components.event_processor;
         let mut checkpointer = components.checkpointer;
@@ -280,10 +300,6 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             let progress = Progress::new(epoch, num_epochs, Some("epochs".to_string()));
             self.ddp.set_epoch(epoch);
             let started = Instant::now();
-            interrupter.fail_on_error(processor.process_train(LearnerEvent::StartSplit {
-                epoch_number: epoch,
-                total_items: train_items,
-            }));
             self.train_epoch(
                 &mut learner,
                 &dataloader_train,
@@ -292,7 +308,6 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
                 &interrupter,
                 components.grad_accumulation,
             );
-            interrupter.fail_on_error(processor.process_train(LearnerEvent::EndSplit(epoch)));
             if interrupter.should_stop() {
                 let reason = interrupter
                     .interruption()
@@ -303,10 +318,6 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             }
             let train_time = started.elapsed();
             let started = Instant::now();
-            interrupter.fail_on_error(processor.process_valid(LearnerEvent::StartSplit {
-                epoch_number: epoch,
-                total_items: valid_items,
-            }));
             self.valid_epoch(
                 &learner,
                 &dataloader_valid,
@@ -314,7 +325,6 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
                 &mut processor,
                 &interrupter,
             );
-            interrupter.fail_on_error(processor.process_valid(LearnerEvent::EndSplit(epoch)));
             interrupter.fail_on_error(processor.process_train(LearnerEvent::EndEpoch(epoch)));
             let valid_time = started.elapsed();
             // The store's thread has the epoch's events once the processor's
@@ -337,21 +347,13 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
                     .is_some_and(|strategy| strategy.should_stop(epoch, &components.event_store));
             let after = self
                 .ddp
-                .after_epoch(early_stop, interrupter.should_stop())
+                .after_epoch(epoch, early_stop, interrupter.should_stop())
                 .unwrap_or_else(|err| self.fail("agreeing on early stopping", err));
-            match after {
-                AfterEpoch::Continue => {}
-                AfterEpoch::Interrupted => {
-                    if !interrupter.should_stop() {
-                        interrupter.stop(Some("interrupted on another rank"));
-                    }
-                    log::info!("Training interrupted after epoch {epoch}");
-                    break;
-                }
-                AfterEpoch::EarlyStop => {
-                    log::info!("Early stopping after epoch {epoch} (decided by rank 0)");
-                    break;
-                }
+            if after == AfterEpoch::Interrupted && !interrupter.should_stop() {
+                interrupter.stop(Some("interrupted on another rank"));
+            }
+            if after != AfterEpoch::Continue {
+                break;
             }
         }
         // Nobody leaves while another rank may still need it.

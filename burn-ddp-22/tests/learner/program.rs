@@ -13,19 +13,14 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn::train::checkpoint::{CheckpointingAction, CheckpointingStrategy};
-use burn::train::logger::{EvaluationProgressLogger, TrainingProgressLogger};
 use burn::train::metric::store::{Aggregate, EventStoreClient, Split};
-use burn::train::metric::{AccuracyMetric, LossMetric, MetricDefinition};
-use burn::train::renderer::{
-    EvaluationName, MetricState, MetricsRenderer, MetricsRendererEvaluation,
-    MetricsRendererTraining,
-};
+use burn::train::metric::{AccuracyMetric, LossMetric};
 use burn::train::{
     ClassificationOutput, EarlyStoppingStrategy, ExecutionStrategy, InferenceStep, Interrupter,
     Learner, LearnerSummary, SupervisedTraining, TrainOutput, TrainStep, TrainingStrategy,
 };
 use burn_ddp_22::data::DistributedSampler;
-use burn_ddp_22::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
+use burn_ddp_22::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer, SummaryRenderer};
 use burn_ddp_testkit::learner::{
     DIR_VAR, EPOCHS, EPOCHS_VAR, OPTIMIZER_VAR, RESUME_VAR, SHARED_DIR_VAR,
 };
@@ -44,7 +39,7 @@ const INIT_SEED: u64 = 100;
 type Res<T> = Result<T, String>;
 
 fn device() -> Device {
-    Device::default().autodiff()
+    Device::flex().autodiff()
 }
 
 #[derive(Module, Debug)]
@@ -275,7 +270,7 @@ fn reference(
 
 fn valid_accuracy(model: &Classifier) -> f64 {
     let items: Vec<usize> = (1000..1000 + VALID_ITEMS).collect();
-    let (x, targets) = batch_of(&items, &Device::default());
+    let (x, targets) = batch_of(&items, &Device::flex());
     let correct: i64 = model
         .forward(x)
         .argmax(1)
@@ -287,66 +282,14 @@ fn valid_accuracy(model: &Classifier) -> f64 {
     100.0 * correct as f64 / VALID_ITEMS as f64
 }
 
-/// Shows nothing, like [`SilentRenderer`], and prints the end-of-training
-/// summary's last valid entries in full precision (`summary_valid_<metric>`).
-struct SummaryProbe;
-
-impl MetricsRendererTraining for SummaryProbe {
-    fn update_train(&mut self, _state: MetricState) {}
-    fn update_valid(&mut self, _state: MetricState) {}
-    fn on_train_end(
-        &mut self,
-        summary: Option<LearnerSummary>,
-    ) -> Result<(), Box<dyn std::error::Error>> {
-        let summary = summary.ok_or("no summary")?;
-        for metric in &summary.metrics.valid {
-            if let Some(last) = metric.entries.iter().max_by_key(|entry| entry.step) {
-                println!("summary_valid_{} {}", metric.name, last.value);
-            }
+/// Prints the end-of-training summary's last valid entries in full
+/// precision (`summary_valid_<metric>`).
+fn print_summary(summary: LearnerSummary) {
+    for metric in &summary.metrics.valid {
+        if let Some(last) = metric.entries.iter().max_by_key(|entry| entry.step) {
+            println!("summary_valid_{} {}", metric.name, last.value);
         }
-        Ok(())
     }
-}
-
-impl MetricsRendererEvaluation for SummaryProbe {
-    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
-    fn on_test_end(
-        &mut self,
-        _summary: Option<LearnerSummary>,
-    ) -> Result<(), Box<dyn std::error::Error>> {
-        Ok(())
-    }
-}
-
-impl TrainingProgressLogger for SummaryProbe {
-    fn start(
-        &mut self,
-        _epochs: usize,
-        _start: usize,
-        _items: Option<usize>,
-        _label: Option<&str>,
-    ) {
-    }
-    fn update_epoch(&mut self, _epoch: usize) {}
-    fn start_split(&mut self, _split: &str, _total_items: usize) {}
-    fn update_split(&mut self, _items_processed: usize) {}
-    fn end_split(&mut self) {}
-    fn end(&mut self) {}
-    fn log_event_training(&mut self, _event: String) {}
-}
-
-impl EvaluationProgressLogger for SummaryProbe {
-    fn start_global_progress(&mut self, _total_tests: usize) {}
-    fn start_test(&mut self, _name: &str, _total_items: usize) {}
-    fn update_test_progress(&mut self, _items_processed: usize) {}
-    fn end_test(&mut self) {}
-    fn end_global_progress(&mut self) {}
-    fn log_event_evaluation(&mut self, _event: String) {}
-}
-
-impl MetricsRenderer for SummaryProbe {
-    fn manual_close(&mut self) {}
-    fn register_metric(&mut self, _definition: MetricDefinition) {}
 }
 
 fn launch(run: &Run, optimizer: ModuleOptimizer) -> Res<Classifier> {
@@ -356,7 +299,7 @@ fn launch(run: &Run, optimizer: ModuleOptimizer) -> Res<Classifier> {
         .with_default_checkpointers()
         .num_epochs(EPOCHS)
         .summary()
-        .renderer(Box::new(SummaryProbe))
+        .renderer(Box::new(SummaryRenderer::new(print_summary)))
         .ddp(&run.ddp)
         .launch(Learner::new(initial(run.rank, &device()), optimizer, LR));
     Ok(result.model)

@@ -114,15 +114,23 @@ impl LearnerJob {
         Ok(NextIteration::Train)
     }
 
-    /// After an epoch: rank 0's early-stopping decision (`early_stop` is
-    /// read on rank 0 only) and anyone's interrupt, known to all.
-    pub fn after_epoch(&self, early_stop: bool, interrupted: bool) -> Result<AfterEpoch> {
+    /// After Burn's `epoch`: rank 0's early-stopping decision (`early_stop`
+    /// is read on rank 0 only) and anyone's interrupt, known to all (and
+    /// logged when training ends there).
+    pub fn after_epoch(
+        &self,
+        epoch: usize,
+        early_stop: bool,
+        interrupted: bool,
+    ) -> Result<AfterEpoch> {
         let early_stop = early_stop && self.is_main();
         let interrupted = interrupted || stop::stop_signal().is_some();
         let (stop, interrupted) = self.count_yes(early_stop, interrupted)?;
         Ok(if interrupted > 0 {
+            log::info!("Training interrupted after epoch {epoch}");
             AfterEpoch::Interrupted
         } else if stop > 0 {
+            log::info!("Early stopping after epoch {epoch} (decided by rank 0)");
             AfterEpoch::EarlyStop
         } else {
             AfterEpoch::Continue
@@ -180,12 +188,18 @@ mod tests {
             job.next_iteration(1, 2, true, true, &[5]).unwrap(),
             NextIteration::Stop { reason: None }
         );
-        assert_eq!(job.after_epoch(true, false).unwrap(), AfterEpoch::EarlyStop);
         assert_eq!(
-            job.after_epoch(true, true).unwrap(),
+            job.after_epoch(1, true, false).unwrap(),
+            AfterEpoch::EarlyStop
+        );
+        assert_eq!(
+            job.after_epoch(1, true, true).unwrap(),
             AfterEpoch::Interrupted
         );
-        assert_eq!(job.after_epoch(false, false).unwrap(), AfterEpoch::Continue);
+        assert_eq!(
+            job.after_epoch(1, false, false).unwrap(),
+            AfterEpoch::Continue
+        );
     }
 
     #[test]

@@ -62,7 +62,7 @@ mod quiet;
 mod strategy;
 
 pub use burn_ddp_comm::learner::{EpochReport, GlobalMetric, LearnerJob, GLOBAL_METRICS_FILE};
-pub use quiet::{NeverCheckpoint, SilentRenderer};
+pub use quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};
 pub use strategy::DdpLearningStrategy;
 
 use crate::data::{DistributedDataset, DistributedSampler};

@@ -304,21 +304,13 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
                     .is_some_and(|strategy| strategy.should_stop(epoch, &components.event_store));
             let after = self
                 .ddp
-                .after_epoch(early_stop, interrupter.should_stop())
+                .after_epoch(epoch, early_stop, interrupter.should_stop())
                 .unwrap_or_else(|err| self.fail("agreeing on early stopping", err));
-            match after {
-                AfterEpoch::Continue => {}
-                AfterEpoch::Interrupted => {
-                    if !interrupter.should_stop() {
-                        interrupter.stop(Some("interrupted on another rank"));
-                    }
-                    log::info!("Training interrupted after epoch {epoch}");
-                    break;
-                }
-                AfterEpoch::EarlyStop => {
-                    log::info!("Early stopping after epoch {epoch} (decided by rank 0)");
-                    break;
-                }
+            if after == AfterEpoch::Interrupted && !interrupter.should_stop() {
+                interrupter.stop(Some("interrupted on another rank"));
+            }
+            if after != AfterEpoch::Continue {
+                break;
             }
         }
         // Nobody leaves while another rank may still need it.

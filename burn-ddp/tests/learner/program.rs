@@ -15,17 +15,13 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use burn::train::checkpoint::{CheckpointingAction, CheckpointingStrategy};
 use burn::train::metric::store::{Aggregate, EventStoreClient, Split};
-use burn::train::metric::{AccuracyMetric, LossMetric, MetricDefinition};
-use burn::train::renderer::{
-    EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
-    MetricsRendererTraining, ProgressType, TrainingProgress,
-};
+use burn::train::metric::{AccuracyMetric, LossMetric};
 use burn::train::{
     ClassificationOutput, EarlyStoppingStrategy, ExecutionStrategy, InferenceStep, Interrupter,
     Learner, LearnerSummary, SupervisedTraining, TrainOutput, TrainStep, TrainingStrategy,
 };
 use burn_ddp::data::DistributedSampler;
-use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
+use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer, SummaryRenderer};
 use burn_ddp::Ddp;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -294,43 +290,14 @@ fn valid_accuracy(model: &Classifier<NdArray>) -> f64 {
     100.0 * correct as f64 / VALID_ITEMS as f64
 }
 
-/// Shows nothing, like [`SilentRenderer`], and prints the end-of-training
-/// summary's last valid entries in full precision (`summary_valid_<metric>`).
-struct SummaryProbe;
-
-impl MetricsRendererTraining for SummaryProbe {
-    fn update_train(&mut self, _state: MetricState) {}
-    fn update_valid(&mut self, _state: MetricState) {}
-    fn render_train(&mut self, _item: TrainingProgress, _indicators: Vec<ProgressType>) {}
-    fn render_valid(&mut self, _item: TrainingProgress, _indicators: Vec<ProgressType>) {}
-    fn on_train_end(
-        &mut self,
-        summary: Option<LearnerSummary>,
-    ) -> Result<(), Box<dyn std::error::Error>> {
-        let summary = summary.ok_or("no summary")?;
-        for metric in &summary.metrics.valid {
-            if let Some(last) = metric.entries.iter().max_by_key(|entry| entry.step) {
-                println!("summary_valid_{} {}", metric.name, last.value);
-            }
+/// Prints the end-of-training summary's last valid entries in full
+/// precision (`summary_valid_<metric>`).
+fn print_summary(summary: LearnerSummary) {
+    for metric in &summary.metrics.valid {
+        if let Some(last) = metric.entries.iter().max_by_key(|entry| entry.step) {
+            println!("summary_valid_{} {}", metric.name, last.value);
         }
-        Ok(())
     }
-}
-
-impl MetricsRendererEvaluation for SummaryProbe {
-    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
-    fn render_test(&mut self, _item: EvaluationProgress, _indicators: Vec<ProgressType>) {}
-    fn on_test_end(
-        &mut self,
-        _summary: Option<LearnerSummary>,
-    ) -> Result<(), Box<dyn std::error::Error>> {
-        Ok(())
-    }
-}
-
-impl MetricsRenderer for SummaryProbe {
-    fn manual_close(&mut self) {}
-    fn register_metric(&mut self, _definition: MetricDefinition) {}
 }
 
 fn launch<O: Optimizer<Classifier<Plain>, Plain> + 'static>(
@@ -343,7 +310,7 @@ fn launch<O: Optimizer<Classifier<Plain>, Plain> + 'static>(
         .with_file_checkpointer(NamedMpkFileRecorder::<FullPrecisionSettings>::new())
         .num_epochs(EPOCHS)
         .summary()
-        .renderer(SummaryProbe)
+        .renderer(SummaryRenderer::new(print_summary))
         .ddp(&run.ddp)
         .launch(Learner::new(
             initial::<Plain>(run.rank, &Default::default()),
