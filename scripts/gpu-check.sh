@@ -7,10 +7,12 @@
 # BIN_DIR (default target/release) must hold burn-ddp-run and
 # examples/gpu_check built with `--features cuda`; gpu_check links the toy
 # trainer's own code (`gpu_check toy` is examples/toy on Ddp<Autodiff<Cuda>>).
+# With examples/toy22 there too (burn-ddp-22's toy trainer, `--features cuda`),
+# the same run also checks Burn 0.22's NCCL path; without it, a SKIP row.
 # The script never builds: a GPU machine without Rust runs binaries carried
 # from a build machine (docs/gpu.md). Nothing here needs network access.
 #
-# It ends within GPU_CHECK_BUDGET seconds (default 330, under 6 minutes): each
+# It ends within GPU_CHECK_BUDGET seconds (default 420, 7 minutes): each
 # step gets at most its own limit and never more than what is left; a step
 # that no longer fits is reported as SKIP. With --out DIR (or $OUT set) the
 # whole log (gpu-check.log), the verdict table (verdict.md) and every step's
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --out) OUT_DIR=$2; shift 2;;
     --out=*) OUT_DIR=${1#--out=}; shift;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0;;
     *) BIN=$1; shift;;
   esac
 done
@@ -34,7 +36,7 @@ if [ -n "$OUT_DIR" ]; then
   mkdir -p "$OUT_DIR" || { echo "cannot create $OUT_DIR"; exit 2; }
   exec > >(tee "$OUT_DIR/gpu-check.log") 2>&1
 fi
-BUDGET=${GPU_CHECK_BUDGET:-330}
+BUDGET=${GPU_CHECK_BUDGET:-420}
 DEADLINE=$((SECONDS + BUDGET))
 ROWS=()
 FAILED=0
@@ -311,6 +313,59 @@ if [ "$GPUS" -gt 0 ]; then
   else
     row "bucket all-reduce timings" FAIL "exit $code; $(last_lines "$WORK/bench.log")"
   fi
+  fi
+fi
+
+# --- Burn 0.22 (burn-ddp-22) ------------------------------------------------
+# toy22 built with --features cuda: the toy trainer on Burn 0.22's CUDA
+# device, its gradients averaged by sync_gradients over NCCL in place. Its
+# build downloads Burn 0.22's LLVM bundle, so it is there only when it was
+# built on a machine with network.
+toy22() { # log backend ranks extra...: toy22 --backend cuda through the launcher
+  local log=$1 backend=$2 ranks=$3; shift 3
+  BURN_DDP_BACKEND=$backend run "$log" 60 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$ranks" \
+    "$BIN/examples/toy22" --backend cuda --epochs 2 --loss-precision 9 --checkpoint-dir "$WORK" "$@"
+}
+final_loss() { grep -o 'Avg Loss: [0-9.e+-]*' "$WORK/$1.log" 2>/dev/null | tail -1 | cut -d' ' -f3; }
+relative_gap() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; s = (b < 0 ? -b : b); if (s < 1e-12) s = 1e-12; printf "%.2e", d / s }'; }
+if [ "$GPUS" -gt 0 ] && ! [ -x "$BIN/examples/toy22" ]; then
+  row "burn 0.22: toy22 on cuda" SKIP "no $BIN/examples/toy22 (its CUDA build needs network for Burn 0.22's LLVM bundle): cargo build --release --features cuda -p burn-ddp-22-examples --example toy22"
+elif [ "$GPUS" -gt 0 ]; then
+  if fits "burn 0.22: toy22 cuda world=1 over nccl"; then
+  code=$(toy22 toy22nccl nccl 1)
+  read -r verdict detail <<<"$(toy_verdict "$WORK/toy22nccl.log" "$code" gpu)"
+  row "burn 0.22: toy22 cuda world=1 over nccl" "$verdict" "$detail"
+  fi
+  # NCCL in place must train exactly as the host path does (losses to 1e-6).
+  if fits "burn 0.22: toy22 over nccl = host path"; then
+  code=$(toy22 toy22host tcp 1)
+  ref=$(final_loss toy22host) got=$(final_loss toy22nccl)
+  if [ "$code" -ne 0 ] || [ -z "$ref" ] || [ -z "$got" ]; then
+    row "burn 0.22: toy22 over nccl = host path" FAIL "host run exit $code; $(last_lines "$WORK/toy22host.log")"
+  else
+    gap=$(relative_gap "$got" "$ref")
+    ok=$(awk -v g="$gap" 'BEGIN { print (g + 0 <= 1e-6) ? "PASS" : "FAIL" }')
+    row "burn 0.22: toy22 over nccl = host path" "$ok" "nccl loss $got, host loss $ref, relative gap $gap"
+  fi
+  fi
+  # 2 ranks x 64 on one GPU (host path) must train as 1 rank x 128.
+  if fits "burn 0.22: toy22 world=2 = world 1, twice the batch"; then
+  first_gpu=${CUDA_VISIBLE_DEVICES:-0}
+  code=$(CUDA_VISIBLE_DEVICES=${first_gpu%%,*} toy22 toy22two tcp 2 --batch-size 64)
+  code2=$(toy22 toy22big tcp 1 --batch-size 128)
+  got=$(final_loss toy22two) ref=$(final_loss toy22big)
+  if [ "$code" -ne 0 ] || [ "$code2" -ne 0 ] || [ -z "$got" ] || [ -z "$ref" ]; then
+    row "burn 0.22: toy22 world=2 = world 1, twice the batch" FAIL "exit $code / $code2; $(last_lines "$WORK/toy22two.log")"
+  else
+    gap=$(relative_gap "$got" "$ref")
+    ok=$(awk -v g="$gap" 'BEGIN { print (g + 0 <= 1e-5) ? "PASS" : "FAIL" }')
+    row "burn 0.22: toy22 world=2 = world 1, twice the batch" "$ok" "2x64 loss $got, 1x128 loss $ref, relative gap $gap"
+  fi
+  fi
+  if [ "$GPUS" -ge 2 ] && fits "burn 0.22: toy22 cuda world=$GPUS over nccl"; then
+    code=$(toy22 toy22N nccl "$GPUS")
+    read -r verdict detail <<<"$(toy_verdict "$WORK/toy22N.log" "$code" gpu)"
+    row "burn 0.22: toy22 cuda world=$GPUS over nccl" "$verdict" "$detail"
   fi
 fi
 

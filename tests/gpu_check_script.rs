@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// A directory with stand-ins for `nvidia-smi` (`gpus` GPUs) and the two
-/// binaries the script runs, where `gpu_check` behaves as `script` says.
+/// A directory with stand-ins for `nvidia-smi` (`gpus` GPUs) and the
+/// binaries the script runs, where `gpu_check` behaves as `script` says and
+/// Burn 0.22's toy22 as [`TOY22`].
 fn stand_ins(name: &str, gpus: usize, gpu_check: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gpu-check-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -30,8 +31,19 @@ fn stand_ins(name: &str, gpus: usize, gpu_check: &str) -> PathBuf {
         "#!/bin/bash\nwhile [ \"${1#--}\" != \"$1\" ]; do\n  case $1 in --nproc-per-node) n=$2; shift;; esac\n  shift\ndone\nfor r in $(seq 0 $((${n:-1} - 1))); do RANK=$r \"$@\" || exit $?; done\n",
     );
     write(&dir.join("bin/examples/gpu_check"), gpu_check);
+    write(&dir.join("bin/examples/toy22"), TOY22);
     dir
 }
+
+/// toy22 as the real one reports (its buckets over NCCL unless
+/// BURN_DDP_BACKEND=tcp), with the same loss on every path.
+const TOY22: &str = r#"#!/bin/bash
+[ "$RANK" = 0 ] || exit 0
+echo "Epoch 2/2, Avg Loss: 1.305500000"
+if [ "$BURN_DDP_BACKEND" = tcp ]; then echo "Gradient sync: 8 buckets, 0 of them on the GPU over NCCL"
+else echo "Gradient sync: 4 buckets, 4 of them on the GPU over NCCL"; fi
+echo "Training complete."
+"#;
 
 /// A `gpu_check` that passes everything; the toy reports its buckets the way
 /// the real trainer does (all over NCCL unless BURN_DDP_BACKEND=tcp).
@@ -121,6 +133,10 @@ fn two_gpus_run_every_row_and_judge_the_goals() {
         "ddp overhead world=1",
         "bucket all-reduce timings",
         "bucket busbw >= 90% of NCCL from 25 MiB",
+        "burn 0.22: toy22 cuda world=1 over nccl",
+        "burn 0.22: toy22 over nccl = host path",
+        "burn 0.22: toy22 world=2 = world 1, twice the batch",
+        "burn 0.22: toy22 cuda world=2 over nccl",
     ] {
         assert_eq!(verdict(&rows, check), "PASS", "{check}:\n{text}");
     }
@@ -169,6 +185,53 @@ fn failures_and_misses_are_told_apart() {
     );
     assert!(text.contains("toyfused=8.25e-05"), "{text}");
     assert_eq!(verdict(&rows, "multi-rank nccl"), "SKIP", "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without toy22 (its CUDA build needs network) the Burn 0.22 rows are one
+/// SKIP that says how to build it; a toy22 whose NCCL run trains otherwise
+/// than its host path, or keeps buckets off the GPU, fails.
+#[test]
+fn burn_022_rows_skip_without_toy22_and_fail_on_a_wrong_one() {
+    let dir = stand_ins("no-toy22", 1, HEALTHY);
+    std::fs::remove_file(dir.join("bin/examples/toy22")).unwrap();
+    let (_, rows, text) = run_script(&dir);
+    assert_eq!(verdict(&rows, "burn 0.22: toy22 on cuda"), "SKIP", "{text}");
+    assert_eq!(
+        verdict(&rows, "burn 0.22: toy22 cuda world=1 over nccl"),
+        "missing",
+        "{text}"
+    );
+    assert!(
+        text.contains("cargo build --release --features cuda -p burn-ddp-22-examples"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let dir = stand_ins("bad-toy22", 1, HEALTHY);
+    let wrong = TOY22
+        .replace(
+            "echo \"Epoch 2/2, Avg Loss: 1.305500000\"",
+            "[ \"$BURN_DDP_BACKEND\" = nccl ] && echo \"Epoch 2/2, Avg Loss: 1.305600000\" || echo \"Epoch 2/2, Avg Loss: 1.305500000\"",
+        )
+        .replace("4 buckets, 4 of them", "4 buckets, 1 of them");
+    std::fs::write(dir.join("bin/examples/toy22"), wrong).unwrap();
+    let (code, rows, text) = run_script(&dir);
+    assert_ne!(code, 0, "{text}");
+    assert_eq!(
+        verdict(&rows, "burn 0.22: toy22 cuda world=1 over nccl"),
+        "FAIL",
+        "{text}"
+    );
+    assert!(
+        text.contains("only 1 of 4 buckets went over NCCL"),
+        "{text}"
+    );
+    assert_eq!(
+        verdict(&rows, "burn 0.22: toy22 over nccl = host path"),
+        "FAIL",
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn model_optimizer_and_epoch_round_trip() {
         let dir = temp_dir("roundtrip");
-        let device = Device::default().autodiff();
+        let device = Device::flex().autodiff();
         let model: Linear = LinearConfig::new(3, 2).init(&device);
         let mut optimizer = burn::optim::AdamWConfig::new().init();
         let loss = model.forward(Tensor::<2>::ones([4, 3], &device)).sum();
@@ -256,7 +256,7 @@ mod tests {
         );
         let err = load(dir.join("missing")).err().unwrap().to_string();
         assert!(err.contains("missing.ckpt"), "{err}");
-        let model: Linear = LinearConfig::new(3, 2).init(&Device::default());
+        let model: Linear = LinearConfig::new(3, 2).init(&Device::flex());
         let path = save_atomic(dir.join("whole"), &model, None, 1).unwrap();
         let bytes = fs::read(&path).unwrap();
         fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();

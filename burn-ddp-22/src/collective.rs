@@ -1,9 +1,13 @@
-//! Collectives on Burn 0.22 tensors, mirroring `torch.distributed`'s: the
-//! tensor's data goes through the group's host collectives as bytes
-//! (`into_data`, the host transports, `from_data`). Float and int tensors of
-//! f32, f64, f16, bf16, i32 and i64 elements are supported (f16 and bf16
-//! combine in f32 and round once per step, as NCCL's half reductions do).
+//! Collectives on Burn 0.22 tensors, mirroring `torch.distributed`'s.
+//!
+//! CUDA tensors go over NCCL on the GPU when the group uses it (the `cuda`
+//! feature, [`crate::device`]); every other tensor's data goes through the
+//! group's host collectives as bytes (`into_data`, the host transports,
+//! `from_data`). Float and int tensors of f32, f64, f16, bf16, i32 and i64
+//! elements are supported (f16 and bf16 combine in f32 and round once per
+//! step, as NCCL's half reductions do).
 
+use crate::device::{tensor_collective, TensorOp};
 use crate::{dtype, CommError, ProcessGroup, ReduceOp, Result};
 use burn::tensor::{DType, Shape};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -28,16 +32,12 @@ impl Host {
         }
     }
 
-    /// The bytes and their wire type, or the error naming the rank and type
-    /// (or `BURN_DDP_BACKEND=nccl`, which this crate cannot honour yet).
+    /// The bytes and their wire type, or the error naming the rank and type.
     fn bytes(
         &mut self,
         group: &ProcessGroup,
         what: &str,
     ) -> Result<(burn_ddp_comm::DType, &mut [u8])> {
-        if group.device_backend() == burn_ddp_comm::CollectiveBackend::Nccl {
-            return Err(group.nccl_refused(crate::sync::NO_NCCL_YET));
-        }
         let rank = group.rank();
         let dtype = self.data.dtype();
         dtype::wire_or_error(rank, dtype, what)?;
@@ -79,6 +79,10 @@ pub fn all_reduce<const D: usize, K: CollectiveKind>(
     tensor: Tensor<D, K>,
     op: ReduceOp,
 ) -> Result<Tensor<D, K>> {
+    let tensor = match tensor_collective(group, tensor, TensorOp::AllReduce(op))? {
+        Ok(done) => return Ok(done),
+        Err(on_host) => on_host,
+    };
     let mut host = Host::of(tensor);
     let (wire, bytes) = host.bytes(group, "all_reduce")?;
     group.all_reduce_bytes(wire, bytes, op)?;
@@ -92,6 +96,10 @@ pub fn broadcast<const D: usize, K: CollectiveKind>(
     root: usize,
 ) -> Result<Tensor<D, K>> {
     group.check_root(root)?;
+    let tensor = match tensor_collective(group, tensor, TensorOp::Broadcast(root))? {
+        Ok(done) => return Ok(done),
+        Err(on_host) => on_host,
+    };
     let mut host = Host::of(tensor);
     let (wire, bytes) = host.bytes(group, "broadcast")?;
     group.broadcast_bytes(wire, bytes, root)?;
@@ -104,6 +112,11 @@ pub fn all_gather<const D: usize, K: CollectiveKind>(
     group: &ProcessGroup,
     tensor: Tensor<D, K>,
 ) -> Result<Vec<Tensor<D, K>>> {
+    let rows = tensor.dims().first().copied().unwrap_or(1);
+    let tensor = match tensor_collective(group, tensor, TensorOp::AllGather)? {
+        Ok(gathered) => return Ok(split_rows(gathered, group.world_size(), rows)),
+        Err(on_host) => on_host,
+    };
     let shape = tensor.shape();
     let mut host = Host::of(tensor);
     let (wire, bytes) = host.bytes(group, "all_gather")?;
@@ -119,6 +132,18 @@ pub fn all_gather<const D: usize, K: CollectiveKind>(
         .collect())
 }
 
+/// The ranks' tensors, `rows` each, side by side along dimension 0 of
+/// `gathered` (what the device all-gather writes), one by one.
+fn split_rows<const D: usize, K: CollectiveKind>(
+    gathered: Tensor<D, K>,
+    world: usize,
+    rows: usize,
+) -> Vec<Tensor<D, K>> {
+    (0..world)
+        .map(|r| gathered.clone().narrow(0, r * rows, rows))
+        .collect()
+}
+
 /// Reduces `tensor` over all ranks and returns this rank's slice of the
 /// result along dimension 0 (`dist.reduce_scatter_tensor`). Dimension 0 must
 /// be a multiple of the world size.
@@ -129,10 +154,64 @@ pub fn reduce_scatter<const D: usize, K: CollectiveKind>(
 ) -> Result<Tensor<D, K>> {
     let mut dims = tensor.dims();
     group.check_scatter_dims(&dims)?;
+    let tensor = match tensor_collective(group, tensor, TensorOp::ReduceScatter(op))? {
+        Ok(part) => return Ok(part),
+        Err(on_host) => on_host,
+    };
     dims[0] /= group.world_size();
     let mut host = Host::of(tensor);
     let (wire, bytes) = host.bytes(group, "reduce_scatter")?;
     let part = group.reduce_scatter_bytes(wire, bytes, op)?;
     let data = TensorData::from_bytes_vec(part, Shape::from(dims.to_vec()), host.data.dtype());
     Ok(Host::tensor(data, &host.device))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Int;
+
+    fn group(backend: burn_ddp_comm::CollectiveBackend) -> ProcessGroup {
+        ProcessGroup::builder(0, 1)
+            .device_backend(backend)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn cpu_tensors_take_the_host_path_unless_nccl_is_forced() {
+        use burn_ddp_comm::CollectiveBackend;
+        let ones = || Tensor::<1>::ones([3], &Device::flex());
+        for backend in [CollectiveBackend::Auto, CollectiveBackend::Host] {
+            let sum = all_reduce(&group(backend), ones(), ReduceOp::Sum).unwrap();
+            assert_eq!(sum.into_data().try_to_vec::<f32>().unwrap(), [1.0; 3]);
+        }
+        let err = all_reduce(&group(CollectiveBackend::Nccl), ones(), ReduceOp::Sum)
+            .unwrap_err()
+            .to_string();
+        let why = if cfg!(feature = "cuda") {
+            "this tensor is on Device<Flex"
+        } else {
+            "burn-ddp-22 was built without its `cuda` feature"
+        };
+        assert!(
+            err.contains(&format!("rank 0: BURN_DDP_BACKEND=nccl, but {why}")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_device_gather_is_split_into_each_ranks_rows() {
+        let device = Device::flex();
+        let gathered = Tensor::<1, Int>::arange(0..12, &device).reshape([6, 2]);
+        let parts = split_rows(gathered, 3, 2);
+        let values: Vec<Vec<i64>> = parts
+            .into_iter()
+            .map(|part| {
+                assert_eq!(part.dims(), [2, 2]);
+                part.into_data().convert::<i64>().try_to_vec().unwrap()
+            })
+            .collect();
+        assert_eq!(values, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]);
+    }
 }

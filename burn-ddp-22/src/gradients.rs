@@ -1,10 +1,11 @@
 //! Burn 0.22 gradients as the reducer's [`GradientSet`]: the tensor glue
 //! between `GradientsParams` and burn-ddp-comm's reducer, and nothing else.
 //!
-//! Each gradient is handed over as its own data: `into_data` of a uniquely
-//! held gradient gives its buffer (Flex: without a copy), the average is
-//! written into that same buffer, and `from_data` makes the tensor of it
-//! again.
+//! On the host path each gradient is handed over as its own data: `into_data`
+//! of a uniquely held gradient gives its buffer (Flex: without a copy), the
+//! average is written into that same buffer, and `from_data` makes the tensor
+//! of it again. On the GPU path (the `cuda` feature, CUDA gradients) a bucket
+//! is concatenated on the device and NCCL averages it there (`device`).
 
 use crate::{dtype, ParamLayout, Result};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -21,6 +22,8 @@ pub(crate) struct TensorGradients {
     host: HostCopies<TensorData>,
     averaged: Vec<Option<Tensor<1>>>,
     device: Device,
+    /// Where the gradients live (all on `device`).
+    placement: Placement,
 }
 
 impl TensorGradients {
@@ -33,6 +36,7 @@ impl TensorGradients {
             grads: Vec::new(),
             host: HostCopies::new(rank, dtype::element_bytes),
             averaged: Vec::new(),
+            placement: crate::device::placement(&device),
             device,
         }
     }
@@ -52,12 +56,22 @@ impl TensorGradients {
         self.params.push(ParamInfo {
             id,
             layout,
-            placement: Placement::Host,
+            placement: self.placement,
         });
         self.grads.push(grad);
         self.host.push();
         self.averaged.push(None);
         Ok(())
+    }
+
+    /// Where the gradients live.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// The gradients' device (without autodiff).
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The averaged gradients in parameter order, flattened, after a
@@ -95,6 +109,52 @@ impl GradientSet for TensorGradients {
         self.averaged[index] = Some(Tensor::from_data(data, (&self.device, dtype)));
         Ok(())
     }
+
+    #[cfg(feature = "cuda")]
+    fn pack_device(
+        &mut self,
+        members: &[usize],
+        numel: usize,
+        wire: burn_ddp_comm::DType,
+    ) -> Result<burn_ddp_comm::DeviceBucket> {
+        let dtype = dtype::to_burn(wire);
+        let mut parts = Vec::with_capacity(members.len());
+        for &p in members {
+            let numel = self.params[p].layout.numel();
+            parts.push(match self.grads[p].take() {
+                Some(grad) if grad.dtype() == dtype => grad,
+                // Concatenating would panic; the host path refuses it too.
+                Some(grad) => {
+                    return Err(crate::CommError::InvalidArgument {
+                        rank: self.rank,
+                        message: format!(
+                            "gradient of parameter #{p}: {:?} elements for a {dtype:?} parameter",
+                            grad.dtype()
+                        ),
+                    })
+                }
+                None => Tensor::zeros([numel], (&self.device, dtype)),
+            });
+        }
+        let bucket = Tensor::cat(parts, 0);
+        debug_assert_eq!(bucket.dims(), [numel]);
+        crate::device::cuda::pack(self.rank, bucket, wire)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn unpack_device(
+        &mut self,
+        members: &[usize],
+        offsets: &[usize],
+        bucket: burn_ddp_comm::DeviceBucket,
+    ) -> Result<()> {
+        let flat = crate::device::cuda::unpack(bucket);
+        for (&p, &offset) in members.iter().zip(offsets) {
+            let numel = self.params[p].layout.numel();
+            self.averaged[p] = Some(flat.clone().narrow(0, offset, numel));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -103,7 +163,7 @@ mod tests {
 
     #[test]
     fn gradients_travel_as_bytes_and_come_back() {
-        let device = Device::default();
+        let device = Device::flex();
         let mut set = TensorGradients::new(0, device.clone());
         let grad = Tensor::<1>::from_floats([1.0, 2.0, 3.0, 4.0], &device);
         set.push(7, vec![2, 2], burn::tensor::DType::F32, Some(grad))
@@ -139,7 +199,7 @@ mod tests {
 
     #[test]
     fn integer_parameters_are_refused_naming_the_fix() {
-        let mut set = TensorGradients::new(3, Device::default());
+        let mut set = TensorGradients::new(3, Device::flex());
         let err = set
             .push(1, vec![2], burn::tensor::DType::I64, None)
             .unwrap_err()

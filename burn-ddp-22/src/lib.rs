@@ -37,12 +37,18 @@
 //! `Ddp<B>` backend decorator), Burn 0.22 leaves no place for a decorator
 //! (`Tensor` has no backend parameter), so the average is the explicit
 //! [`sync_gradients`] call before `optimizer.step`.
+//!
+//! On GPUs (the `cuda` feature): gradients and tensor collectives of tensors
+//! on Burn's CUDA devices go over NCCL in place on the device; pick each
+//! rank's GPU with `cuda_device_for_rank`. Every other tensor goes through
+//! host memory.
 
 #![deny(missing_docs)]
 
 pub mod checkpoint;
 mod collective;
 pub mod data;
+mod device;
 mod dtype;
 mod gradients;
 mod replicas;
@@ -62,6 +68,12 @@ pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter, Collecti
 pub use data::{
     batch_size_per_rank, distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum,
 };
+#[cfg(feature = "cuda")]
+pub use device::cuda_device_for_rank;
+/// For a GPU check program: the bytes NCCL would be handed for a tensor.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use device::nccl_view;
 pub use replicas::{check_replicas, parameters_fingerprint};
 pub use sync::{reset_sync_stats, sync_gradients, sync_stats, sync_stats_of, SyncStats};
 pub use wrap::{wrap, DdpConfig, GradientCompression};

@@ -71,10 +71,6 @@ pub fn sync_gradients<M: Module>(model: &M, grads: GradientsParams) -> Result<Gr
     sync_module(target.reducer(), &group, model, grads)
 }
 
-/// Why `BURN_DDP_BACKEND=nccl` is refused.
-pub(crate) const NO_NCCL_YET: &str =
-    "burn-ddp-22 moves tensors through host memory (NCCL for Burn 0.22 is not built yet)";
-
 /// [`sync_gradients`] with a given reducer (a Learner strategy's own).
 pub(crate) fn sync_module<M: Module>(
     reducer: &Mutex<Reducer>,
@@ -82,9 +78,6 @@ pub(crate) fn sync_module<M: Module>(
     model: &M,
     mut grads: GradientsParams,
 ) -> Result<GradientsParams> {
-    if group.device_backend() == burn_ddp_comm::CollectiveBackend::Nccl {
-        return Err(group.nccl_refused(NO_NCCL_YET));
-    }
     let mut collect = CollectGrads {
         grads: &mut grads,
         rank: group.rank(),
@@ -102,6 +95,7 @@ pub(crate) fn sync_module<M: Module>(
     let Some(mut set) = set else {
         return Ok(grads);
     };
+    check_backend(group, &set)?;
     let moved = reducer.lock().unwrap().synchronize(&mut set)?;
     let averaged = if moved {
         set.into_averaged()
@@ -118,6 +112,21 @@ pub(crate) fn sync_module<M: Module>(
     };
     model.visit(&mut put_back);
     Ok(grads)
+}
+
+/// `BURN_DDP_BACKEND=nccl` with gradients in host memory is refused, as it is
+/// for tensor collectives.
+fn check_backend(group: &ProcessGroup, set: &TensorGradients) -> Result<()> {
+    if group.device_backend() == burn_ddp_comm::CollectiveBackend::Nccl
+        && set.placement() == burn_ddp_comm::Placement::Host
+    {
+        return Err(crate::device::nccl_refused(
+            group,
+            "the gradients are",
+            set.device(),
+        ));
+    }
+    Ok(())
 }
 
 /// Takes each trainable parameter's gradient out, in declaration order.
@@ -159,6 +168,39 @@ impl ModuleVisitor for PutBack<'_> {
         if let Some(grad) = self.averaged.remove(&param.id) {
             let dims: [usize; D] = param.val().dims();
             self.grads.register::<D>(param.id, grad.reshape(dims));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Device;
+    use burn_ddp_comm::CollectiveBackend;
+
+    #[test]
+    fn nccl_with_gradients_in_host_memory_is_refused_naming_why() {
+        let set = TensorGradients::new(0, Device::flex());
+        let nccl = ProcessGroup::builder(0, 1)
+            .device_backend(CollectiveBackend::Nccl)
+            .build()
+            .unwrap();
+        let err = check_backend(&nccl, &set).unwrap_err().to_string();
+        let why = if cfg!(feature = "cuda") {
+            "the gradients are on Device<Flex"
+        } else {
+            "burn-ddp-22 was built without its `cuda` feature"
+        };
+        assert!(
+            err.contains(&format!("rank 0: BURN_DDP_BACKEND=nccl, but {why}")),
+            "{err}"
+        );
+        for backend in [CollectiveBackend::Auto, CollectiveBackend::Host] {
+            let group = ProcessGroup::builder(0, 1)
+                .device_backend(backend)
+                .build()
+                .unwrap();
+            check_backend(&group, &set).unwrap();
         }
     }
 }

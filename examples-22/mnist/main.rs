@@ -15,60 +15,28 @@
 mod common;
 #[path = "../../examples/mnist/args.rs"]
 mod args;
+#[path = "../device.rs"]
+mod device;
 #[path = "../../examples/mnist/idx.rs"]
 mod idx;
 mod learner;
+mod net;
 
 use args::{MnistArgs, MnistTrainingConfig};
 use burn::data::dataloader::{batcher::Batcher, DataLoader, DataLoaderBuilder};
 use burn::data::dataset::{Dataset, DatasetError};
 use burn::module::Module;
-use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
-use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_ddp_22::data::DistributedDataset;
 use burn_ddp_22::ReduceOp;
 use clap::Parser;
-use common::cli::BackendChoice;
 use common::stopped::Stopped;
 use common::{fail, run_config};
+use net::Net;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The document's `Net` (examples/mnist/net.rs on Burn 0.22's `Module`).
-#[derive(Module, Debug)]
-struct Net {
-    conv1: Conv2d,
-    conv2: Conv2d,
-    pool: MaxPool2d,
-    fc1: Linear,
-    fc2: Linear,
-    relu: Relu,
-}
-
-impl Net {
-    fn new(device: &Device) -> Self {
-        Self {
-            conv1: Conv2dConfig::new([1, 32], [3, 3]).init(device),
-            conv2: Conv2dConfig::new([32, 64], [3, 3]).init(device),
-            pool: MaxPool2dConfig::new([2, 2]).init(),
-            fc1: LinearConfig::new(9216, 128).init(device),
-            fc2: LinearConfig::new(128, 10).init(device),
-            relu: Relu::new(),
-        }
-    }
-
-    fn forward(&self, x: Tensor<4>) -> Tensor<2> {
-        let x = self.relu.forward(self.conv1.forward(x));
-        let x = self.relu.forward(self.conv2.forward(x));
-        let x = self.pool.forward(x).flatten(1, 3);
-        let x = self.relu.forward(self.fc1.forward(x));
-        self.fc2.forward(x)
-    }
-}
 
 /// One split of MNIST as a Burn dataset over shared pixel buffers.
 #[derive(Clone)]
@@ -134,16 +102,7 @@ fn main() {
              examples/mnist on Burn 0.21",
         );
     }
-    let device = match args.backend {
-        BackendChoice::Flex => Device::flex().autodiff(),
-        other => fail(
-            None,
-            format!(
-                "--backend {other:?}: the Burn 0.22 trainers run on flex (CUDA for Burn 0.22 \
-                 is not built yet; the Burn 0.21 trainer examples/mnist has ndarray and cuda)"
-            ),
-        ),
-    };
+    let device = device::for_backend(args.backend, "mnist");
     if args.learner {
         learner::train(&args, device);
     } else {

@@ -5,7 +5,7 @@
 use burn_ddp_testkit::mnist_learner::{self, MnistLearner};
 use burn_ddp_testkit::programs::{
     assert_success, example, field, launcher, mnist_data, relative, run, scratch, stdout,
-    toy_ctrl_c_then_resume, toy_losses,
+    toy_ctrl_c_then_resume, toy_losses, toy_on_two_machines_equals_one_big_batch,
 };
 use burn_ddp_testkit::{all_ok, mpirun_program, Hosting, World};
 use std::process::Command;
@@ -149,8 +149,6 @@ fn toy22_under_torchrun_and_mpirun_equals_one_big_batch() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The shared command line: clap's errors, and a backend this build lacks
-/// named with the alternative.
 /// Ctrl-C at the terminal stops both ranks before the same step; the run goes
 /// on from the checkpoint rank 0 names.
 #[test]
@@ -184,6 +182,9 @@ fn toy22_global_batch_size_equals_one_big_batch() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The shared command line: clap's errors, a backend only the Burn 0.21
+/// trainer has named with the alternatives, and CUDA without the feature
+/// naming the rebuild.
 #[test]
 fn toy22_command_line() {
     let dir = scratch("toy22-cli");
@@ -192,15 +193,23 @@ fn toy22_command_line() {
     let out = run(typo, &dir, LIMIT);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--epochs"));
-    let mut cuda = Command::new(example("toy22"));
-    cuda.args(["--backend", "cuda"]);
-    let out = run(cuda, &dir, LIMIT);
+    let mut ndarray = Command::new(example("toy22"));
+    ndarray.args(["--backend", "ndarray"]);
+    let out = run(ndarray, &dir, LIMIT);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--backend Cuda") && stderr.contains("flex"),
+        stderr.contains("--backend ndarray") && stderr.contains("flex or cuda"),
         "{stderr}"
     );
+    if !cfg!(feature = "cuda") {
+        let mut cuda = Command::new(example("toy22"));
+        cuda.args(["--backend", "cuda"]);
+        let out = run(cuda, &dir, LIMIT);
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("rebuild with --features cuda"), "{stderr}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -331,4 +340,11 @@ fn mnist22_learner_ctrl_c_stops_cleanly_and_resumes() {
 #[test]
 fn mnist22_learner_killed_mid_epoch_resumes_by_itself_and_ends_as_uninterrupted() {
     mnist_learner::killed_mid_epoch_resumes_by_itself(&mnist22_learner());
+}
+
+/// toy22 over 2 machines x 2 ranks x batch 32 (network namespaces, a launcher
+/// on each) computes what one process computes with batch 128.
+#[test]
+fn toy22_on_two_machines_equals_one_big_batch() {
+    toy_on_two_machines_equals_one_big_batch(&example("toy22"), "toy22");
 }

@@ -14,6 +14,8 @@
 mod common;
 #[path = "../../examples/toy/args.rs"]
 mod args;
+#[path = "../device.rs"]
+mod device;
 
 use args::{ToyArgs, ToyTrainingConfig, CONFIG_FILE};
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
@@ -26,7 +28,6 @@ use burn::tensor::{Device, Tensor, TensorData};
 use burn_ddp_22::data::DistributedDataset;
 use burn_ddp_22::ReduceOp;
 use clap::Parser;
-use common::cli::BackendChoice;
 use common::stopped::Stopped;
 use common::{fail, run_config};
 use std::path::{Path, PathBuf};
@@ -95,16 +96,7 @@ impl Batcher<ToyItem, (Tensor<2>, Tensor<2>)> for ToyBatcher {
 fn main() {
     common::cli::init_logger();
     let args = ToyArgs::parse();
-    let device = match args.backend {
-        BackendChoice::Flex => Device::flex().autodiff(),
-        other => fail(
-            None,
-            format!(
-                "--backend {other:?}: the Burn 0.22 trainers run on flex (CUDA for Burn 0.22 \
-                 is not built yet; the Burn 0.21 trainer examples/toy has ndarray and cuda)"
-            ),
-        ),
-    };
+    let device = device::for_backend(args.backend, "toy");
     train(&args, device);
 }
 
@@ -281,6 +273,13 @@ fn train(args: &ToyArgs, device: Device) {
         std::process::exit(stop.exit_code());
     }
     burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+    let sync = burn_ddp_22::sync_stats();
+    if rank == 0 && sync.syncs > 0 {
+        println!(
+            "Gradient sync: {} buckets, {} of them on the GPU over NCCL",
+            sync.buckets, sync.device_buckets
+        );
+    }
     if rank == 0 {
         // Equal for two runs exactly when they ended with the same parameters.
         println!(

@@ -2,6 +2,7 @@
 //! `sync_gradients` on Burn 0.22's Flex backend, checked against
 //! single-process references; bad inputs and a killed rank.
 
+mod half;
 mod models;
 mod scenarios;
 
@@ -18,6 +19,7 @@ fn main() {
     }
     let cases: &[Case] = &[
         ("tensor_collectives_world_1_to_3", tensor_collectives),
+        ("f16_and_bf16_collectives_and_gradients", half_precision),
         ("two_ranks_equal_one_big_batch_toy_sgd", || {
             equivalence("toy_sgd")
         }),
@@ -63,6 +65,19 @@ fn equivalence(scenario: &str) -> Result<(), String> {
         all_ok(&outcomes)?;
         for o in &outcomes {
             check(o.value("max_rel_diff").is_some(), || o.stdout.clone())?;
+        }
+    }
+    Ok(())
+}
+
+/// f16, bf16 and f64 tensors through every collective and `sync_gradients`
+/// of a model trained in half precision, on 1 to 3 ranks.
+fn half_precision() -> Result<(), String> {
+    for world in [1, 2, 3] {
+        let outcomes = World::new(world).run("half");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(o.value("done") == Some("yes"), || o.stdout.clone())?;
         }
     }
     Ok(())
@@ -159,8 +174,10 @@ fn stopped_rank() -> Result<(), String> {
     })
 }
 
-/// `BURN_DDP_BACKEND`: `tcp` and `auto` take the host path; `nccl` is
-/// refused for tensors and gradients with the reason; a typo is named.
+/// `BURN_DDP_BACKEND` with CPU tensors: `tcp` and `auto` take the host path;
+/// `nccl` is refused for tensors and gradients with the reason, even in a
+/// world of one (where it forces the synchronisation that would otherwise be
+/// skipped); a typo is named.
 fn backend_choice() -> Result<(), String> {
     for value in ["tcp", "auto"] {
         let outcomes = World::new(2).env("BURN_DDP_BACKEND", value).run("one_step");
@@ -174,20 +191,28 @@ fn backend_choice() -> Result<(), String> {
             })?;
         }
     }
-    let outcomes = World::new(2)
-        .env("BURN_DDP_BACKEND", "nccl")
-        .run("one_step");
-    for o in &outcomes {
-        let refused = format!("rank {}: BURN_DDP_BACKEND=nccl, but burn-ddp-22", o.rank);
-        check(o.code == Some(1), || format!("{o:?}"))?;
-        // Tensor collectives and gradients alike: nothing silently on the host.
-        let tensor_refused = format!("tensor_error burn-ddp configuration error: {refused}");
-        check(
-            o.stderr.contains(&refused)
-                && o.stdout.contains(&tensor_refused)
-                && !o.stdout.contains("stepped"),
-            || format!("{o:?}"),
-        )?;
+    // Why: a Flex tensor is not a CUDA tensor, or there is no CUDA path at all.
+    let why = if cfg!(feature = "cuda") {
+        "this tensor is on Device<Flex"
+    } else {
+        "burn-ddp-22 was built without its `cuda` feature"
+    };
+    for world in [1, 2] {
+        let outcomes = World::new(world)
+            .env("BURN_DDP_BACKEND", "nccl")
+            .run("one_step");
+        for o in &outcomes {
+            let refused = format!("rank {}: BURN_DDP_BACKEND=nccl, but {why}", o.rank);
+            check(o.code == Some(1), || format!("{o:?}"))?;
+            // Tensor collectives and gradients alike: nothing silently on the host.
+            let tensor_refused = format!("tensor_error burn-ddp configuration error: {refused}");
+            check(
+                o.stderr.contains(&refused)
+                    && o.stdout.contains(&tensor_refused)
+                    && !o.stdout.contains("stepped"),
+                || format!("world {world}: {o:?}"),
+            )?;
+        }
     }
     let outcomes = World::new(2).env("BURN_DDP_BACKEND", "mpi").run("one_step");
     for o in &outcomes {

@@ -18,7 +18,7 @@ fn e<E: std::fmt::Display>(err: E) -> String {
 }
 
 fn device() -> Device {
-    Device::default().autodiff()
+    Device::flex().autodiff()
 }
 
 /// A model and how a batch of item indices becomes a loss.
@@ -326,7 +326,7 @@ fn one_step() -> Res<()> {
 fn tensor_collectives() -> Res<()> {
     let group = burn_ddp_22::init_process_group().map_err(e)?;
     let (rank, n) = (group.rank(), group.world_size());
-    let device = Device::default();
+    let device = Device::flex();
     let same = |what: &str, got: TensorData, want: TensorData| {
         if got == want {
             Ok(())
@@ -455,6 +455,7 @@ pub fn run(name: &str) -> Res<()> {
         "train_forever" => train_forever(),
         "one_step" => one_step(),
         "tensor_collectives" => tensor_collectives(),
+        "half" => crate::half::run(),
         other => Err(format!("unknown scenario {other}")),
     }
 }

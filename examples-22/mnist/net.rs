@@ -1,0 +1,40 @@
+//! The document's MNIST network on Burn 0.22 (examples/mnist/net.rs in Burn
+//! 0.22's `Module`), shared by the trainer and the benchmark.
+
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::tensor::{Device, Tensor};
+
+/// The document's `Net`.
+#[derive(Module, Debug)]
+pub struct Net {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    pool: MaxPool2d,
+    fc1: Linear,
+    fc2: Linear,
+    relu: Relu,
+}
+
+impl Net {
+    pub fn new(device: &Device) -> Self {
+        Self {
+            conv1: Conv2dConfig::new([1, 32], [3, 3]).init(device),
+            conv2: Conv2dConfig::new([32, 64], [3, 3]).init(device),
+            pool: MaxPool2dConfig::new([2, 2]).init(),
+            fc1: LinearConfig::new(9216, 128).init(device),
+            fc2: LinearConfig::new(128, 10).init(device),
+            relu: Relu::new(),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<4>) -> Tensor<2> {
+        let x = self.relu.forward(self.conv1.forward(x));
+        let x = self.relu.forward(self.conv2.forward(x));
+        let x = self.pool.forward(x).flatten(1, 3);
+        let x = self.relu.forward(self.fc1.forward(x));
+        self.fc2.forward(x)
+    }
+}
