@@ -419,58 +419,7 @@ fn mnist_missing_or_corrupt_files_are_named() {
 /// with batch 128.
 #[test]
 fn toy_on_two_machines_equals_one_big_batch() {
-    let Some(machines) = burn_ddp_testkit::Machines::create(2).unwrap() else {
-        return;
-    };
-    let dir = scratch("toy-machines");
-    let toy = example("toy");
-    let args = [
-        "--epochs",
-        "2",
-        "--batch_size",
-        "32",
-        "--loss-precision",
-        "9",
-    ];
-    let runs: Vec<_> = (0..2)
-        .map(|node| {
-            let mut cmd = machines.command_in(node, &dir, launcher().to_str().unwrap());
-            cmd.args(["--nnodes", "2", "--node-rank", &node.to_string()])
-                .args(["--nproc-per-node", "2", "--master-port", "29500"])
-                .args(["--master-addr", &machines.addr(0).to_string()])
-                .arg(&toy)
-                .args(args)
-                .env("BURN_DDP_JOB_TOKEN", "toy-on-two-machines");
-            let dir = dir.clone();
-            std::thread::spawn(move || run(cmd, &dir, Duration::from_secs(300)))
-        })
-        .collect();
-    let outs: Vec<Output> = runs.into_iter().map(|r| r.join().unwrap()).collect();
-    for out in &outs {
-        assert_success(out);
-    }
-    let distributed = toy_losses(&stdout(&outs[0]));
-    assert_eq!(distributed.len(), 2, "{}", stdout(&outs[0]));
-
-    let single_dir = scratch("toy-machines-single");
-    let mut one = Command::new(&toy);
-    one.args([
-        "--epochs",
-        "2",
-        "--batch-size",
-        "128",
-        "--loss-precision",
-        "9",
-    ]);
-    let out = run(one, &single_dir, Duration::from_secs(300));
-    assert_success(&out);
-    let single = toy_losses(&stdout(&out));
-    for ((e, a), (_, b)) in distributed.iter().zip(&single) {
-        assert!(
-            relative(*a, *b) < 1e-5,
-            "epoch {e}: 4x32 over two machines gives {a}, 1x128 gives {b}"
-        );
-    }
+    burn_ddp_testkit::programs::toy_on_two_machines_equals_one_big_batch(&example("toy"), "toy");
 }
 
 /// burn-dataset's MNIST cache (`$XDG_CACHE_HOME/burn-dataset/mnist/{train,test}`),

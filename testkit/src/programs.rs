@@ -361,3 +361,63 @@ pub fn worker_pid(launcher: u32, rank: usize) -> Option<i32> {
             (ppid == launcher && is_rank).then_some(pid)
         })
 }
+
+/// The toy trainer `toy` over 2 machines x 2 ranks x batch 32 (network
+/// namespaces, a launcher on each, TCP between them) computes what one
+/// process computes with batch 128 (skipped without root and `ip`, unless
+/// the test bed is required).
+pub fn toy_on_two_machines_equals_one_big_batch(toy: &Path, name: &str) {
+    let Some(machines) = crate::Machines::create(2).unwrap() else {
+        return;
+    };
+    let dir = scratch(&format!("{name}-machines"));
+    let args = [
+        "--epochs",
+        "2",
+        "--batch_size",
+        "32",
+        "--loss-precision",
+        "9",
+    ];
+    let runs: Vec<_> = (0..2)
+        .map(|node| {
+            let mut cmd = machines.command_in(node, &dir, launcher().to_str().unwrap());
+            cmd.args(["--nnodes", "2", "--node-rank", &node.to_string()])
+                .args(["--nproc-per-node", "2", "--master-port", "29500"])
+                .args(["--master-addr", &machines.addr(0).to_string()])
+                .arg(toy)
+                .args(args)
+                .env("BURN_DDP_JOB_TOKEN", format!("{name}-on-two-machines"));
+            let dir = dir.clone();
+            std::thread::spawn(move || run(cmd, &dir, Duration::from_secs(300)))
+        })
+        .collect();
+    let outs: Vec<Output> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+    for out in &outs {
+        assert_success(out);
+    }
+    let distributed = toy_losses(&stdout(&outs[0]));
+    assert_eq!(distributed.len(), 2, "{}", stdout(&outs[0]));
+
+    let single_dir = scratch(&format!("{name}-machines-single"));
+    let mut one = Command::new(toy);
+    one.args([
+        "--epochs",
+        "2",
+        "--batch-size",
+        "128",
+        "--loss-precision",
+        "9",
+    ]);
+    let out = run(one, &single_dir, Duration::from_secs(300));
+    assert_success(&out);
+    let single = toy_losses(&stdout(&out));
+    for ((e, a), (_, b)) in distributed.iter().zip(&single) {
+        assert!(
+            relative(*a, *b) < 1e-5,
+            "epoch {e}: 4x32 over two machines gives {a}, 1x128 gives {b}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&single_dir);
+}
