@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod bench;
 pub mod cli;
 pub mod learner;
 pub mod resume;

@@ -25,6 +25,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_ddp::{Ddp, DdpConfig};
 use clap::Parser;
+use common::bench::median;
 use common::cli::positive;
 use common::fail;
 use net::Net;
@@ -64,11 +65,6 @@ struct BenchArgs {
     #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 128,
           value_parser = positive)]
     batch_size: usize,
-}
-
-fn median(mut times: Vec<f64>) -> f64 {
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    times[times.len() / 2]
 }
 
 /// One MNIST CNN training step (forward, backward, AdamW-free SGD step):
@@ -231,43 +227,19 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     let sync_allocated = median(synced_bytes) - median(local_bytes);
     let (s, l) = (median(synced), median(local));
     let sync = median(synced_backward) - median(local_backward);
-    let stats = burn_ddp::sync_stats();
-    let per_step = |d: std::time::Duration| d.as_secs_f64() * 1e3 / stats.syncs.max(1) as f64;
     if group.is_main() {
-        println!(
-            "MNIST CNN step, batch {batch} per rank, world size {}, transport {}, {iters} steps each (median)",
-            group.world_size(),
-            group.transport_name()
-        );
-        println!("| measure | time |");
-        println!("| --- | ---: |");
-        println!("| step with gradient sync | {:.1} ms |", s * 1e3);
-        println!("| step without (no_sync) | {:.1} ms |", l * 1e3);
-        println!("| backward with sync - without | {:.1} ms |", sync * 1e3);
-        let total = per_step(stats.wait + stats.pack + stats.reduce + stats.unpack);
-        let work = per_step(stats.pack + stats.reduce + stats.unpack);
-        println!(
-            "| waiting for the slower rank | {:.2} ms = {:.1}% of the step |",
-            per_step(stats.wait),
-            100.0 * per_step(stats.wait) / (s * 1e3)
-        );
-        println!(
-            "| sync work: pack {:.2} + all-reduce {:.2} + unpack {:.2} ms ({:.1} MB, {} buckets) | {work:.2} ms = {:.1}% of the step |",
-            per_step(stats.pack),
-            per_step(stats.reduce),
-            per_step(stats.unpack),
-            stats.bytes as f64 / 1e6 / stats.syncs.max(1) as f64,
-            stats.buckets / stats.syncs.max(1),
-            100.0 * work / (s * 1e3)
-        );
-        println!(
-            "| total in sync | {total:.2} ms = {:.1}% of the step |",
-            100.0 * total / (s * 1e3)
-        );
-        println!(
-            "| allocated by the sync (backward with sync - without, median) | {:.1} KiB |",
-            sync_allocated / 1024.0
-        );
+        common::bench::print_share(&common::bench::ShareReport {
+            batch,
+            world_size: group.world_size(),
+            transport: group.transport_name(),
+            iters,
+            synced: s,
+            local: l,
+            sync_label: "backward with sync - without",
+            sync,
+            stats: burn_ddp::sync_stats(),
+            sync_allocated,
+        });
     }
 }
 

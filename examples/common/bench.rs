@@ -1,0 +1,71 @@
+//! What the two front-ends' benchmarks (examples/ddp_bench, examples-22's
+//! ddp_bench22) print alike: medians, and the table of a training step's
+//! share spent synchronising gradients.
+
+use burn_ddp_comm::SyncStats;
+
+/// The median of `times` (which must not be empty).
+pub fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    times[times.len() / 2]
+}
+
+/// One `--mode share` run, as measured on rank 0.
+pub struct ShareReport<'a> {
+    pub batch: usize,
+    pub world_size: usize,
+    pub transport: &'a str,
+    pub iters: usize,
+    /// Median step with the gradient sync, in seconds.
+    pub synced: f64,
+    /// Median step without it.
+    pub local: f64,
+    /// What the sync's own time is ("backward with sync - without", ...).
+    pub sync_label: &'a str,
+    /// That time, in seconds.
+    pub sync: f64,
+    /// The reducer's figures over the measured steps.
+    pub stats: SyncStats,
+    /// Bytes the sync allocates per step (median with - without).
+    pub sync_allocated: f64,
+}
+
+/// The table of docs/benchmarks.md's "Gradient sync as a share" sections.
+pub fn print_share(report: &ShareReport) {
+    let ShareReport { stats, .. } = report;
+    let step_ms = report.synced * 1e3;
+    let per_step = |d: std::time::Duration| d.as_secs_f64() * 1e3 / stats.syncs.max(1) as f64;
+    println!(
+        "MNIST CNN step, batch {} per rank, world size {}, transport {}, {} steps each (median)",
+        report.batch, report.world_size, report.transport, report.iters
+    );
+    println!("| measure | time |");
+    println!("| --- | ---: |");
+    println!("| step with gradient sync | {step_ms:.1} ms |");
+    println!("| step without | {:.1} ms |", report.local * 1e3);
+    println!("| {} | {:.1} ms |", report.sync_label, report.sync * 1e3);
+    let total = per_step(stats.wait + stats.pack + stats.reduce + stats.unpack);
+    let work = per_step(stats.pack + stats.reduce + stats.unpack);
+    println!(
+        "| waiting for the slower rank | {:.2} ms = {:.1}% of the step |",
+        per_step(stats.wait),
+        100.0 * per_step(stats.wait) / step_ms
+    );
+    println!(
+        "| sync work: pack {:.2} + all-reduce {:.2} + unpack {:.2} ms ({:.1} MB, {} buckets) | {work:.2} ms = {:.1}% of the step |",
+        per_step(stats.pack),
+        per_step(stats.reduce),
+        per_step(stats.unpack),
+        stats.bytes as f64 / 1e6 / stats.syncs.max(1) as f64,
+        stats.buckets / stats.syncs.max(1),
+        100.0 * work / step_ms
+    );
+    println!(
+        "| total in sync | {total:.2} ms = {:.1}% of the step |",
+        100.0 * total / step_ms
+    );
+    println!(
+        "| allocated by the sync (with sync - without, median) | {:.1} KiB |",
+        report.sync_allocated / 1024.0
+    );
+}
