@@ -44,8 +44,8 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round, Burn $v: gradient sync share, 2 ranks"
     out=$($L --standalone --nproc-per-node 2 $R/examples/${BENCH[$v]} --mode share --iters 20)
     echo "$out"
-    SHARE[$v]+="$(field "$out" "sync work" 3 | sed 's/.*= //') "
-    WAIT[$v]+="$(field "$out" "waiting for" 3 | sed 's/.*= //') "
+    SHARE[$v]+="$(field "$out" "sync work" 3 | sed 's/.*= //; s/ of the step//') "
+    WAIT[$v]+="$(field "$out" "waiting for" 3 | sed 's/.*= //; s/ of the step//') "
     echo "== round $round, Burn $v: world-1 overhead"
     out=$($R/examples/${BENCH[$v]} --mode overhead --iters 20)
     echo "$out"
