@@ -87,9 +87,7 @@ pub fn train(args: &MnistArgs, device: Device) {
             Some(epoch)
         }
         Some(ResumeFrom::Auto) => {
-            if ddp.is_main() {
-                refuse_another_run(&config, &directory.join("config.json"), rank);
-            }
+            refuse_another_run(&config, &directory.join("config.json"), &group);
             // burn-ddp: rank 0 finds the newest whole checkpoint, every rank takes it.
             let latest = ddp.latest_checkpoint().unwrap_or_else(|e| fail(None, e));
             if ddp.is_main() {

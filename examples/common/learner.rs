@@ -7,6 +7,7 @@ use super::{fail, run_config};
 use burn::config::Config;
 use burn_ddp_comm::learner::{EpochReport, Split, CHECKPOINT_NAMES};
 use burn_ddp_comm::snapshots;
+use burn_ddp_comm::ProcessGroup;
 use std::path::Path;
 
 /// The hand-written trainer's epoch line, from the figures summed over the ranks.
@@ -23,25 +24,36 @@ pub fn print_epoch(report: &EpochReport) {
 }
 
 /// `--resume auto` in a folder another run's configuration (other than its
-/// epochs) was saved in: an error naming it, not a resume from its checkpoints.
-pub fn refuse_another_run<C: Config>(config: &C, saved: &Path, rank: usize) {
-    if !saved.exists() {
+/// epochs) was saved in: an error on every rank (rank 0 reads the file and
+/// names what differs), not a resume from its checkpoints. Collective.
+pub fn refuse_another_run<C: Config>(config: &C, saved: &Path, group: &ProcessGroup) {
+    let rank = group.rank();
+    let mut changed = Vec::new();
+    if group.is_main() && saved.exists() {
+        changed = C::load(saved)
+            .map(|saved| run_config::differences(&saved, config, &["epochs"]))
+            .unwrap_or_else(|err| vec![format!("unreadable ({err})")]);
+    }
+    let mut refused = [!changed.is_empty() as i64];
+    group
+        .broadcast(&mut refused, 0)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    if refused[0] == 0 {
         return;
     }
-    let changed = C::load(saved)
-        .map(|saved| run_config::differences(&saved, config, &["epochs"]))
-        .unwrap_or_else(|err| vec![format!("unreadable ({err})")]);
-    if !changed.is_empty() {
-        fail(
-            Some(rank),
-            format!(
-                "--resume auto: the checkpoints beside {} are another run's ({}); run with \
-                 those settings, or give another --artifact-dir",
-                saved.display(),
-                changed.join(", ")
-            ),
-        );
-    }
+    let why = if group.is_main() {
+        format!("another run's ({})", changed.join(", "))
+    } else {
+        "another run's (rank 0 names what differs)".to_string()
+    };
+    fail(
+        Some(rank),
+        format!(
+            "--resume auto: the checkpoints beside {} are {why}; run with those settings, or \
+             give another --artifact-dir",
+            saved.display()
+        ),
+    );
 }
 
 /// What rank 0 says of `--resume auto`'s choice.

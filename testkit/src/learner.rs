@@ -32,10 +32,14 @@ fn checkpoint_extension() -> &'static str {
 }
 
 /// A learner test binary's `main`: as a rank (the scenario variable set),
-/// runs `program(scenario)` and exits; otherwise runs every case, whose
-/// ranks are this binary again. `checkpoint_extension` is what the Burn
-/// version's file checkpointer writes.
-pub fn run_suite(program: fn(&str) -> Result<(), String>, checkpoint_extension: &'static str) -> ! {
+/// runs `program(scenario)` and exits; otherwise runs every case, and the
+/// front-end's `extra` ones, whose ranks are this binary again.
+/// `checkpoint_extension` is what the Burn version's file checkpointer writes.
+pub fn run_suite(
+    program: fn(&str) -> Result<(), String>,
+    checkpoint_extension: &'static str,
+    extra: &[Case],
+) -> ! {
     if let Ok(name) = std::env::var(SCENARIO_VAR) {
         if let Err(message) = program(&name) {
             eprintln!("ERROR: {message}");
@@ -71,10 +75,12 @@ pub fn run_suite(program: fn(&str) -> Result<(), String>, checkpoint_extension: 
             world_of_one,
         ),
     ];
-    run_cases(cases)
+    let cases: Vec<Case> = cases.iter().chain(extra).copied().collect();
+    run_cases(&cases)
 }
 
-fn scratch(name: &str) -> PathBuf {
+/// A fresh folder for a case.
+pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("burn-ddp-learner-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -104,7 +110,8 @@ fn same_on_every_rank(outcomes: &[RankOutcome]) -> Result<Vec<u32>, String> {
     Ok(first)
 }
 
-fn learner_world(dir: &Path, extra: &[(&str, &str)]) -> World {
+/// Two ranks of the scenario in `dir`, with `extra` environment variables.
+pub fn learner_world(dir: &Path, extra: &[(&str, &str)]) -> World {
     let mut world = World::new(2).env(DIR_VAR, dir.to_str().unwrap());
     for (key, value) in extra {
         world = world.env(key, value);
@@ -390,9 +397,10 @@ fn interrupt() -> Result<(), String> {
     Ok(())
 }
 
-/// grads_accumulation(4) on Ddp<Autodiff<NdArray>> with rank 0 checkpointing:
-/// one gradient sync per optimizer step, and the parameters of averaging every
-/// micro-batch.
+/// Gradient accumulation with rank 0 checkpointing (0.21: 4 micro-batches a
+/// step on `Ddp<Autodiff<NdArray>>`; 0.22: 3, with an epoch's leftover
+/// applied at its end): one gradient sync per optimizer step, and the
+/// parameters of one process summing the same micro-batches.
 fn accumulation() -> Result<(), String> {
     let dir = scratch("accumulation");
     let outcomes = learner_world(&dir, &[]).run("accumulation");

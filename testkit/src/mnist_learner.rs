@@ -86,6 +86,36 @@ pub fn writes_one_experiment(trainer: &MnistLearner) {
         csv.contains("2,valid,Accuracy,") && csv.contains(",256\n"),
         "{csv}"
     );
+    // The same folder with another learning rate and --resume auto: another
+    // run's checkpoints, refused on every rank at once, naming what differs.
+    let mut other = Command::new(launcher());
+    other
+        .args(["--standalone", "--nproc-per-node", "2", "--prefix-output"])
+        .arg(&trainer.program)
+        .arg("--learner")
+        .arg("--data-dir")
+        .arg(&trainer.data)
+        .args(["--train-samples", "512", "--test-samples", "256"])
+        .args(["--epochs", "3", "--global-batch-size", "64", "--lr", "0.01"])
+        .args(["--artifact-dir", "art", "--resume", "auto"]);
+    let started = Instant::now();
+    let out = run(other, &dir, Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    for rank in 0..2 {
+        assert!(
+            stderr.contains(&format!(
+                "[rank {rank}] rank {rank}: error: --resume auto: the checkpoints beside"
+            )),
+            "rank {rank} did not say why:\n{stderr}"
+        );
+    }
+    assert!(stderr.contains("lr: 0.001 -> 0.01"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "refused after {:?}",
+        started.elapsed()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

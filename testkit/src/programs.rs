@@ -412,6 +412,7 @@ pub fn toy_on_two_machines_equals_one_big_batch(toy: &Path, name: &str) {
     let out = run(one, &single_dir, Duration::from_secs(300));
     assert_success(&out);
     let single = toy_losses(&stdout(&out));
+    assert_eq!(single.len(), 2, "{}", stdout(&out));
     for ((e, a), (_, b)) in distributed.iter().zip(&single) {
         assert!(
             relative(*a, *b) < 1e-5,

@@ -5,10 +5,10 @@
 //! summary with the global figures in place of rank 0's own.
 //!
 //! Burn 0.22 also logs each metric's `Final` epoch value at the end of a
-//! split; it is rank 0's own and is left out of the sums (the per-iteration
-//! entries make the global figure). A metric with only a `Final` value (one
-//! computed over the whole epoch, such as AUC-PR) therefore has no global
-//! figure: the store falls back to rank 0's own.
+//! split, which its store prefers to the per-iteration mean (precision from
+//! the epoch's summed counts, say); each rank's final value is recorded and
+//! the global figure is their mean weighted by the ranks' entry counts
+//! ([`EpochFigures`] says what that is exact for).
 
 use super::DdpTraining;
 use burn::train::logger::MetricLogger;
@@ -53,15 +53,25 @@ impl MetricLogger for GlobalMetricLogger {
             let Some(name) = self.names.get(&numeric.entry.metric_id) else {
                 continue;
             };
-            let (sum, count) = match numeric.numeric_entry {
-                Some(NumericEntry::Value(value)) => (value, 1),
+            match numeric.numeric_entry {
+                Some(NumericEntry::Value(value)) => {
+                    self.figures.record(epoch, split, name, value, 1)
+                }
                 Some(NumericEntry::Aggregated {
                     aggregated_value,
                     count,
-                }) => (aggregated_value * count as f64, count as u64),
-                Some(NumericEntry::Final(_)) | None => continue,
-            };
-            self.figures.record(epoch, split, name, sum, count);
+                }) => self.figures.record(
+                    epoch,
+                    split,
+                    name,
+                    aggregated_value * count as f64,
+                    count as u64,
+                ),
+                Some(NumericEntry::Final(value)) => {
+                    self.figures.record_final(epoch, split, name, value)
+                }
+                None => {}
+            }
         }
     }
 

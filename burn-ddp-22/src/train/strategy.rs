@@ -76,7 +76,7 @@ impl DdpLearningStrategy {
         processor: &mut SupervisedTrainingEventProcessor<M>,
         interrupter: &Interrupter,
         grad_accumulation: Option<usize>,
-    ) {
+    ) -> bool {
         let epoch = global_progress.items_processed;
         log::info!("Executing training step for epoch {epoch}");
         let lengths = self
@@ -92,7 +92,11 @@ impl DdpLearningStrategy {
         let mut iteration = 0;
         let mut accumulator = GradientsAccumulator::new();
         let mut accumulated = 0;
-        loop {
+        // What every rank agreed on last: the whole epoch, or a stop. Only
+        // the vote decides what comes next (the leftover step, validation),
+        // never this rank's own interrupter, which other threads (the event
+        // processor, the checkpointer) may set at any time.
+        let completed = loop {
             let item = match iterator.next() {
                 Some(Ok(item)) => Some(item),
                 Some(Err(err)) => {
@@ -100,7 +104,12 @@ impl DdpLearningStrategy {
                     interrupter.fail(err);
                     None
                 }
-                None => None,
+                None => {
+                    // An error the processor found in the last items comes
+                    // back on a later call: now, so it is in the vote.
+                    interrupter.fail_on_error(processor.flush());
+                    None
+                }
             };
             let next = self
                 .ddp
@@ -118,9 +127,9 @@ impl DdpLearningStrategy {
                     if let Some(reason) = reason {
                         interrupter.stop(Some(&reason));
                     }
-                    break;
+                    break false;
                 }
-                _ => break,
+                _ => break true,
             };
             iteration += 1;
             let progress = iterator.progress();
@@ -146,15 +155,17 @@ impl DdpLearningStrategy {
                 Some(learner.lr_current()),
             );
             interrupter.fail_on_error(processor.process_train(LearnerEvent::ProcessedItem(item)));
-        }
-        // The epoch's leftover micro-batches, as Burn's own strategy applies
-        // them; every rank's shard has the same length, so every rank has
-        // them (none after an agreed stop).
-        if accumulated > 0 && !interrupter.should_stop() {
+        };
+        // The epoch's leftover micro-batches, which Burn's own strategy
+        // applies too (0.22 with the last item, 0.23 after it); every rank's
+        // shard has the same length, so every rank has them (none after an
+        // agreed stop).
+        if completed && accumulated > 0 {
             self.step(learner, accumulator.grads());
         }
-        let end = burn_version::end_split(epoch, iterator.progress(), !interrupter.should_stop());
+        let end = burn_version::end_split(epoch, iterator.progress(), completed);
         interrupter.fail_on_error(processor.process_train(end));
+        completed
     }
 
     /// One optimizer step with the gradients averaged over the ranks.
@@ -198,9 +209,10 @@ impl DdpLearningStrategy {
                     break;
                 }
             };
-            if stop::stop_signal().is_some() {
+            if let Some(signal) = stop::stop_signal() {
                 // Ctrl-C during validation: this rank's figures end here; the
                 // ranks agree to stop at the end of the epoch.
+                interrupter.stop(Some(&format!("{} received", stop::signal_name(signal))));
                 break;
             }
             let progress = iterator.progress();
@@ -235,11 +247,11 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
         // Ctrl-C and SIGTERM stop every rank after the same iteration, through
         // the same path as the TUI's quit key, instead of killing it mid-step.
         stop::catch_stop_signals();
-        // Burn 0.22's `launch` has loaded the checkpoint on every rank already.
+        // Burn 0.22's `launch` has loaded the checkpoint on every rank
+        // already; rank 0's parameters go to every rank all the same, so
+        // the replicas start identical whatever each rank loaded (or not).
         let starting_epoch = components.checkpoint.unwrap_or(0) + 1;
-        if starting_epoch == 1 {
-            self.broadcast_parameters(&mut learner);
-        }
+        self.broadcast_parameters(&mut learner);
         self.ddp
             .figures()
             .start_at(starting_epoch, self.ddp.directory(), self.ddp.is_main());
@@ -300,7 +312,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             let progress = Progress::new(epoch, num_epochs, Some("epochs".to_string()));
             self.ddp.set_epoch(epoch);
             let started = Instant::now();
-            self.train_epoch(
+            let completed = self.train_epoch(
                 &mut learner,
                 &dataloader_train,
                 &progress,
@@ -308,7 +320,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
                 &interrupter,
                 components.grad_accumulation,
             );
-            if interrupter.should_stop() {
+            if !completed {
                 let reason = interrupter
                     .interruption()
                     .and_then(|interruption| interruption.reason)
@@ -333,26 +345,28 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             self.ddp
                 .end_epoch(epoch, num_epochs, train_time, valid_time)
                 .unwrap_or_else(|err| self.fail("summing the epoch's metrics", err));
-            // An interrupt during validation: no checkpoint of this epoch,
-            // as in Burn's own strategy; the ranks agree below.
-            if !interrupter.should_stop() {
-                if let Some(checkpointer) = &mut checkpointer {
-                    checkpointer.checkpoint(&learner, epoch, &components.event_store);
-                }
-            }
             let early_stop = self.ddp.is_main()
                 && !interrupter.should_stop()
                 && early_stopping
                     .as_mut()
                     .is_some_and(|strategy| strategy.should_stop(epoch, &components.event_store));
+            // Agreed before the checkpoint: an epoch interrupted on any rank
+            // (its validation cut short) is not saved, as in Burn's own
+            // strategy; an epoch early stopping ends on is.
             let after = self
                 .ddp
                 .after_epoch(epoch, early_stop, interrupter.should_stop())
                 .unwrap_or_else(|err| self.fail("agreeing on early stopping", err));
-            if after == AfterEpoch::Interrupted && !interrupter.should_stop() {
-                interrupter.stop(Some("interrupted on another rank"));
+            if after == AfterEpoch::Interrupted {
+                if !interrupter.should_stop() {
+                    interrupter.stop(Some("interrupted on another rank"));
+                }
+                break;
             }
-            if after != AfterEpoch::Continue {
+            if let Some(checkpointer) = &mut checkpointer {
+                checkpointer.checkpoint(&learner, epoch, &components.event_store);
+            }
+            if after == AfterEpoch::EarlyStop {
                 break;
             }
         }

@@ -6,7 +6,7 @@
 use crate::models::{flat_params, load_params, max_relative_difference};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
-use burn::data::dataset::InMemDataset;
+use burn::data::dataset::{Dataset, DatasetError, InMemDataset};
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig, Relu};
@@ -221,6 +221,7 @@ pub fn run(name: &str) -> Res<()> {
         "train" => train_and_resume(),
         "early_stop" => early_stop(),
         "interrupt_rank_1" => interrupt_rank_1(),
+        "loader_error_rank_1" => loader_error_rank_1(),
         "artifact_dir" => artifact_dir(),
         "accumulation" => accumulation(),
         "unequal" => unequal(),
@@ -229,7 +230,8 @@ pub fn run(name: &str) -> Res<()> {
     }
 }
 
-/// One process with batch `world * batch` (sums of `accumulate` micro-batches)
+/// One process with batch `world * batch` (sums of `accumulate` micro-batches,
+/// and at an epoch's end the sum of what is left, as Burn 0.22 applies it)
 /// over the order the ranks' samplers give, epoch by epoch.
 fn reference(
     world: usize,
@@ -263,6 +265,9 @@ fn reference(
                 pending = 0;
                 model = optimizer.step(LR, model, accumulator.grads());
             }
+        }
+        if pending > 0 {
+            model = optimizer.step(LR, model, accumulator.grads());
         }
     }
     model
@@ -458,9 +463,78 @@ fn interrupt_rank_1() -> Res<()> {
     burn_ddp_22::destroy_process_group().map_err(|e| e.to_string())
 }
 
+/// The training set of a rank whose data breaks: reading its `fail_at`-th
+/// item (1-based, counted over the run) is an error, as a missing or
+/// corrupt file is in a real dataset.
+struct Breaking {
+    inner: InMemDataset<usize>,
+    fail_at: usize,
+    read: AtomicUsize,
+}
+
+impl Dataset<usize> for Breaking {
+    fn get(&self, index: usize) -> Result<usize, DatasetError> {
+        if self.read.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
+            return Err(DatasetError::new(std::io::Error::other(
+                "item 33 cannot be read (test)",
+            )));
+        }
+        self.inner.get(index)
+    }
+
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+}
+
+/// Rank 1's dataset fails in its 5th batch (item 33 of batch 8): every rank
+/// stops before that iteration, after 4 optimizer steps; rank 1's result
+/// carries the error, rank 0's says which rank stopped.
+fn loader_error_rank_1() -> Res<()> {
+    let run = setup()?;
+    let fail_at = if run.rank == 1 { 33 } else { usize::MAX };
+    let train = run.ddp.shard(Breaking {
+        inner: points(0, TRAIN_ITEMS),
+        fail_at,
+        read: AtomicUsize::new(0),
+    });
+    let valid = run
+        .ddp
+        .shard_eval(points(1000, VALID_ITEMS))
+        .map_err(|e| e.to_string())?;
+    let result = SupervisedTraining::new(
+        &run.dir,
+        DataLoaderBuilder::new(PointBatcher)
+            .batch_size(BATCH)
+            .build(train.map_err(|e| e.to_string())?),
+        DataLoaderBuilder::new(PointBatcher)
+            .batch_size(VALID_BATCH)
+            .build(valid),
+    )
+    .num_epochs(2)
+    .renderer(Box::new(SilentRenderer))
+    .ddp(&run.ddp)
+    .launch(Learner::new(
+        initial(run.rank, &device()),
+        SgdConfig::new().init(),
+        LR,
+    ));
+    println!("optimizer_steps {}", run.ddp.sync_stats().syncs);
+    if let Some(error) = &result.error {
+        println!("training_error {error}");
+    }
+    if let Some(interruption) = &result.interrupted {
+        let reason = interruption.reason.as_deref().unwrap_or("none");
+        println!("interruption {reason}");
+    }
+    burn_ddp_22::destroy_process_group().map_err(|e| e.to_string())
+}
+
 fn accumulation() -> Res<()> {
     const MICRO: usize = 4;
-    const K: usize = 4;
+    // 8 micro-batches an epoch: steps after 3 and 6, the 2 left over at
+    // the epoch's end.
+    const K: usize = 3;
     let run = setup()?;
     let world = run.ddp.group().world_size();
     let (train, valid) = loaders(&run, MICRO)?;
@@ -481,7 +555,7 @@ fn accumulation() -> Res<()> {
     println!("syncs {}", run.ddp.sync_stats().syncs);
     println!(
         "optimizer_steps {}",
-        EPOCHS * (steps_per_epoch(world, MICRO) / K)
+        EPOCHS * steps_per_epoch(world, MICRO).div_ceil(K)
     );
     print_params(&result.model);
     let reference = reference(world, MICRO, K, EPOCHS, SgdConfig::new().init()).valid();

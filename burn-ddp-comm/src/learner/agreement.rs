@@ -6,7 +6,7 @@
 //! [`crate::stop`] counts as an interrupt.
 
 use super::LearnerJob;
-use crate::{stop, CommError, ReduceOp, Result};
+use crate::{stop, CommError, Result};
 
 /// What every rank does next within a training epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,13 +73,14 @@ impl LearnerJob {
         lengths: &[usize],
     ) -> Result<NextIteration> {
         let signal = stop::stop_signal();
-        let (with_batch, stopped) = self.count_yes(has_batch, interrupted || signal.is_some())?;
+        let (with_batch, stopped) = self.ballots(has_batch, interrupted || signal.is_some())?;
+        let with_batch = with_batch.len();
         let world = self.group.world_size();
-        if stopped > 0 {
+        if !stopped.is_empty() {
             let reason = match (interrupted, signal) {
                 (true, _) => None,
                 (false, Some(signal)) => Some(format!("{} received", stop::signal_name(signal))),
-                (false, None) => Some(format!("interrupted on {stopped} other rank(s)")),
+                (false, None) => Some(format!("interrupted on {}", ranks(&stopped))),
             };
             let finished = match epoch.saturating_sub(1) {
                 0 => "no epoch is finished".to_string(),
@@ -125,11 +126,14 @@ impl LearnerJob {
     ) -> Result<AfterEpoch> {
         let early_stop = early_stop && self.is_main();
         let interrupted = interrupted || stop::stop_signal().is_some();
-        let (stop, interrupted) = self.count_yes(early_stop, interrupted)?;
-        Ok(if interrupted > 0 {
-            log::info!("Training interrupted after epoch {epoch}");
+        let (stop, interrupted) = self.ballots(early_stop, interrupted)?;
+        Ok(if !interrupted.is_empty() {
+            log::info!(
+                "Training interrupted after epoch {epoch} (on {})",
+                ranks(&interrupted)
+            );
             AfterEpoch::Interrupted
-        } else if stop > 0 {
+        } else if !stop.is_empty() {
             log::info!("Early stopping after epoch {epoch} (decided by rank 0)");
             AfterEpoch::EarlyStop
         } else {
@@ -137,11 +141,18 @@ impl LearnerJob {
         })
     }
 
-    /// How many ranks say yes to each of two questions (one small all-reduce).
-    fn count_yes(&self, first: bool, second: bool) -> Result<(usize, usize)> {
-        let mut ballot = [first as i64, second as i64];
-        self.group.all_reduce(&mut ballot, ReduceOp::Sum)?;
-        Ok((ballot[0] as usize, ballot[1] as usize))
+    /// Which ranks say yes to each of two questions (one small all-gather).
+    fn ballots(&self, first: bool, second: bool) -> Result<(Vec<usize>, Vec<usize>)> {
+        let votes = self.group.all_gather(&[first as i64, second as i64])?;
+        let yes = |question: usize| -> Vec<usize> {
+            votes
+                .chunks(2)
+                .enumerate()
+                .filter(|(_, ballot)| ballot[question] != 0)
+                .map(|(rank, _)| rank)
+                .collect()
+        };
+        Ok((yes(0), yes(1)))
     }
 
     fn invalid(&self, message: String) -> CommError {
@@ -149,6 +160,15 @@ impl LearnerJob {
             rank: self.rank(),
             message,
         }
+    }
+}
+
+/// `rank 1` or `ranks 0, 2`.
+fn ranks(ranks: &[usize]) -> String {
+    let list: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    match list.len() {
+        1 => format!("rank {}", list[0]),
+        _ => format!("ranks {}", list.join(", ")),
     }
 }
 
@@ -203,7 +223,9 @@ mod tests {
     }
 
     #[test]
-    fn lengths_are_described_per_rank() {
+    fn lengths_and_ranks_are_described() {
         assert_eq!(describe(&[8, 7]), "rank 0: 8, rank 1: 7");
+        assert_eq!(ranks(&[1]), "rank 1");
+        assert_eq!(ranks(&[0, 2]), "ranks 0, 2");
     }
 }

@@ -25,13 +25,13 @@ impl LearnerJob {
     /// ([`verify_checkpoint`](Self::verify_checkpoint)). Collective.
     pub fn latest_checkpoint(
         &self,
-        check: impl FnMut(&Snapshot) -> std::result::Result<(), LoadError>,
+        check: impl Fn(&Snapshot) -> std::result::Result<(), LoadError>,
     ) -> Result<Option<usize>> {
         let rank = self.rank();
         let mut chosen = [-1i64];
         let mut problem = None;
         if self.is_main() {
-            match self.newest_whole(check) {
+            match self.newest_whole(&check) {
                 Ok(Some(epoch)) => chosen[0] = epoch as i64,
                 Ok(None) => {}
                 Err(err) => {
@@ -51,7 +51,7 @@ impl LearnerJob {
             })),
             epoch => {
                 let epoch = epoch as usize;
-                self.verify_checkpoint(epoch)?;
+                self.verify_checkpoint(epoch, check)?;
                 Ok(Some(epoch))
             }
         }
@@ -59,7 +59,7 @@ impl LearnerJob {
 
     fn newest_whole(
         &self,
-        check: impl FnMut(&Snapshot) -> std::result::Result<(), LoadError>,
+        check: impl Fn(&Snapshot) -> std::result::Result<(), LoadError>,
     ) -> Result<Option<usize>> {
         let rank = self.rank();
         let folder = self.checkpoint_folder();
@@ -79,46 +79,58 @@ impl LearnerJob {
         }))
     }
 
-    /// Every rank has `epoch`'s model, optimizer and scheduler files, or
-    /// every rank fails with an error naming the ranks without them (each
-    /// rank loads its own copy, so on several machines the folder must be
-    /// copied to each or shared). Collective.
-    pub fn verify_checkpoint(&self, epoch: usize) -> Result<()> {
+    /// Every rank has `epoch`'s model, optimizer and scheduler files, and
+    /// they pass `check` there, or every rank fails with an error naming the
+    /// ranks without them or with damaged ones (each rank loads its own
+    /// copy, so on several machines the folder must be copied to each or
+    /// shared). Collective.
+    pub fn verify_checkpoint(
+        &self,
+        epoch: usize,
+        check: impl Fn(&Snapshot) -> std::result::Result<(), LoadError>,
+    ) -> Result<()> {
         let folder = self.checkpoint_folder();
-        let here = snapshots::complete_epochs(&folder, &CHECKPOINT_NAMES)
-            .map(|epochs| epochs.iter().any(|snapshot| snapshot.number == epoch))
-            .unwrap_or(false);
-        let present = self.group.all_gather(&[here as i64])?;
-        let missing: Vec<String> = present
-            .iter()
-            .enumerate()
-            .filter(|(_, &here)| here == 0)
-            .map(|(rank, _)| rank.to_string())
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let fix = "every rank loads the checkpoint itself, so on several machines copy the \
-                   experiment's checkpoint folder to each of them (or put it on a shared file \
-                   system)";
-        let message = if here {
-            format!(
-                "cannot resume from epoch {epoch}: rank(s) {} have no complete checkpoint of it; \
-                 {fix}",
-                missing.join(", ")
-            )
-        } else {
-            format!(
-                "cannot resume from epoch {epoch}: no complete checkpoint of it in {} ({} for \
-                 rank(s) {}); {fix}",
+        let snapshot = snapshots::complete_epochs(&folder, &CHECKPOINT_NAMES)
+            .ok()
+            .and_then(|epochs| epochs.into_iter().find(|s| s.number == epoch));
+        let problem = match &snapshot {
+            None => Some(format!(
+                "no complete checkpoint of it in {} ({})",
                 folder.display(),
                 CHECKPOINT_NAMES
                     .iter()
                     .map(|name| format!("{name}-{epoch}.*"))
                     .collect::<Vec<_>>()
-                    .join(", "),
-                missing.join(", ")
-            )
+                    .join(", ")
+            )),
+            Some(snapshot) => check(snapshot).err().map(|why| why.to_string()),
+        };
+        let states = self.group.all_gather(&[problem.is_some() as i64])?;
+        let failing: Vec<usize> = states
+            .iter()
+            .enumerate()
+            .filter(|(_, &bad)| bad != 0)
+            .map(|(rank, _)| rank)
+            .collect();
+        if failing.is_empty() {
+            return Ok(());
+        }
+        let fix = "every rank loads the checkpoint itself, so on several machines copy the \
+                   experiment's checkpoint folder to each of them (or put it on a shared file \
+                   system)";
+        let who = failing
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let message = match problem {
+            Some(problem) => format!(
+                "cannot resume from epoch {epoch}: {problem} (rank(s) {who} cannot load it); {fix}"
+            ),
+            None => format!(
+                "cannot resume from epoch {epoch}: rank(s) {who} have no whole checkpoint of it; \
+                 {fix}"
+            ),
         };
         Err(CommError::InvalidArgument {
             rank: self.rank(),
@@ -152,7 +164,10 @@ mod tests {
             })
             .unwrap();
         assert_eq!(latest, Some(2));
-        let err = job.verify_checkpoint(7).unwrap_err().to_string();
+        let err = job
+            .verify_checkpoint(7, |_| Ok(()))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("rank 0: cannot resume from epoch 7")
                 && err.contains(&folder.display().to_string())
@@ -166,6 +181,15 @@ mod tests {
             .to_string();
         assert!(
             err.contains("model-3.bpk") && err.contains("model-1.bpk"),
+            "{err}"
+        );
+        // There, but damaged here: named as what the check says.
+        let err = job
+            .verify_checkpoint(2, |_| Err(LoadError::Corrupt("cut short".into())))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot resume from epoch 2: cut short (rank(s) 0"),
             "{err}"
         );
         std::fs::remove_dir_all(&folder).unwrap();

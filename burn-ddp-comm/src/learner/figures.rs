@@ -12,11 +12,17 @@
 //! stopping and best-checkpoint choice read the global figures.
 //!
 //! The global value of a metric is the count-weighted mean of every rank's
-//! per-iteration values: exactly Burn's own epoch aggregate taken over all the
-//! ranks' batches. For metrics that are means over items (loss, accuracy,
-//! top-k accuracy) that is what one process with the whole global batch would
-//! report; for metrics that are non-linear per batch (F-score, AUROC, CER) it
-//! is the mean of per-batch values over the smaller per-rank batches.
+//! per-iteration values: Burn 0.21's own epoch aggregate taken over all the
+//! ranks' batches. Where the metric also reports a final epoch value (Burn
+//! 0.22's `Final` entries: what its store prefers, e.g. precision from the
+//! epoch's summed confusion counts), it is the mean of the ranks' final
+//! values weighted by their entry counts instead, so a world of one reports
+//! exactly what Burn reports. For metrics that are means over items (loss,
+//! accuracy, top-k accuracy) either is what one process with the whole
+//! global batch would report; for ratios of sums (precision, recall,
+//! perplexity) the weighted mean of the ranks' ratios is close to it, not
+//! equal. Per-iteration values that are not finite (a ratio of 0/0 on a
+//! batch) are left out rather than poisoning the epoch.
 
 use crate::{ProcessGroup, ReduceOp, Result};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -82,6 +88,8 @@ struct Totals {
     numeric: BTreeSet<String>,
     /// Σ value·count and Σ count of this rank's entries.
     local: HashMap<Key, (f64, u64)>,
+    /// This rank's final epoch value of the metrics that report one.
+    finals: HashMap<Key, f64>,
     ended: HashSet<(usize, Split)>,
     global: HashMap<Key, (f64, u64)>,
 }
@@ -115,8 +123,12 @@ impl EpochFigures {
         }
     }
 
-    /// One per-iteration entry of this rank: `sum` is value × `count`.
+    /// One per-iteration entry of this rank: `sum` is value × `count`
+    /// (left out when it is not finite).
     pub fn record(&self, epoch: usize, split: Split, name: &str, sum: f64, count: u64) {
+        if !sum.is_finite() {
+            return;
+        }
         let mut totals = self.totals.lock().unwrap();
         let slot = totals
             .local
@@ -126,12 +138,22 @@ impl EpochFigures {
         slot.1 += count;
     }
 
+    /// This rank's final value of a metric for a split of `epoch` (Burn
+    /// 0.22 logs it at the split's end); it replaces the per-iteration mean.
+    pub fn record_final(&self, epoch: usize, split: Split, name: &str, value: f64) {
+        let mut totals = self.totals.lock().unwrap();
+        totals
+            .finals
+            .insert((epoch, split, name.to_string()), value);
+    }
+
     /// The logger saw `split` of `epoch` end.
     pub fn end_split(&self, epoch: usize, split: Split) {
         let mut totals = self.totals.lock().unwrap();
         totals.ended.insert((epoch, split));
         // Old epochs' raw sums are no longer needed for the reduction.
         totals.local.retain(|(e, _, _), _| *e + 2 >= epoch);
+        totals.finals.retain(|(e, _, _), _| *e + 2 >= epoch);
         self.changed.notify_all();
     }
 
@@ -144,9 +166,11 @@ impl EpochFigures {
         if let Some(&figure) = totals.global.get(&key) {
             return Some(figure);
         }
-        match totals.local.get(&key) {
-            Some(&(sum, count)) if count > 0 => Some((sum / count as f64, count)),
-            _ => None,
+        let local = totals.local.get(&key).copied().filter(|&(_, n)| n > 0);
+        match (totals.finals.get(&key), local) {
+            (Some(&value), local) => Some((value, local.map_or(1, |(_, n)| n))),
+            (None, Some((sum, count))) => Some((sum / count as f64, count)),
+            (None, None) => None,
         }
     }
 
@@ -242,11 +266,16 @@ impl EpochFigures {
                 .collect();
             let mut sums = Vec::with_capacity(2 * keys.len());
             for (split, name) in &keys {
-                let (sum, count) = totals
-                    .local
-                    .get(&(epoch, *split, name.clone()))
-                    .copied()
-                    .unwrap_or((0.0, 0));
+                let key = (epoch, *split, name.clone());
+                let (sum, count) = totals.local.get(&key).copied().unwrap_or((0.0, 0));
+                let (sum, count) = match totals.finals.get(&key) {
+                    // The final value, weighted by the entries it covers.
+                    Some(&value) if value.is_finite() => {
+                        let weight = count.max(1);
+                        (value * weight as f64, weight)
+                    }
+                    _ => (sum, count),
+                };
                 sums.extend([sum, count as f64]);
             }
             (keys, sums)
@@ -417,6 +446,29 @@ mod tests {
         assert_eq!(resumed.global(1, Split::Valid, "Loss"), Some(3.0));
         let csv = std::fs::read_to_string(dir.join(GLOBAL_METRICS_FILE)).unwrap();
         assert_eq!(csv.lines().count(), 3, "{csv}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_final_value_replaces_the_mean_and_nan_entries_are_left_out() {
+        let dir = std::env::temp_dir().join(format!("ddp-figures-final-{}", std::process::id()));
+        let group = ProcessGroup::builder(0, 1).build().unwrap();
+        let figures = EpochFigures::default();
+        figures.attach(&dir);
+        figures.define("Precision", true);
+        figures.record(1, Split::Train, "Precision", 0.5 * 4.0, 4);
+        figures.record(1, Split::Train, "Precision", f64::NAN, 4);
+        figures.record(1, Split::Train, "Precision", 1.0 * 4.0, 4);
+        assert_eq!(figures.read(1, Split::Train, "Precision"), Some((0.75, 8)));
+        figures.record_final(1, Split::Train, "Precision", 0.7);
+        assert_eq!(figures.read(1, Split::Train, "Precision"), Some((0.7, 8)));
+        figures.end_split(1, Split::Train);
+        figures.end_split(1, Split::Valid);
+        let summed = figures
+            .reduce_epoch(&group, 1, Duration::from_secs(1), &dir)
+            .unwrap();
+        assert_eq!(summed.len(), 1, "{summed:?}");
+        assert!((summed[0].value - 0.7).abs() < 1e-12 && summed[0].count == 8);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -21,9 +21,18 @@ impl DdpTraining {
     /// (`burn-ddp-run --max-restarts`). A damaged newest one is skipped with
     /// a warning naming the file; `None` when there is none (start afresh);
     /// an error when every one is damaged. Collective: every rank calls it,
-    /// before `.ddp(...)`.
+    /// before `SupervisedTraining::launch`.
     pub fn latest_checkpoint(&self) -> Result<Option<usize>> {
         LearnerJob::latest_checkpoint(self, check_whole)
+    }
+
+    /// Every rank has `epoch`'s checkpoint in `<directory>/checkpoint`,
+    /// complete and whole, or every rank fails naming the ranks that do not
+    /// (their folder, what is missing or damaged). Collective: call it
+    /// before `SupervisedTraining::checkpoint(epoch)` when you choose the
+    /// epoch yourself; [`latest_checkpoint`](Self::latest_checkpoint) does.
+    pub fn verify_checkpoint(&self, epoch: usize) -> Result<()> {
+        LearnerJob::verify_checkpoint(self, epoch, check_whole)
     }
 }
 

@@ -62,7 +62,7 @@ impl DdpLearningStrategy {
         processor: &mut SupervisedTrainingEventProcessor<LC>,
         interrupter: &Interrupter,
         grad_accumulation: Option<usize>,
-    ) {
+    ) -> bool {
         let epoch = global_progress.items_processed;
         log::info!("Executing training step for epoch {epoch}");
         let lengths = self
@@ -73,7 +73,10 @@ impl DdpLearningStrategy {
         let mut iteration = 0;
         let mut accumulator = GradientsAccumulator::new();
         let mut accumulated = 0;
-        loop {
+        // What every rank agreed on last: the whole epoch, or a stop. Only
+        // the vote decides what comes next, never this rank's own
+        // interrupter, which other threads may set at any time.
+        let completed = loop {
             let item = iterator.next();
             let next = self
                 .ddp
@@ -91,9 +94,9 @@ impl DdpLearningStrategy {
                     if let Some(reason) = reason {
                         interrupter.stop(Some(&reason));
                     }
-                    break;
+                    break false;
                 }
-                _ => break,
+                _ => break true,
             };
             iteration += 1;
             learner.lr_step();
@@ -131,8 +134,9 @@ impl DdpLearningStrategy {
                 Some(learner.lr_current()),
             );
             processor.process_train(LearnerEvent::ProcessedItem(item));
-        }
+        };
         processor.process_train(LearnerEvent::EndEpoch(epoch));
+        completed
     }
 
     fn valid_epoch<LC: LearningComponentsTypes>(
@@ -141,6 +145,7 @@ impl DdpLearningStrategy {
         loader: &ValidLoader<LC>,
         global_progress: &Progress,
         processor: &mut SupervisedTrainingEventProcessor<LC>,
+        interrupter: &Interrupter,
     ) {
         use burn::train::InferenceStep;
         let epoch = global_progress.items_processed;
@@ -151,9 +156,10 @@ impl DdpLearningStrategy {
         // No collective here: shards may differ by one item, and an interrupt is
         // agreed on at the end of the epoch.
         while let Some(item) = iterator.next() {
-            if stop::stop_signal().is_some() {
+            if let Some(signal) = stop::stop_signal() {
                 // Ctrl-C during validation: this rank's figures end here; the
                 // ranks agree to stop at the end of the epoch.
+                interrupter.stop(Some(&format!("{} received", stop::signal_name(signal))));
                 break;
             }
             let progress = iterator.progress();
@@ -214,9 +220,9 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             }
             None => 1,
         };
-        if starting_epoch == 1 {
-            self.broadcast_parameters(&mut learner);
-        }
+        // Rank 0's parameters on every rank, fresh or resumed: the replicas
+        // start identical whatever each rank loaded.
+        self.broadcast_parameters(&mut learner);
         self.ddp
             .figures()
             .start_at(starting_epoch, self.ddp.directory(), self.ddp.is_main());
@@ -273,7 +279,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             let progress = Progress::new(epoch, num_epochs);
             self.ddp.set_epoch(epoch);
             let started = Instant::now();
-            self.train_epoch(
+            let completed = self.train_epoch(
                 &mut learner,
                 &dataloader_train,
                 &progress,
@@ -281,7 +287,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
                 &interrupter,
                 components.grad_accumulation,
             );
-            if interrupter.should_stop() {
+            if !completed {
                 let reason = interrupter
                     .get_message()
                     .unwrap_or_else(|| "reason unknown".to_string());
@@ -290,26 +296,38 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             }
             let train_time = started.elapsed();
             let started = Instant::now();
-            self.valid_epoch(&learner, &dataloader_valid, &progress, &mut processor);
+            self.valid_epoch(
+                &learner,
+                &dataloader_valid,
+                &progress,
+                &mut processor,
+                &interrupter,
+            );
             let valid_time = started.elapsed();
             self.ddp
                 .end_epoch(epoch, num_epochs, train_time, valid_time)
                 .unwrap_or_else(|err| self.fail("summing the epoch's metrics", err));
-            if let Some(checkpointer) = &mut checkpointer {
-                checkpointer.checkpoint(&learner, epoch, &components.event_store);
-            }
             let early_stop = self.ddp.is_main()
                 && early_stopping
                     .as_mut()
                     .is_some_and(|strategy| strategy.should_stop(epoch, &components.event_store));
+            // Agreed before the checkpoint: an epoch interrupted on any rank
+            // (its validation cut short) is not saved; an epoch early
+            // stopping ends on is.
             let after = self
                 .ddp
                 .after_epoch(epoch, early_stop, interrupter.should_stop())
                 .unwrap_or_else(|err| self.fail("agreeing on early stopping", err));
-            if after == AfterEpoch::Interrupted && !interrupter.should_stop() {
-                interrupter.stop(Some("interrupted on another rank"));
+            if after == AfterEpoch::Interrupted {
+                if !interrupter.should_stop() {
+                    interrupter.stop(Some("interrupted on another rank"));
+                }
+                break;
             }
-            if after != AfterEpoch::Continue {
+            if let Some(checkpointer) = &mut checkpointer {
+                checkpointer.checkpoint(&learner, epoch, &components.event_store);
+            }
+            if after == AfterEpoch::EarlyStop {
                 break;
             }
         }

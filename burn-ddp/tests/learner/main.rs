@@ -7,5 +7,5 @@ mod models;
 mod program;
 
 fn main() {
-    burn_ddp_testkit::learner::run_suite(program::run, "mpk")
+    burn_ddp_testkit::learner::run_suite(program::run, "mpk", &[])
 }
