@@ -242,7 +242,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
         mut learner: Learner<M>,
         dataloader_train: TrainLoader<M>,
         dataloader_valid: ValidLoader<M>,
-        components: TrainingComponents<M>,
+        mut components: TrainingComponents<M>,
     ) -> LearningResult<M> {
         // Ctrl-C and SIGTERM stop every rank after the same iteration, through
         // the same path as the TUI's quit key, instead of killing it mid-step.
@@ -257,7 +257,6 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             .start_at(starting_epoch, self.ddp.directory(), self.ddp.is_main());
         let summary = components.summary.clone().filter(|_| self.ddp.is_main());
         let interrupter = components.interrupter.clone();
-        let mut components = components;
         interrupter.fail_on_error(
             components
                 .event_processor
