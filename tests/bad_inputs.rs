@@ -13,11 +13,11 @@ mod idx;
 use burn::backend::NdArray;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn_ddp_comm::env::LaunchEnv;
-use burn_ddp_comm::store::StoreServer;
 use burn_ddp_comm::{
     BucketConfig, DType, GradientSet, ParamInfo, ParamLayout, Placement, ProcessGroup, Reducer,
 };
+use burn_ddp_rendezvous::env::LaunchEnv;
+use burn_ddp_rendezvous::store::StoreServer;
 use burn_ddp_sampler::DistributedSampler;
 use std::collections::HashMap;
 use std::io::Write;

@@ -2,15 +2,15 @@
 //! intact, never a truncated one.
 //!
 //! One file holds the model (Burn 0.22's burnpack bytes), the optimizer's
-//! state and the epoch, as sections of `burn_ddp_comm::files::Sections`,
-//! written with `burn_ddp_comm::files::write_atomic` (a temporary file beside
+//! state and the epoch, as sections of `burn_ddp_training::files::Sections`,
+//! written with `burn_ddp_training::files::write_atomic` (a temporary file beside
 //! the target, flushed, renamed over it).
 
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::store::{ModuleRecord, RecordError};
 use burn::tensor::Bytes;
-use burn_ddp_comm::files::{self, FileError, Sections};
+use burn_ddp_training::files::{self, FileError, Sections};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -64,11 +64,11 @@ impl CheckpointError {
     /// refuses (another model's parameters or shapes) is another run's, which
     /// no snapshot of the folder fixes; a file that cannot be read or is not
     /// whole is corrupt (an older snapshot may do).
-    pub fn for_snapshot(self) -> burn_ddp_comm::snapshots::LoadError {
-        use burn_ddp_comm::snapshots::LoadError;
+    pub fn for_snapshot(self) -> burn_ddp_training::snapshots::LoadError {
+        use burn_ddp_training::snapshots::LoadError;
         match self {
-            CheckpointError::Record { .. } => LoadError::Refused(self.to_string()),
-            other => LoadError::Corrupt(other.to_string()),
+            CheckpointError::Record { .. } => LoadError::Refused(Box::new(self)),
+            other => LoadError::Corrupt(Box::new(other)),
         }
     }
 }

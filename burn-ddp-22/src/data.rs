@@ -3,11 +3,11 @@
 //! `Dataset` around it.
 
 use burn::data::dataset::{Dataset, DatasetError};
-pub use burn_ddp_comm::sum::{sum_over_ranks, RankSum};
 pub use burn_ddp_sampler::{
     batch_size_per_rank, distributed_sampler, evaluation_sampler, split_global_batch,
     BatchSplitError, DistributedSampler, EpochHandle, SamplerError, ShardIndices,
 };
+pub use burn_ddp_training::sum::{sum_over_ranks, RankSum};
 use std::error::Error;
 use std::marker::PhantomData;
 

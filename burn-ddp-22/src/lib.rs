@@ -49,21 +49,23 @@ pub mod checkpoint;
 mod collective;
 pub mod data;
 mod device;
-mod dtype;
-mod gradients;
 mod replicas;
+mod shared;
+mod shim;
 mod sync;
 #[cfg(feature = "train")]
 pub mod train;
 mod wrap;
 
-pub use burn_ddp_comm::snapshots;
-pub use burn_ddp_comm::stop::{catch_stop_signals, stop_requested, stop_signal};
+// The shared sources, where the crate's own modules name them.
+use shared::dtype;
+
 pub use burn_ddp_comm::{
-    env::LaunchEnv, BucketConfig, CommError, Launcher, ParamLayout, ProcessGroup,
-    ProcessGroupBuilder, ReduceOp, Reducer, Result, WeakProcessGroup,
+    CollectiveBackend, CommError, Element, LaunchEnv, Launcher, ParamLayout, ProcessGroup,
+    ProcessGroupBuilder, ReduceOp, Reducer, Result, SyncStats, WeakProcessGroup, BACKEND_VAR,
 };
-pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
+pub use burn_ddp_training::snapshots;
+pub use burn_ddp_training::stop::{catch_stop_signals, stop_requested, stop_signal};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter, CollectiveKind};
 pub use data::{
     batch_size_per_rank, distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum,
@@ -75,27 +77,12 @@ pub use device::cuda_device_for_rank;
 #[doc(hidden)]
 pub use device::nccl_view;
 pub use replicas::{check_replicas, parameters_fingerprint};
-pub use sync::{reset_sync_stats, sync_gradients, sync_stats, sync_stats_of, SyncStats};
-pub use wrap::{wrap, DdpConfig, GradientCompression};
-
-/// Joins the group described by the launcher's environment (torchrun,
-/// burn-ddp-run, Open MPI, Slurm; a world of one without a launcher) and makes
-/// it the default group, the one models are synchronised over unless wrapped
-/// over another. The returned handle can be cloned and shared.
-pub fn init_process_group() -> Result<ProcessGroup> {
-    burn_ddp_comm::default_group::init()
-}
-
-/// The group made by [`init_process_group`], if any.
-pub fn default_group() -> Option<ProcessGroup> {
-    burn_ddp_comm::default_group::current().map(|state| state.group.clone())
-}
-
-/// Waits for every rank (bounded by the timeout), then forgets the default
-/// group and the models wrapped over it.
-pub fn destroy_process_group() -> Result<()> {
-    burn_ddp_comm::default_group::destroy()
-}
+pub use shared::config::{BucketConfig, DdpConfig, GradientCompression};
+pub use shared::session::{
+    default_group, destroy_process_group, init_process_group, reset_sync_stats, sync_stats,
+};
+pub use sync::{sync_gradients, sync_stats_of};
+pub use wrap::wrap;
 
 /// docs/burn-0.22.md's code blocks, compiled as doctests.
 #[cfg(doctest)]

@@ -31,10 +31,14 @@ impl CollectiveBackend {
             None | Some("") | Some("auto") => Ok(Self::Auto),
             Some("nccl") => Ok(Self::Nccl),
             Some("tcp") | Some("host") | Some("gloo") => Ok(Self::Host),
-            Some(_) => Err(CommError::config(format!(
-                "rank {rank}: {BACKEND_VAR}={:?}; expected nccl, tcp or auto",
-                value.unwrap_or_default()
-            ))),
+            Some(_) => Err(CommError::config(
+                Some(rank),
+                BACKEND_VAR,
+                format!(
+                    "rank {rank}: {BACKEND_VAR}={:?}; expected nccl, tcp or auto",
+                    value.unwrap_or_default()
+                ),
+            )),
         }
     }
 }

@@ -4,6 +4,9 @@
 //! know it, what the user can do about it: distributed failures are read in the
 //! log of one rank among many.
 
+pub(crate) use burn_ddp_rendezvous::io_is_timeout;
+use burn_ddp_rendezvous::RendezvousError;
+pub use burn_ddp_rendezvous::StoreErrorKind;
 use std::fmt;
 use std::io;
 use std::time::Duration;
@@ -12,17 +15,25 @@ use std::time::Duration;
 pub type Result<T> = std::result::Result<T, CommError>;
 
 /// What went wrong in the process group, the store or a transport.
+///
+/// The rank, the setting, the peer and the kind are fields, so a program (or
+/// the launcher) decides on them; the message is for people.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CommError {
-    /// The launcher environment (or builder input) is invalid.
+    /// The launcher environment (or builder input, or a setting) is invalid.
     Config {
-        /// What is wrong and how to fix it.
+        /// The rank that found it, once known.
+        rank: Option<usize>,
+        /// The variable or setting at fault (`"MASTER_PORT"`, `"bucket_cap_mb"`).
+        setting: String,
+        /// What is wrong and how to fix it (names the setting too).
         message: String,
     },
     /// A wait ran past the group's timeout.
     Timeout {
-        /// The rank that gave up waiting.
-        rank: usize,
+        /// The rank that gave up waiting (`None`: the launcher's store client).
+        rank: Option<usize>,
         /// What it was waiting for.
         what: String,
         /// The rank it was waiting for, when one rank was awaited.
@@ -74,27 +85,11 @@ pub enum CommError {
         rank: usize,
         /// What happened.
         message: String,
+        /// The driver's or NCCL's own error (cudarc's), where there was one.
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The process group was already shut down.
     Destroyed,
-}
-
-/// What went wrong with the rendezvous store: decisions (reconnect, fall
-/// back to another address) are taken on this, never on a message's text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreErrorKind {
-    /// It could not be reached at all (within the timeout).
-    Unreachable,
-    /// It was reached, then the connection closed or broke.
-    ConnectionLost,
-    /// It answered with a refusal (wrong token, full, a bad request).
-    Refused,
-    /// Its answer was not what the protocol allows.
-    Protocol,
-    /// A store could not be started: the address cannot be listened on.
-    Listen,
-    /// The store's content is unusable (a counter that is not a number).
-    BadValue,
 }
 
 impl CommError {
@@ -141,10 +136,44 @@ impl CommError {
         }
     }
 
-    /// A configuration error with a message that already names the setting and the fix.
-    pub fn config(message: impl Into<String>) -> Self {
+    /// A setting at fault, found by `rank` (once known): `message` names it
+    /// and the fix.
+    pub fn config(
+        rank: Option<usize>,
+        setting: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         CommError::Config {
+            rank,
+            setting: setting.into(),
             message: message.into(),
+        }
+    }
+
+    /// A GPU failure on `rank`, caused by the driver's or NCCL's `source`.
+    pub fn device(
+        rank: usize,
+        message: impl Into<String>,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        CommError::Device {
+            rank,
+            message: message.into(),
+            source,
+        }
+    }
+
+    /// The rank that reported this error, where it names one.
+    pub fn rank(&self) -> Option<usize> {
+        match self {
+            CommError::Config { rank, .. }
+            | CommError::Timeout { rank, .. }
+            | CommError::Store { rank, .. } => *rank,
+            CommError::Peer { rank, .. }
+            | CommError::Mismatch { rank, .. }
+            | CommError::InvalidArgument { rank, .. }
+            | CommError::Device { rank, .. } => Some(*rank),
+            CommError::Destroyed => None,
         }
     }
 
@@ -168,16 +197,23 @@ impl CommError {
 impl fmt::Display for CommError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CommError::Config { message } => write!(f, "burn-ddp configuration error: {message}"),
+            CommError::Config { message, .. } => {
+                write!(f, "burn-ddp configuration error: {message}")
+            }
             CommError::Timeout {
                 rank, what, after, ..
-            } => write!(
-                f,
-                "rank {rank}: timed out after {:.1}s waiting for {what}; \
-                 a peer may have died or never started (raise the timeout with \
-                 BURN_DDP_TIMEOUT_SECS if it is only slow)",
-                after.as_secs_f64()
-            ),
+            } => {
+                if let Some(rank) = rank {
+                    write!(f, "rank {rank}: ")?;
+                }
+                write!(
+                    f,
+                    "timed out after {:.1}s waiting for {what}; a peer may have died or \
+                     never started (raise the timeout with BURN_DDP_TIMEOUT_SECS if it is \
+                     only slow)",
+                    after.as_secs_f64()
+                )
+            }
             CommError::Peer {
                 rank,
                 peer,
@@ -193,7 +229,7 @@ impl fmt::Display for CommError {
                 write!(f, "rank {rank}: ranks disagree: {message}")
             }
             CommError::InvalidArgument { rank, message } => write!(f, "rank {rank}: {message}"),
-            CommError::Device { rank, message } => {
+            CommError::Device { rank, message, .. } => {
                 write!(f, "rank {rank}: GPU collective: {message}")
             }
             CommError::Destroyed => write!(f, "the process group was already destroyed"),
@@ -207,17 +243,52 @@ impl std::error::Error for CommError {
             CommError::Peer { source, .. } | CommError::Store { source, .. } => source
                 .as_ref()
                 .map(|err| err as &(dyn std::error::Error + 'static)),
+            CommError::Device { source, .. } => source
+                .as_deref()
+                .map(|err| err as &(dyn std::error::Error + 'static)),
             _ => None,
         }
     }
 }
 
-/// Whether an I/O error is a socket timeout (Unix reports `WouldBlock`, Windows `TimedOut`).
-pub(crate) fn io_is_timeout(err: &io::Error) -> bool {
-    matches!(
-        err.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
+/// The rendezvous layer's errors are this stack's, field for field.
+impl From<RendezvousError> for CommError {
+    fn from(err: RendezvousError) -> Self {
+        match err {
+            RendezvousError::Config {
+                rank,
+                setting,
+                message,
+            } => CommError::Config {
+                rank,
+                setting,
+                message,
+            },
+            RendezvousError::Timeout { rank, what, after } => CommError::Timeout {
+                rank,
+                what,
+                peer: None,
+                after,
+            },
+            RendezvousError::Store {
+                rank,
+                kind,
+                message,
+                source,
+            } => CommError::Store {
+                rank,
+                kind,
+                message,
+                source,
+            },
+            // A kind the layer below may add later: keep its words.
+            other => CommError::Config {
+                rank: None,
+                setting: String::new(),
+                message: other.to_string(),
+            },
+        }
+    }
 }
 
 #[cfg(test)]
@@ -242,7 +313,7 @@ mod tests {
         );
         assert!(peer.source().is_some());
         assert_eq!(peer.blamed_peer(), Some(1));
-        assert!(CommError::config("x").source().is_none());
-        assert_eq!(CommError::config("x").store_kind(), None);
+        assert!(CommError::config(None, "X", "x").source().is_none());
+        assert_eq!(CommError::config(None, "X", "x").store_kind(), None);
     }
 }

@@ -32,37 +32,28 @@
 #![deny(missing_docs)]
 
 mod backend;
-pub mod default_group;
 mod element;
-pub mod env;
 mod error;
-pub mod files;
-pub mod frame;
 pub mod gpu;
 mod group;
-pub mod job;
-pub mod layout;
-pub mod learner;
 pub mod nccl;
-pub mod reducer;
-pub mod replicas;
-pub mod snapshots;
-pub mod stop;
-pub mod store;
-pub mod sum;
-pub mod transport;
+mod reducer;
+mod transport;
 #[cfg(test)]
 mod wire_properties;
 
 pub use backend::{CollectiveBackend, BACKEND_VAR};
 pub use element::{finish_reduce, reduce_into, BufferMut, DType, DeviceBuffer, Element, ReduceOp};
-pub use env::{LaunchEnv, Launcher, StoreHost};
+// The layer below, under the paths this crate has always used for it.
+pub use burn_ddp_rendezvous::store::Store;
+pub use burn_ddp_rendezvous::JobToken;
+use burn_ddp_rendezvous::{env, job, store};
+pub use burn_ddp_rendezvous::{LaunchEnv, Launcher, RendezvousError, StoreHost};
 pub use error::{CommError, Result, StoreErrorKind};
 pub use group::settings::{Algorithm, TransportChoice, ALGORITHM_VAR, DEBUG_VAR, TRANSPORT_VAR};
 pub use group::{ProcessGroup, ProcessGroupBuilder, WeakProcessGroup};
-pub use job::JobToken;
 pub use reducer::{
-    BucketConfig, BucketPlan, DeviceBucket, GradientSet, ParamInfo, ParamLayout, Placement,
-    Reducer, SyncStats,
+    check_layouts_agree, check_same_layout, Bucket, BucketConfig, BucketPlan, DeviceBucket,
+    ElementBytes, GradientSet, HostCopies, ParamInfo, ParamLayout, Placement, Reducer, SyncStats,
 };
 pub use transport::{WireCompression, COMPRESSION_VAR};

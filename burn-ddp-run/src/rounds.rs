@@ -10,9 +10,9 @@
 //! say they have read it, so node 0 does not take the store away first.
 
 use crate::signals;
-use burn_ddp_comm::job::keys::JobKeys;
-use burn_ddp_comm::job::JobToken;
-use burn_ddp_comm::store::{Store, TcpStoreClient};
+use burn_ddp_rendezvous::job::keys::JobKeys;
+use burn_ddp_rendezvous::job::JobToken;
+use burn_ddp_rendezvous::store::{Store, TcpStoreClient};
 use std::time::Duration;
 
 /// What follows a failed round.

@@ -4,12 +4,12 @@ use crate::cli::LaunchConfig;
 use crate::output::LineSink;
 use crate::rounds::{Failure, Peers, Policy, Verdict};
 use crate::signals;
-use burn_ddp_comm::env::LAUNCHER_STORE_VAR;
-use burn_ddp_comm::job::keys::{follow_blames, JobKeys};
-use burn_ddp_comm::job::{
+use burn_ddp_rendezvous::env::LAUNCHER_STORE_VAR;
+use burn_ddp_rendezvous::job::keys::{follow_blames, JobKeys};
+use burn_ddp_rendezvous::job::{
     generate_job_id, segments, valid_job_id, JobToken, JOB_ID_VAR, JOB_TOKEN_VAR,
 };
-use burn_ddp_comm::store::StoreServer;
+use burn_ddp_rendezvous::store::StoreServer;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;

@@ -2,14 +2,14 @@
 //! intact, never a truncated one.
 //!
 //! The file is Burn's named MessagePack format (`NamedMpkFileRecorder` with full
-//! precision reads it too), written by `burn_ddp_comm::files::write_atomic`
+//! precision reads it too), written by `burn_ddp_training::files::write_atomic`
 //! (a temporary file beside the target, flushed, renamed over it).
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder, RecorderError};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
-use burn_ddp_comm::files::{self, FileError};
+use burn_ddp_training::files::{self, FileError};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -70,11 +70,11 @@ impl CheckpointError {
     /// What the error means for resuming from a snapshot: a file that cannot
     /// be read or decoded is corrupt (an older snapshot may do); a record of
     /// another shape is another model's, which no snapshot of the folder fixes.
-    pub fn for_snapshot(self) -> burn_ddp_comm::snapshots::LoadError {
-        use burn_ddp_comm::snapshots::LoadError;
+    pub fn for_snapshot(self) -> burn_ddp_training::snapshots::LoadError {
+        use burn_ddp_training::snapshots::LoadError;
         match self {
-            CheckpointError::Shape { .. } => LoadError::Refused(self.to_string()),
-            other => LoadError::Corrupt(other.to_string()),
+            CheckpointError::Shape { .. } => LoadError::Refused(Box::new(self)),
+            other => LoadError::Corrupt(Box::new(other)),
         }
     }
 }

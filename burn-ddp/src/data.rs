@@ -1,11 +1,11 @@
 //! Data sharding and metric helpers tied to the process group.
 
 use burn::data::dataset::Dataset;
-pub use burn_ddp_comm::sum::{sum_over_ranks, RankSum};
 pub use burn_ddp_sampler::{
     batch_size_per_rank, distributed_sampler, evaluation_sampler, split_global_batch,
     BatchSplitError, DistributedSampler, EpochHandle, SamplerError, ShardIndices,
 };
+pub use burn_ddp_training::sum::{sum_over_ranks, RankSum};
 use std::marker::PhantomData;
 
 /// This rank's shard of `D`, as a Burn [`Dataset`]: item `i` is item

@@ -47,26 +47,28 @@ pub mod checkpoint;
 mod collective;
 pub mod data;
 mod device;
-mod dtype;
-mod global;
-mod gradients;
+mod no_sync;
 mod replicas;
+mod shared;
+mod shim;
 pub(crate) mod sync;
 pub mod tracking;
 #[cfg(feature = "train")]
 pub mod train;
 pub(crate) mod wrap;
 
+// The shared sources, where the crate's own modules name them.
+use shared::dtype;
+
 pub use backend::Ddp;
 #[cfg(feature = "cuda")]
 pub use burn_ddp_comm::nccl;
-pub use burn_ddp_comm::snapshots;
-pub use burn_ddp_comm::stop::{catch_stop_signals, stop_requested, stop_signal};
 pub use burn_ddp_comm::{
-    env::LaunchEnv, CommError, Element, Launcher, ParamLayout, ProcessGroup, ProcessGroupBuilder,
-    ReduceOp, Reducer, Result, WeakProcessGroup,
+    CollectiveBackend, CommError, Element, LaunchEnv, Launcher, ParamLayout, ProcessGroup,
+    ProcessGroupBuilder, ReduceOp, Reducer, Result, SyncStats, WeakProcessGroup, BACKEND_VAR,
 };
-pub use burn_ddp_comm::{CollectiveBackend, BACKEND_VAR};
+pub use burn_ddp_training::snapshots;
+pub use burn_ddp_training::stop::{catch_stop_signals, stop_requested, stop_signal};
 pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
 pub use data::{
     batch_size_per_rank, distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum,
@@ -76,14 +78,31 @@ pub use data::{
 pub use device::nccl_view;
 #[cfg(feature = "cuda")]
 pub use device::{cuda_device_for_rank, FusedCuda, PlainCuda};
-pub use global::{default_group, destroy_process_group, init_process_group};
 pub use replicas::{check_replicas, parameters_fingerprint};
-pub use sync::{
-    no_sync, no_sync_for, reset_sync_stats, sync_enabled, sync_gradients, sync_stats,
-    sync_stats_of, NoSyncGuard, SyncStats,
+pub use shared::config::{BucketConfig, GradientCompression};
+pub use shared::session::{
+    default_group, destroy_process_group, init_process_group, reset_sync_stats, sync_stats,
 };
+pub use sync::{no_sync, no_sync_for, sync_enabled, sync_gradients, sync_stats_of, NoSyncGuard};
 pub use tracking::TrackedAutodiff;
-pub use wrap::{wrap, BucketConfig, DdpConfig, GradientCompression};
+pub use wrap::wrap;
+
+/// How gradients are synchronised; defaults follow PyTorch's DDP.
+///
+/// ```no_run
+/// use burn::config::Config;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # type B = burn_ddp::Ddp<burn::backend::Autodiff<burn::backend::NdArray>>;
+/// # let model = burn::nn::LinearConfig::new(4, 2).init::<B>(&Default::default());
+/// let group = burn_ddp::init_process_group()?;
+/// let config = burn_ddp::DdpConfig::new().with_bucket_cap_mb(50.0);
+/// config.save("ddp.json")?;
+/// let model = config.wrap(model, &group)?; // as DistributedDataParallel(model, bucket_cap_mb=50)
+/// # Ok(())
+/// # }
+/// ```
+#[doc(inline)]
+pub use shared::config::DdpConfig;
 
 /// docs/training.md's code blocks, compiled (and the first one run) as doctests.
 #[cfg(doctest)]

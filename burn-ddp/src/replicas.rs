@@ -1,11 +1,9 @@
-//! Checking that every rank holds the same parameters (the glue: the
-//! comparison is burn-ddp-comm's `replicas`).
+//! Checking that every rank holds the same parameters (the walk and the
+//! digests are the shared `replicas`).
 
-use crate::{ProcessGroup, Result};
-use burn::module::{Module, ModuleVisitor, Param};
+use crate::{shim, ProcessGroup, Result};
+use burn::module::Module;
 use burn::tensor::backend::Backend;
-use burn::tensor::{BasicOps, Bool, Int, Tensor};
-use burn_ddp_comm::replicas::ParamDigest;
 
 /// Checks that every rank of `group` holds exactly rank 0's parameters, every
 /// parameter tensor of `model` (trained or not) compared by a digest of its
@@ -17,66 +15,14 @@ use burn_ddp_comm::replicas::ParamDigest;
 /// Saved records cannot be compared with `cmp`: they embed each process's
 /// parameter ids.
 pub fn check_replicas<B: Backend, M: Module<B>>(model: &M, group: &ProcessGroup) -> Result<usize> {
-    let mut digests = Digests::default();
-    model.visit(&mut digests);
-    burn_ddp_comm::replicas::check_replicas(group, &digests.params)
+    crate::shared::replicas::check(group, shim::walker(model))
 }
 
 /// A fingerprint of every parameter tensor of `model` (paths, shapes and
-/// bytes; [`burn_ddp_comm::replicas::fingerprint`]): print it at the end of
-/// two runs to check that they ended with exactly the same parameters (a run
-/// restarted from snapshots and an uninterrupted one, say). Local: no
+/// bytes; [`burn_ddp_training::replicas::fingerprint`]): print it at the end
+/// of two runs to check that they ended with exactly the same parameters (a
+/// run restarted from snapshots and an uninterrupted one, say). Local: no
 /// collective.
 pub fn parameters_fingerprint<B: Backend, M: Module<B>>(model: &M) -> u64 {
-    let mut digests = Digests::default();
-    model.visit(&mut digests);
-    burn_ddp_comm::replicas::fingerprint(&digests.params)
-}
-
-#[derive(Default)]
-struct Digests {
-    path: Vec<String>,
-    params: Vec<ParamDigest>,
-}
-
-impl Digests {
-    fn push<B: Backend, const D: usize, K: BasicOps<B>>(
-        &mut self,
-        tensor: Tensor<B, D, K>,
-        trainable: Option<bool>,
-    ) {
-        let shape = tensor.dims().to_vec();
-        let data = tensor.into_data();
-        self.params.push(ParamDigest::new(
-            self.path.join("."),
-            trainable,
-            &shape,
-            data.as_bytes(),
-        ));
-    }
-}
-
-impl<B: Backend> ModuleVisitor<B> for Digests {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let value = param.val();
-        // Without autodiff no tensor requires gradients: unknown, not "a buffer".
-        let trainable = B::ad_enabled(&value.device()).then(|| value.is_require_grad());
-        self.push(value, trainable);
-    }
-
-    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-        self.push(param.val(), Some(false));
-    }
-
-    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-        self.push(param.val(), Some(false));
-    }
+    crate::shared::replicas::fingerprint(shim::walker(model))
 }

@@ -7,36 +7,24 @@
 //! [`sync_gradients`] (parameters found by walking a module, for any
 //! autodiff backend).
 
-use crate::gradients::TensorGradients;
+use crate::no_sync::{self, Silence};
+use crate::shared::gradients::TensorGradients;
+use crate::shared::session::SESSION;
+use crate::shared::walk::first_trainable;
 use crate::tracking::{self, LiveParam, TrackedAutodiff};
-use crate::{CollectiveBackend, CommError, ProcessGroup, Reducer, Result};
-use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use crate::{shim, CommError, ProcessGroup, Reducer, Result, SyncStats};
+use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorPrimitive};
-use burn_backend::tensor::FloatTensor;
-use burn_ddp_comm::default_group;
-use burn_ddp_comm::reducer::models::{self as scope, ModelScope, Silence, DEFAULT_SCOPE};
-use std::collections::{BTreeMap, HashMap};
+use burn_ddp_training::session::{ModelScope, DEFAULT_SCOPE};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-
-pub use burn_ddp_comm::SyncStats;
-
-/// Time spent synchronising gradients so far, by every model of this process.
-pub fn sync_stats() -> SyncStats {
-    burn_ddp_comm::reducer::process_stats()
-}
-
-/// Starts [`sync_stats`] from zero.
-pub fn reset_sync_stats() {
-    burn_ddp_comm::reducer::reset_process_stats()
-}
 
 /// What synchronising `model`'s gradients cost so far: its own reducer's
 /// figures if it was wrapped, else those of the default group's reducer
 /// (shared by every model never wrapped); `None` without either.
 pub fn sync_stats_of<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> Option<SyncStats> {
-    scope::stats_of(first_trainable(model))
+    SESSION.stats_of(first_trainable(shim::walker(model)))
 }
 
 /// While alive, `Ddp<B>::backward` on this thread keeps gradients local
@@ -94,7 +82,9 @@ pub fn no_sync() -> NoSyncGuard {
 /// discriminator, keeps the discriminator's gradients local this way. A model
 /// that was never wrapped stands for every model of the default group.
 pub fn no_sync_for<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> NoSyncGuard {
-    let scope = scope_of(model).map_or(DEFAULT_SCOPE, |scope| scope.id);
+    let scope = first_trainable(shim::walker(model))
+        .and_then(|id| SESSION.of_param(id))
+        .map_or(DEFAULT_SCOPE, |scope| scope.id);
     NoSyncGuard {
         _silence: Silence::one(scope),
         _not_send: std::marker::PhantomData,
@@ -104,68 +94,7 @@ pub fn no_sync_for<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> NoSyn
 /// Whether backward passes on this thread currently synchronise (no
 /// [`no_sync`] guard is alive).
 pub fn sync_enabled() -> bool {
-    scope::all_enabled()
-}
-
-/// The state of the model `model` belongs to, if it was wrapped.
-fn scope_of<B: AutodiffBackend, M: AutodiffModule<B>>(
-    model: &M,
-) -> Option<std::sync::Arc<ModelScope>> {
-    first_trainable(model).and_then(scope::of_param)
-}
-
-/// The id of `model`'s first trainable parameter, which names its scope.
-fn first_trainable<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> Option<u64> {
-    let mut first = FirstTrainable(None);
-    model.visit(&mut first);
-    first.0.map(|id| id.val())
-}
-
-/// The id of a module's first trainable parameter.
-struct FirstTrainable(Option<ParamId>);
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for FirstTrainable {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if self.0.is_none() && param.val().is_require_grad() {
-            self.0 = Some(param.id);
-        }
-    }
-}
-
-/// Whether a reducer over `group` has anything to do: not in a world of one,
-/// unless the device backend is `nccl` (so one process can exercise the GPU
-/// path).
-fn has_peers(group: &ProcessGroup) -> bool {
-    group.world_size() > 1 || group.device_backend() == CollectiveBackend::Nccl
-}
-
-/// `BURN_DDP_BACKEND=nccl` with gradients in host memory is refused, as it is
-/// for tensor collectives.
-fn check_backend<I: burn::tensor::backend::Backend>(
-    group: &ProcessGroup,
-    set: &TensorGradients<I>,
-) -> Result<()> {
-    if group.device_backend() == CollectiveBackend::Nccl
-        && set.placement() == burn_ddp_comm::Placement::Host
-    {
-        return Err(crate::device::nccl_refused::<FloatTensor<I>>(group));
-    }
-    Ok(())
-}
-
-/// Averages `set` with `reducer`; `Ok(None)` when nothing moved.
-fn synchronize<I: burn::tensor::backend::Backend>(
-    reducer: &Mutex<Reducer>,
-    group: &ProcessGroup,
-    mut set: TensorGradients<I>,
-) -> Result<Vec<Option<FloatTensor<I>>>> {
-    check_backend(group, &set)?;
-    let moved = reducer.lock().unwrap().synchronize(&mut set)?;
-    Ok(if moved {
-        set.into_averaged()
-    } else {
-        set.into_original()
-    })
+    no_sync::all_enabled()
 }
 
 /// A wrapped model's state (none: the default scope) and its live parameters.
@@ -175,7 +104,7 @@ type ScopeParams<B> = (Option<Arc<ModelScope>>, Vec<LiveParam<B>>);
 /// parameters averaged with its own reducer, in wrap order; without wrapped
 /// models, every parameter over the default group.
 pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Result<()> {
-    if !scope::all_enabled() {
+    if !no_sync::all_enabled() {
         return Ok(());
     }
     // Parameters of a model forgotten with its group (destroy_process_group)
@@ -186,14 +115,14 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
     }
     let mut models: BTreeMap<u64, ScopeParams<B>> = BTreeMap::new();
     for (id, params) in by_scope {
-        let model = (id != DEFAULT_SCOPE).then(|| scope::by_id(id)).flatten();
+        let model = (id != DEFAULT_SCOPE).then(|| SESSION.by_id(id)).flatten();
         let id = model.as_ref().map_or(DEFAULT_SCOPE, |m| m.id);
         let entry = models.entry(id).or_insert_with(|| (model, Vec::new()));
         entry.1.extend(params);
     }
-    let wrapped = scope::any_wrapped();
+    let wrapped = SESSION.any_wrapped();
     for (id, (model, params)) in models {
-        if !scope::enabled(id) {
+        if !no_sync::enabled(id) {
             continue;
         }
         if id == DEFAULT_SCOPE {
@@ -201,7 +130,7 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
                 check_outside_models::<B>(&params, grads)?;
                 continue;
             }
-            let Some(state) = default_group::required_if_distributed()? else {
+            let Some(state) = SESSION.required_if_distributed()? else {
                 continue;
             };
             sync_params::<B>(&state.reducer, &state.group, params, grads)?;
@@ -210,6 +139,8 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
         let model = model.expect("a wrapped model's scope");
         let group = model.reducer.lock().unwrap().group().map_err(|_| {
             CommError::config(
+                None,
+                "wrap",
                 "a wrapped model's process group was destroyed, but its backward pass \
                  still runs; wrap the model again over a live group",
             )
@@ -226,21 +157,28 @@ fn sync_params<B: TrackedAutodiff>(
     params: Vec<LiveParam<B>>,
     grads: &mut B::Gradients,
 ) -> Result<()> {
-    if !has_peers(group) || params.is_empty() {
+    if !group.synchronizes() || params.is_empty() {
         return Ok(());
     }
     let device = B::float_device(&params[0].key);
-    let mut set = TensorGradients::<B::InnerBackend>::new(group.rank(), device);
+    let mut set = TensorGradients::<shim::Grad<B>>::new(group.rank(), device);
     for param in &params {
         // A parameter this pass did not reach gets a zero gradient, so every
         // rank issues the same collectives.
-        let grad = B::grad_remove(&param.key, grads);
+        let numel = param.shape.iter().product();
+        let grad = B::grad_remove(&param.key, grads).map(|g| shim::flat_grad(g, numel));
         set.push(param.id, param.shape.clone(), param.dtype, grad)?;
     }
-    let averaged = synchronize(reducer, group, set)?;
+    crate::shared::sync::check_backend(group, &set)?;
+    let moved = SESSION.synchronize(reducer, &mut set)?;
+    let averaged = if moved {
+        set.into_averaged()
+    } else {
+        set.into_original()
+    };
     for (param, grad) in params.iter().zip(averaged) {
         if let Some(grad) = grad {
-            B::grad_replace(&param.key, grads, grad);
+            B::grad_replace(&param.key, grads, shim::shaped_grad(grad, &param.shape));
         }
     }
     Ok(())
@@ -255,15 +193,24 @@ fn check_outside_models<B: TrackedAutodiff>(
     let Some(stray) = params.iter().find(|p| B::grad(&p.key, grads).is_some()) else {
         return Ok(());
     };
-    let rank = crate::LaunchEnv::from_env().map_or(0, |env| env.rank);
-    Err(CommError::config(format!(
-        "rank {rank}: a tensor that requires gradients (shape {:?}) got a gradient in \
+    let rank = rank_here();
+    Err(CommError::config(
+        Some(rank),
+        "wrap",
+        format!(
+            "rank {rank}: a tensor that requires gradients (shape {:?}) got a gradient in \
          backward() but belongs to no wrapped model, so it would train on this rank's \
          gradient alone; wrap the model it belongs to with burn_ddp::wrap (again after \
          loading a record into it or moving it to another device), or make it a \
          constant (no require_grad)",
-        stray.shape
-    )))
+            stray.shape
+        ),
+    ))
+}
+
+/// This process's rank, as the session's groups know it (0 without any).
+fn rank_here() -> usize {
+    SESSION.rank().unwrap_or(0)
 }
 
 /// Averages the gradients of `module` over all ranks, for any autodiff
@@ -277,96 +224,17 @@ pub fn sync_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: GradientsParams,
 ) -> Result<GradientsParams> {
-    let Some(target) = scope::target_for(first_trainable(module))? else {
-        return Ok(grads);
-    };
-    let group = target.group()?;
-    sync_module(target.reducer(), &group, module, grads)
+    let first = first_trainable(shim::walker(module));
+    crate::shared::sync::sync_gradients(first, shim::grad_walker(module), grads)
 }
 
 /// [`sync_gradients`] with a given reducer (the Learner strategy's own).
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
 pub(crate) fn sync_module<B: AutodiffBackend, M: AutodiffModule<B>>(
     reducer: &Mutex<Reducer>,
     group: &ProcessGroup,
     module: &M,
-    mut grads: GradientsParams,
+    grads: GradientsParams,
 ) -> Result<GradientsParams> {
-    if !has_peers(group) {
-        return Ok(grads);
-    }
-    let mut collect = CollectGrads::<B> {
-        grads: &mut grads,
-        rank: group.rank(),
-        ids: Vec::new(),
-        set: None,
-        error: None,
-    };
-    module.visit(&mut collect);
-    let CollectGrads {
-        ids, set, error, ..
-    } = collect;
-    if let Some(err) = error {
-        return Err(err);
-    }
-    let Some(set) = set else {
-        return Ok(grads);
-    };
-    let averaged = synchronize(reducer, group, set)?;
-    let mut put_back = PutBack::<B> {
-        grads: &mut grads,
-        averaged: ids
-            .into_iter()
-            .zip(averaged)
-            .filter_map(|(id, grad)| Some((id, grad?)))
-            .collect(),
-    };
-    module.visit(&mut put_back);
-    Ok(grads)
-}
-
-/// Takes each trainable parameter's gradient out, in declaration order.
-struct CollectGrads<'a, B: AutodiffBackend> {
-    grads: &'a mut GradientsParams,
-    rank: usize,
-    ids: Vec<ParamId>,
-    set: Option<TensorGradients<B::InnerBackend>>,
-    error: Option<CommError>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for CollectGrads<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let value = param.val();
-        if !value.is_require_grad() || self.error.is_some() {
-            return; // buffers (batch-norm statistics) are not trained
-        }
-        let set = self
-            .set
-            .get_or_insert_with(|| TensorGradients::new(self.rank, value.device()));
-        let grad = self.grads.remove::<B::InnerBackend, D>(param.id);
-        let pushed = set.push(
-            param.id.val(),
-            value.dims().to_vec(),
-            value.dtype(),
-            grad.map(|g| g.into_primitive().tensor()),
-        );
-        match pushed {
-            Ok(()) => self.ids.push(param.id),
-            Err(err) => self.error = Some(err),
-        }
-    }
-}
-
-/// Puts the averaged gradients back under their parameter ids.
-struct PutBack<'a, B: AutodiffBackend> {
-    grads: &'a mut GradientsParams,
-    averaged: HashMap<ParamId, FloatTensor<B::InnerBackend>>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for PutBack<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(grad) = self.averaged.remove(&param.id) {
-            let grad = Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(grad));
-            self.grads.register(param.id, grad);
-        }
-    }
+    crate::shared::sync::sync_module(reducer, group, shim::grad_walker(module), grads)
 }

@@ -23,7 +23,7 @@ use burn_backend::backend::{AutodiffBackend, Backend};
 use burn_backend::ops::FloatTensorOps;
 use burn_backend::tensor::FloatTensor;
 use burn_backend::{DType, Shape, TensorMetadata};
-use burn_ddp_comm::reducer::models::DEFAULT_SCOPE;
+use burn_ddp_training::session::DEFAULT_SCOPE;
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

@@ -5,9 +5,9 @@
 
 use super::{fail, run_config};
 use burn::config::Config;
-use burn_ddp_comm::learner::{EpochReport, Split, CHECKPOINT_NAMES};
-use burn_ddp_comm::snapshots;
 use burn_ddp_comm::ProcessGroup;
+use burn_ddp_training::learner::{EpochReport, Split, CHECKPOINT_NAMES};
+use burn_ddp_training::snapshots;
 use std::path::Path;
 
 /// The hand-written trainer's epoch line, from the figures summed over the ranks.

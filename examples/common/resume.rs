@@ -5,8 +5,8 @@
 
 use super::{fail, run_config};
 use burn::config::Config;
-use burn_ddp_comm::snapshots::{self, LoadError, Snapshot};
 use burn_ddp_comm::ProcessGroup;
+use burn_ddp_training::snapshots::{self, LoadError, Snapshot};
 use std::path::{Path, PathBuf};
 
 /// The snapshot file names: `model_epoch_<N>.<extension>`, `N` epochs done
@@ -55,7 +55,7 @@ pub fn newest_snapshot<C: Config>(
         }
         let found = snapshots::list(dir, SNAPSHOT_STEM, &format!(".{extension}"))
             .map_err(|e| format!("{}: {e}", dir.display()))
-            .and_then(|list| snapshots::newest_loadable(&list, try_load))
+            .and_then(|list| snapshots::newest_loadable(&list, try_load).map_err(|e| e.to_string()))
             .unwrap_or_else(|e| fail(Some(rank), format!("--resume auto: {e}")));
         match found {
             Some(found) => {

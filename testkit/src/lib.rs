@@ -18,8 +18,8 @@ pub use machines::{Machines, REQUIRE_NETNS_VAR};
 pub use mpirun::{mpirun_program, mpirun_world, REQUIRE_MPIRUN_VAR};
 pub use slurm::{SlurmCluster, REQUIRE_SLURM_VAR};
 
-use burn_ddp_comm::job::{JobToken, JOB_TOKEN_VAR};
-use burn_ddp_comm::store::StoreServer;
+use burn_ddp_rendezvous::job::{JobToken, JOB_TOKEN_VAR};
+use burn_ddp_rendezvous::store::StoreServer;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -68,7 +68,7 @@ pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Resul
         count,
         visible_devices.as_deref(),
     )
-    .map_err(CommError::config)?;
+    .map_err(|why| CommError::config(None, burn_ddp_comm::gpu::VISIBLE_DEVICES_VAR, why))?;
     if choice.shared && local_rank == 0 {
         log::warn!(
             "local rank {local_rank}: {local_world_size} ranks share {count} GPU(s) on this machine; NCCL \
@@ -212,9 +212,12 @@ pub(crate) fn pack(
     bucket: Tensor<1>,
     wire: burn_ddp_comm::DType,
 ) -> Result<DeviceBucket> {
-    let bug = |what: String| CommError::Device {
-        rank,
-        message: format!("{what} (a burn-ddp-22 bug; please report it)"),
+    let bug = |what: String| {
+        CommError::device(
+            rank,
+            format!("{what} (a burn-ddp-22 bug; please report it)"),
+            None,
+        )
     };
     let (cube, way_back) = match unwrap(bucket) {
         Taken::Cuda(cube, way_back) => (cube, way_back),
@@ -345,9 +348,12 @@ struct Pinned<Alive> {
 /// out its device address. Only a packed buffer is handed out.
 fn pin(rank: usize, tensor: &CubeTensor) -> Result<Pinned<impl Sized + 'static>> {
     let dtype = crate::dtype::wire_or_error(rank, tensor.dtype, "collectives")?;
-    let device = |what: &str, detail: String| CommError::Device {
-        rank,
-        message: format!("{what} on {:?}: {detail}", tensor.device),
+    let device = |what: &str, detail: String| {
+        CommError::device(
+            rank,
+            format!("{what} on {:?}: {detail}", tensor.device),
+            None,
+        )
     };
     if !is_packed_tensor(tensor) {
         return Err(device(

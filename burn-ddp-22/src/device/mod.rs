@@ -15,9 +15,10 @@ mod packed;
 pub use cuda::{cuda_device_for_rank, nccl_view};
 
 use crate::collective::CollectiveKind;
+pub(crate) use crate::shared::collective::TensorOp;
 use crate::{CommError, ProcessGroup, Result};
 use burn::tensor::{Device, Tensor};
-use burn_ddp_comm::{CollectiveBackend, Placement, ReduceOp};
+use burn_ddp_comm::{CollectiveBackend, Placement};
 
 /// Where tensors on `device` live, for the reducer: on a GPU when they are
 /// CUDA tensors burn-ddp-22 can hand to NCCL, else in host memory (read back
@@ -51,16 +52,6 @@ fn refusal(subject: &str, device: &Device) -> String {
             "{subject} neither plain float nor integer, the kinds burn-ddp-22 hands to NCCL"
         ),
     }
-}
-
-/// Which tensor collective to run on the device.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum TensorOp {
-    AllReduce(ReduceOp),
-    Broadcast(usize),
-    AllGather,
-    ReduceScatter(ReduceOp),
 }
 
 /// Runs `op` on a GPU tensor over NCCL; `Err(tensor)` hands a tensor the

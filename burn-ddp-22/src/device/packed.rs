@@ -12,13 +12,13 @@
 //! values in row-major order. Nothing here is CUDA-specific: every cubecl
 //! runtime's tensor is the same `CubeTensor` in Burn 0.22.
 
+use crate::shared::layout::is_packed;
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::Shape;
 use burn_cubecl::cubecl::zspace::metadata::Metadata;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
-use burn_ddp_comm::layout::is_packed;
 
 /// Whether a buffer laid out as `meta` holds its values packed, in row-major
 /// order: untiled, with the packed strides.
@@ -97,8 +97,8 @@ pub(crate) fn empty_packed_like(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::layout::packed_strides;
     use burn_cubecl::cubecl::zspace::Tiling;
-    use burn_ddp_comm::layout::packed_strides;
 
     fn meta(shape: &[usize], strides: &[usize]) -> Metadata {
         Metadata::new(shape.to_vec(), strides.to_vec())

@@ -11,7 +11,7 @@ use burn::optim::lr_scheduler::LrSchedulerRecord;
 use burn::optim::OptimizerRecord;
 use burn::store::ModuleRecord;
 use burn::train::checkpoint::Checkpoint;
-use burn_ddp_comm::snapshots::{LoadError, Snapshot};
+use burn_ddp_training::snapshots::{LoadError, Snapshot};
 use std::path::Path;
 
 impl DdpTraining {
@@ -51,5 +51,5 @@ fn check_whole(snapshot: &Snapshot) -> std::result::Result<(), LoadError> {
 fn whole<R: Checkpoint>(file: &Path) -> std::result::Result<(), LoadError> {
     R::load(file.to_path_buf())
         .map(drop)
-        .map_err(|err| LoadError::Corrupt(format!("{}: {err}", file.display())))
+        .map_err(|err| LoadError::Corrupt(format!("{}: {err}", file.display()).into()))
 }

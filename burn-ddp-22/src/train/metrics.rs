@@ -15,7 +15,7 @@ use burn::train::logger::MetricLogger;
 use burn::train::metric::store::{EpochSummary, MetricsUpdate, Split};
 use burn::train::metric::{MetricAttributes, MetricDefinition, MetricId, NumericEntry};
 use burn::train::LearnerSummary;
-use burn_ddp_comm::learner::{figures, EpochFigures};
+use burn_ddp_training::learner::{figures, EpochFigures};
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -48,7 +48,7 @@ mod metrics;
 mod quiet;
 mod strategy;
 
-pub use burn_ddp_comm::learner::{EpochReport, GlobalMetric, LearnerJob, GLOBAL_METRICS_FILE};
+pub use burn_ddp_training::learner::{EpochReport, GlobalMetric, LearnerJob, GLOBAL_METRICS_FILE};
 pub use quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};
 pub use strategy::DdpLearningStrategy;
 
@@ -106,7 +106,7 @@ impl DdpTraining {
     /// (`BucketConfig::from_mib(rank, cap_mb, first_cap_mb)`).
     pub fn with_buckets(self, buckets: crate::BucketConfig) -> Self {
         Self {
-            job: self.job.with_buckets(buckets),
+            job: self.job.with_buckets(buckets.into()),
             ..self
         }
     }

@@ -22,8 +22,8 @@ use burn::train::{
     LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
     TrainingComponents, TrainingItem, ValidLoader,
 };
-use burn_ddp_comm::learner::{AfterEpoch, NextIteration};
-use burn_ddp_comm::stop;
+use burn_ddp_training::learner::{AfterEpoch, NextIteration};
+use burn_ddp_training::stop;
 use std::time::Instant;
 
 /// burn-ddp's `SupervisedLearningStrategy`; installed by

@@ -53,13 +53,26 @@ impl ProcessGroup {
         self.inner.device.choice
     }
 
+    /// Whether gradient synchronisation over this group moves anything: it
+    /// does with peers, and in a world of one only when the device backend
+    /// is forced to NCCL (`BURN_DDP_BACKEND=nccl`, so one process exercises
+    /// the GPU path). The one place this rule is decided: the reducer and
+    /// every front-end ask here.
+    pub fn synchronizes(&self) -> bool {
+        self.world_size() > 1 || self.device_backend() == CollectiveBackend::Nccl
+    }
+
     /// The error for a buffer `BURN_DDP_BACKEND=nccl` cannot apply to (`why`:
     /// what the buffer is, in the front-end's terms).
     pub fn nccl_refused(&self, why: &str) -> CommError {
-        CommError::config(format!(
-            "rank {}: BURN_DDP_BACKEND=nccl, but {why}; unset it to reduce through host memory",
-            self.rank()
-        ))
+        CommError::config(
+            Some(self.rank()),
+            crate::BACKEND_VAR,
+            format!(
+                "rank {}: BURN_DDP_BACKEND=nccl, but {why}; unset it to reduce through host memory",
+                self.rank()
+            ),
+        )
     }
 
     /// Whether collectives on buffers in the memory of GPU `ordinal` run on the
@@ -73,13 +86,17 @@ impl ProcessGroup {
         let mut decided = self.inner.device.decided.lock().unwrap();
         if let Some(decision) = decided.as_ref() {
             if decision.ordinal != ordinal {
-                return Err(CommError::config(format!(
-                    "rank {}: collectives already run on cuda:{}, now a buffer is on \
+                return Err(CommError::config(
+                    Some(self.rank()),
+                    "device",
+                    format!(
+                        "rank {}: collectives already run on cuda:{}, now a buffer is on \
                      cuda:{ordinal}; burn-ddp drives one GPU per process (put the model and \
                      data on one device, usually cuda:LOCAL_RANK)",
-                    self.rank(),
-                    decision.ordinal
-                )));
+                        self.rank(),
+                        decision.ordinal
+                    ),
+                ));
             }
             return Ok(decision.on_device());
         }
@@ -92,11 +109,15 @@ impl ProcessGroup {
     #[cfg(not(feature = "nccl"))]
     fn decide(&self, ordinal: usize) -> Result<Decision> {
         match self.device_backend() {
-            CollectiveBackend::Nccl => Err(CommError::config(format!(
-                "rank {}: BURN_DDP_BACKEND=nccl, but burn-ddp-comm was built without its \
+            CollectiveBackend::Nccl => Err(CommError::config(
+                Some(self.rank()),
+                crate::BACKEND_VAR,
+                format!(
+                    "rank {}: BURN_DDP_BACKEND=nccl, but burn-ddp-comm was built without its \
                  `nccl` feature; unset it to reduce through host memory",
-                self.rank()
-            ))),
+                    self.rank()
+                ),
+            )),
             _ => Ok(Decision { ordinal }),
         }
     }
@@ -132,9 +153,11 @@ impl ProcessGroup {
                 ),
             };
             if required {
-                return Err(CommError::config(format!(
-                    "{reason} [BURN_DDP_BACKEND=nccl]"
-                )));
+                return Err(CommError::config(
+                    Some(self.rank()),
+                    crate::BACKEND_VAR,
+                    format!("{reason} [BURN_DDP_BACKEND=nccl]"),
+                ));
             }
             if rank == 0 || mine {
                 log::warn!("{reason}; CUDA tensors are reduced through host memory");
@@ -154,7 +177,7 @@ impl ProcessGroup {
             self.timeout(),
         );
         match placed {
-            Err(CommError::Config { message }) if !required => {
+            Err(CommError::Config { message, .. }) if !required => {
                 if rank == 0 {
                     log::warn!("{message}; CUDA tensors are reduced through host memory");
                 }
@@ -194,11 +217,15 @@ impl ProcessGroup {
             .as_ref()
             .and_then(|d| d.nccl.clone())
             .ok_or_else(|| {
-                CommError::config(format!(
+                CommError::config(
+                    Some(self.rank()),
+                    "device",
+                    format!(
                     "rank {}: a device collective, but this group moves device buffers through \
                  host memory (ask uses_device_collectives first)",
                     self.rank()
-                ))
+                ),
+                )
             })
     }
 

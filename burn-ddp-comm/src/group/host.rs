@@ -28,29 +28,41 @@ pub(super) fn plan(
     machine_ids: &[String],
 ) -> Result<HostPlan> {
     match (choice, one_machine(machine_ids)) {
-        (TransportChoice::SharedMemory, false) => Err(CommError::config(format!(
-            "rank {rank}: {TRANSPORT_VAR}=shm, but the ranks run on several machines; \
+        (TransportChoice::SharedMemory, false) => Err(CommError::config(
+            Some(rank),
+            TRANSPORT_VAR,
+            format!(
+                "rank {rank}: {TRANSPORT_VAR}=shm, but the ranks run on several machines; \
              use tcp (or leave it unset)"
-        ))),
+            ),
+        )),
         (TransportChoice::SharedMemory, true) | (TransportChoice::Auto, true) => {
             Ok(HostPlan::SharedMemory)
         }
         (TransportChoice::Tcp, _) if algorithm == Algorithm::Hierarchical => {
-            Err(CommError::config(format!(
-                "rank {rank}: {ALGORITHM_VAR}=hierarchical uses shared memory within each \
+            Err(CommError::config(
+                Some(rank),
+                ALGORITHM_VAR,
+                format!(
+                    "rank {rank}: {ALGORITHM_VAR}=hierarchical uses shared memory within each \
                  machine, but {TRANSPORT_VAR}=tcp; unset one of them"
-            )))
+                ),
+            ))
         }
         (TransportChoice::Tcp, _) => Ok(HostPlan::Ring),
         (TransportChoice::Auto, false) => {
             let topology = Topology::from_machine_ids(machine_ids);
             match (algorithm, topology.suits_hierarchy()) {
-                (Algorithm::Hierarchical, false) => Err(CommError::config(format!(
-                    "rank {rank}: {ALGORITHM_VAR}=hierarchical needs several machines with \
+                (Algorithm::Hierarchical, false) => Err(CommError::config(
+                    Some(rank),
+                    ALGORITHM_VAR,
+                    format!(
+                        "rank {rank}: {ALGORITHM_VAR}=hierarchical needs several machines with \
                      the same number (two or more) of ranks each; these ranks run on {}; \
                      unset it to use the ring",
-                    topology.describe()
-                ))),
+                        topology.describe()
+                    ),
+                )),
                 (Algorithm::Ring, _) | (Algorithm::Auto, false) => Ok(HostPlan::Ring),
                 (_, true) => Ok(HostPlan::Hierarchical(topology)),
             }

@@ -6,6 +6,7 @@ use crate::env::{machine_id, LaunchEnv, StoreHost};
 use crate::error::{CommError, Result, StoreErrorKind};
 use crate::job::keys::{GroupKeys, JobKeys};
 use crate::store::{C10dStoreClient, Store, StoreServer, TcpStoreClient};
+use burn_ddp_rendezvous::RendezvousError;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
@@ -31,7 +32,7 @@ pub(super) fn next_group_keys(env: &LaunchEnv) -> GroupKeys {
 pub(super) fn host_store(host: &str, env: &LaunchEnv) -> Result<StoreServer> {
     StoreServer::bind_master(host, env.master_port, env.job_token.clone()).map_err(
         |err| match err {
-            CommError::Store {
+            RendezvousError::Store {
                 kind,
                 message,
                 source,
@@ -42,7 +43,7 @@ pub(super) fn host_store(host: &str, env: &LaunchEnv) -> Result<StoreServer> {
                 message,
                 source,
             },
-            other => other,
+            other => other.into(),
         },
     )
 }
@@ -54,7 +55,7 @@ fn connect_store(host: &str, env: &LaunchEnv) -> Result<(Box<dyn Store>, IpAddr)
     let rank = Some(env.rank);
     if env.store_host == StoreHost::TorchrunAgent {
         let client = C10dStoreClient::connect(host, env.master_port, rank, env.timeout)
-            .map_err(|err| torchrun_context(err, env))?
+            .map_err(|err| torchrun_context(err.into(), env))?
             // PyTorch's own workers keep their keys under the same prefix.
             .namespaced(format!("/worker/attempt_{}", env.restart_count));
         let ip = client.local_ip()?;
@@ -153,6 +154,7 @@ pub(super) fn machine_ids(
             store
                 .get(&keys.host(rank), env.timeout)
                 .map(|id| String::from_utf8_lossy(&id).into_owned())
+                .map_err(CommError::from)
         })
         .collect()
 }
@@ -275,10 +277,10 @@ fn wait_for_join(
                     return Err(duplicate_error(store, env, keys));
                 }
                 if left <= DUPLICATE_POLL {
-                    return Err(err);
+                    return Err(err.into());
                 }
             }
-            done => return done,
+            done => return done.map_err(CommError::from),
         }
     }
 }
@@ -309,7 +311,7 @@ fn join(store: &dyn Store, env: &LaunchEnv, keys: &GroupKeys) -> Result<()> {
             }
         }
         return Err(CommError::Timeout {
-            rank: env.rank,
+            rank: Some(env.rank),
             peer: Some(first_missing),
             what: format!(
                 "rank(s) {missing:?}{} to join a group of {} at {}:{} (check that they \

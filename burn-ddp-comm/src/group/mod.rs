@@ -106,17 +106,25 @@ impl ProcessGroup {
 
     fn start(env: LaunchEnv, settings: Settings) -> Result<Self> {
         if !crate::job::valid_job_id(&env.job_id) {
-            return Err(CommError::config(format!(
-                "rank {}: job id {:?} must be 1 to 64 characters of letters, digits, '.', '_' \
+            return Err(CommError::config(
+                Some(env.rank),
+                burn_ddp_rendezvous::job::JOB_ID_VAR,
+                format!(
+                    "rank {}: job id {:?} must be 1 to 64 characters of letters, digits, '.', '_' \
                  and '-'",
-                env.rank, env.job_id
-            )));
+                    env.rank, env.job_id
+                ),
+            ));
         }
         if env.world_size == 0 || env.rank >= env.world_size {
-            return Err(CommError::config(format!(
-                "rank {} is outside a world of {} ranks; ranks run from 0 to world_size - 1",
-                env.rank, env.world_size
-            )));
+            return Err(CommError::config(
+                Some(env.rank),
+                "RANK",
+                format!(
+                    "rank {} is outside a world of {} ranks; ranks run from 0 to world_size - 1",
+                    env.rank, env.world_size
+                ),
+            ));
         }
         if env.world_size == 1 {
             let group = GroupInner::assemble(
@@ -131,10 +139,14 @@ impl ProcessGroup {
             return Ok(Self::from_inner(group));
         }
         let host = env.master_addr.clone().ok_or_else(|| {
-            CommError::config(format!(
-                "rank {} of {}: no master address; call .master(addr, port) or set MASTER_ADDR",
-                env.rank, env.world_size
-            ))
+            CommError::config(
+                Some(env.rank),
+                "MASTER_ADDR",
+                format!(
+                    "rank {} of {}: no master address; call .master(addr, port) or set MASTER_ADDR",
+                    env.rank, env.world_size
+                ),
+            )
         })?;
         let server = match env.store_host {
             StoreHost::RankZero if env.rank == 0 => Some(join::host_store(&host, &env)?),
@@ -185,7 +197,13 @@ impl ProcessGroup {
         let mut group = group;
         group.failures.duplicate_watch = join::watch_for_duplicates(&host, &env, &keys);
         let group = Self::from_inner(group);
-        group.set_wire_compression(settings.compression);
+        if group.wire_compression() != WireCompression::None {
+            log::debug!(
+                "rank {}: f32 all-reduces cross machines as {:?}",
+                env.rank,
+                settings.compression
+            );
+        }
         log::debug!(
             "rank {}: process group of {} ready over {} (launcher {:?}, timeout {:?})",
             env.rank,
@@ -277,41 +295,41 @@ impl ProcessGroup {
         self.inner.store.as_ref()
     }
 
-    /// Sends this group's f32 all-reduces (sums and means) across machines as
-    /// 16-bit floats, accumulated in f32 (PyTorch's `bf16_compress_hook`, with
-    /// f32 additions); returns whether it applies (ranks on several machines
-    /// and a transport between them). Every rank must set the same.
-    pub fn set_wire_compression(&self, compression: WireCompression) -> bool {
-        let applies = self.inner.spans_machines
-            && self
-                .inner
-                .transport
-                .lock()
-                .unwrap()
-                .compress_across_machines(compression);
-        if applies && compression != WireCompression::None {
-            log::debug!(
-                "rank {}: f32 all-reduces cross machines as {compression:?}",
-                self.rank()
-            );
-        }
-        applies
+    /// How this group's f32 all-reduces (sums and means) cross machines, as
+    /// set when it was built ([`crate::COMPRESSION_VAR`] or the builder):
+    /// as they are, or as 16-bit floats accumulated in f32 (PyTorch's
+    /// `bf16_compress_hook`, with f32 additions). `None` whenever the ranks
+    /// share one machine.
+    pub fn wire_compression(&self) -> WireCompression {
+        self.inner
+            .compression_across(self.inner.settings.compression)
     }
 
     /// Reduces `data` over all ranks, in place, on every rank.
     pub fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
-        self.inner.host_collective(
-            Signature::new("all_reduce", T::DTYPE, data.len(), op as i64),
-            |transport| transport.all_reduce(T::buffer(data), op),
-        )
+        self.all_reduce_buffer(T::buffer(data), op)
     }
 
     /// [`all_reduce`](Self::all_reduce) of a buffer whose element type is
     /// known only at run time (a gradient bucket).
     pub fn all_reduce_buffer(&self, data: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        self.all_reduce_compressed(data, op, self.wire_compression())
+    }
+
+    /// [`all_reduce_buffer`](Self::all_reduce_buffer), with f32 sums and
+    /// means crossing machines as `compression` says instead of the group's
+    /// own setting (a model wrapped with its own gradient compression).
+    /// Every rank must ask for the same.
+    pub fn all_reduce_compressed(
+        &self,
+        data: BufferMut<'_>,
+        op: ReduceOp,
+        compression: WireCompression,
+    ) -> Result<()> {
+        let compression = self.inner.compression_across(compression);
         self.inner.host_collective(
             Signature::new("all_reduce", data.dtype(), data.len(), op as i64),
-            |transport| transport.all_reduce(data, op),
+            |transport| transport.all_reduce_compressed(data, op, compression),
         )
     }
 
@@ -430,6 +448,15 @@ impl GroupInner {
             signature.check(&mut **transport, self.rank, self.world_size)?;
         }
         run(&mut **transport).map_err(|err| self.failures.explain(&*self.store, err))
+    }
+
+    /// `compression` where the ranks span machines, none within one.
+    fn compression_across(&self, compression: WireCompression) -> WireCompression {
+        if self.spans_machines {
+            compression
+        } else {
+            WireCompression::None
+        }
     }
 
     /// A barrier that also tells whether any rank said yes.

@@ -38,9 +38,11 @@ impl TransportChoice {
             None | Some("") | Some("auto") => Ok(Self::Auto),
             Some("tcp") => Ok(Self::Tcp),
             Some("shm") => Ok(Self::SharedMemory),
-            Some(other) => Err(CommError::config(format!(
-                "rank {rank}: {TRANSPORT_VAR}={other:?}; expected tcp, shm or auto"
-            ))),
+            Some(other) => Err(CommError::config(
+                Some(rank),
+                TRANSPORT_VAR,
+                format!("rank {rank}: {TRANSPORT_VAR}={other:?}; expected tcp, shm or auto"),
+            )),
         }
     }
 }
@@ -63,9 +65,13 @@ impl Algorithm {
             None | Some("") | Some("auto") => Ok(Self::Auto),
             Some("ring") => Ok(Self::Ring),
             Some("hierarchical") => Ok(Self::Hierarchical),
-            Some(other) => Err(CommError::config(format!(
-                "rank {rank}: {ALGORITHM_VAR}={other:?}; expected ring, hierarchical or auto"
-            ))),
+            Some(other) => Err(CommError::config(
+                Some(rank),
+                ALGORITHM_VAR,
+                format!(
+                    "rank {rank}: {ALGORITHM_VAR}={other:?}; expected ring, hierarchical or auto"
+                ),
+            )),
         }
     }
 }

@@ -69,19 +69,19 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         struct Shared(Arc<MemoryStore>);
         impl Store for Shared {
-            fn set(&self, k: &str, v: &[u8]) -> crate::Result<()> {
+            fn set(&self, k: &str, v: &[u8]) -> burn_ddp_rendezvous::Result<()> {
                 self.0.set(k, v)
             }
-            fn get(&self, k: &str, t: Duration) -> crate::Result<Vec<u8>> {
+            fn get(&self, k: &str, t: Duration) -> burn_ddp_rendezvous::Result<Vec<u8>> {
                 self.0.get(k, t)
             }
-            fn add(&self, k: &str, d: i64) -> crate::Result<i64> {
+            fn add(&self, k: &str, d: i64) -> burn_ddp_rendezvous::Result<i64> {
                 self.0.add(k, d)
             }
-            fn wait(&self, k: &[&str], t: Duration) -> crate::Result<()> {
+            fn wait(&self, k: &[&str], t: Duration) -> burn_ddp_rendezvous::Result<()> {
                 self.0.wait(k, t)
             }
-            fn check(&self, k: &[&str]) -> crate::Result<bool> {
+            fn check(&self, k: &[&str]) -> burn_ddp_rendezvous::Result<bool> {
                 self.0.check(k)
             }
         }

@@ -55,30 +55,34 @@ impl NcclCommunicator {
         ordinal: usize,
         timeout: Duration,
     ) -> Result<Self> {
-        let device_error = |what: &str, detail: String| CommError::Device {
-            rank,
-            message: format!("{what} on cuda:{ordinal}: {detail}"),
+        // The driver's or NCCL's error is kept as the source.
+        let device_error = |what: &str, source: Box<dyn std::error::Error + Send + Sync>| {
+            CommError::device(
+                rank,
+                format!("{what} on cuda:{ordinal}: {source}"),
+                Some(source),
+            )
         };
         let ctx = CudaContext::new(ordinal)
-            .map_err(|e| device_error("cannot open the GPU", e.to_string()))?;
+            .map_err(|e| device_error("cannot open the GPU", Box::new(e)))?;
         let stream = ctx
             .new_stream()
-            .map_err(|e| device_error("cannot create a CUDA stream", e.to_string()))?;
+            .map_err(|e| device_error("cannot create a CUDA stream", Box::new(e)))?;
         let scratch = stream
             .alloc_zeros::<i32>(1)
-            .map_err(|e| device_error("cannot allocate", e.to_string()))?;
+            .map_err(|e| device_error("cannot allocate", Box::new(e)))?;
         let mine = if rank == 0 {
             let id = nccl::get_uniqueid()
-                .map_err(|e| device_error("ncclGetUniqueId failed", describe(e.0)))?;
+                .map_err(|e| device_error("ncclGetUniqueId failed", Box::new(NcclFailure(e.0))))?;
             Some(id.internal.map(|c| c as u8))
         } else {
             None
         };
         let id = share_unique_id(store, keys, rank, mine, timeout)?;
         let comm = init_rank(&ctx, id, rank, world_size, timeout).map_err(|e| match e {
-            WaitError::Failed(detail) => device_error("ncclCommInitRank failed", detail),
+            WaitError::Failed(source) => device_error("ncclCommInitRank failed", source),
             WaitError::TimedOut(after) => CommError::Timeout {
-                rank,
+                rank: Some(rank),
                 peer: None,
                 what: format!(
                     "every rank to join the NCCL communicator on cuda:{ordinal} (a rank may \
@@ -298,12 +302,17 @@ impl NcclCommunicator {
     /// least `len` elements, not written meanwhile.
     pub unsafe fn read_back(&self, buffer: DeviceBuffer) -> Result<Vec<u8>> {
         self.ctx.bind_to_thread().map_err(|e| {
-            self.device(format!("read_back: cannot use cuda:{}: {e}", self.ordinal))
+            let message = format!("read_back: cannot use cuda:{}: {e}", self.ordinal);
+            self.device(message, Some(Box::new(e)))
         })?;
         let mut bytes = vec![0u8; buffer.len * buffer.dtype.size()];
         // SAFETY: the caller vouches for the allocation; the copy is synchronous.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut bytes, buffer.ptr) }
-            .map_err(|e| self.device(format!("read_back: copying from the device failed: {e}")))?;
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut bytes, buffer.ptr) }.map_err(
+            |e| {
+                let message = format!("read_back: copying from the device failed: {e}");
+                self.device(message, Some(Box::new(e)))
+            },
+        )?;
         Ok(bytes)
     }
 
@@ -342,16 +351,20 @@ impl NcclCommunicator {
     ) -> Result<()> {
         let mut broken = self.broken.lock().unwrap();
         if let Some(reason) = broken.as_ref() {
-            return Err(self.device(format!(
-                "{op}: the NCCL communicator was aborted earlier ({reason})"
-            )));
+            return Err(self.device(
+                format!("{op}: the NCCL communicator was aborted earlier ({reason})"),
+                None,
+            ));
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| self.device(format!("{op}: cannot use cuda:{}: {e}", self.ordinal)))?;
+        self.ctx.bind_to_thread().map_err(|e| {
+            let message = format!("{op}: cannot use cuda:{}: {e}", self.ordinal);
+            self.device(message, Some(Box::new(e)))
+        })?;
         let stream = self.stream.cu_stream();
         if let Err(e) = enqueue(self.comm, stream as nsys::cudaStream_t) {
-            return Err(self.device(format!("{op}: NCCL refused it: {}", describe(e.0))));
+            let source = NcclFailure(e.0);
+            let message = format!("{op}: NCCL refused it: {source}");
+            return Err(self.device(message, Some(Box::new(source))));
         }
         let comm = self.comm;
         let finished = wait_bounded(self.timeout, || {
@@ -362,16 +375,17 @@ impl NcclCommunicator {
                     None => Progress::Pending,
                     Some(reason) => Progress::Failed(reason),
                 },
-                other => Progress::Failed(format!("CUDA reported {other:?}")),
+                other => Progress::Failed(Box::new(cudarc::driver::DriverError(other))),
             }
         });
         let error = match finished {
             Ok(()) => return Ok(()),
             Err(WaitError::Failed(reason)) => {
-                self.device(format!("{op} failed: {reason}; a peer probably died"))
+                let message = format!("{op} failed: {reason}; a peer probably died");
+                self.device(message, Some(reason))
             }
             Err(WaitError::TimedOut(after)) => CommError::Timeout {
-                rank: self.rank,
+                rank: Some(self.rank),
                 peer: None,
                 what: format!("NCCL {op} on cuda:{} to finish", self.ordinal),
                 after,
@@ -384,11 +398,12 @@ impl NcclCommunicator {
         Err(error)
     }
 
-    fn device(&self, message: String) -> CommError {
-        CommError::Device {
-            rank: self.rank,
-            message,
-        }
+    fn device(
+        &self,
+        message: String,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> CommError {
+        CommError::device(self.rank, message, source)
     }
 }
 
@@ -416,7 +431,7 @@ fn init_rank(
     std::thread::spawn(move || {
         let outcome = ctx
             .bind_to_thread()
-            .map_err(|e| e.to_string())
+            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
             .and_then(|()| {
                 let id = nsys::ncclUniqueId {
                     internal: id.map(|b| b as std::ffi::c_char),
@@ -425,7 +440,7 @@ fn init_rank(
                 // SAFETY: `comm` is a valid out-pointer; the id came from rank 0.
                 unsafe { nccl::comm_init_rank(&mut comm, world_size as i32, id, rank as i32) }
                     .map(|_| CommHandle(comm))
-                    .map_err(|e| describe(e.0))
+                    .map_err(|e| Box::new(NcclFailure(e.0)) as _)
             });
         let _ = done.send(outcome);
     });
@@ -440,16 +455,29 @@ fn init_rank(
 ///
 /// # Safety
 /// `comm` must be a live communicator.
-unsafe fn async_error(comm: nsys::ncclComm_t) -> Option<String> {
+unsafe fn async_error(comm: nsys::ncclComm_t) -> Option<Box<dyn std::error::Error + Send + Sync>> {
     let mut state = nsys::ncclResult_t::ncclSuccess;
     let queried = unsafe { nsys::ncclCommGetAsyncError(comm, &mut state) };
     match (queried, state) {
         (nsys::ncclResult_t::ncclSuccess, nsys::ncclResult_t::ncclSuccess)
         | (nsys::ncclResult_t::ncclSuccess, nsys::ncclResult_t::ncclInProgress) => None,
-        (nsys::ncclResult_t::ncclSuccess, failed) => Some(describe(failed)),
-        (failed, _) => Some(describe(failed)),
+        (nsys::ncclResult_t::ncclSuccess, failed) => Some(Box::new(NcclFailure(failed))),
+        (failed, _) => Some(Box::new(NcclFailure(failed))),
     }
 }
+
+/// An NCCL result code as an error (cudarc's `NcclError` is not one), kept
+/// as a [`CommError::Device`]'s source.
+#[derive(Debug)]
+pub struct NcclFailure(pub nsys::ncclResult_t);
+
+impl std::fmt::Display for NcclFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&describe(self.0))
+    }
+}
+
+impl std::error::Error for NcclFailure {}
 
 /// NCCL's description of a result code.
 fn describe(code: nsys::ncclResult_t) -> String {

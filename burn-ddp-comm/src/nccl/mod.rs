@@ -41,7 +41,11 @@ pub(crate) use rendezvous::{check_one_gpu_per_rank, next_communicator};
 pub(crate) fn gpu_uuid(ordinal: usize) -> crate::Result<String> {
     use cudarc::driver::result;
     let failed = |e: result::DriverError| {
-        crate::CommError::config(format!("cannot identify cuda:{ordinal}: {e}"))
+        crate::CommError::config(
+            None,
+            "device",
+            format!("cannot identify cuda:{ordinal}: {e}"),
+        )
     };
     result::init().map_err(failed)?;
     let device = result::device::get(ordinal as i32).map_err(failed)?;
@@ -60,11 +64,15 @@ pub fn cuda_device_count() -> crate::Result<usize> {
     // SAFETY: only tries to open the driver library.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(crate::CommError::config(
+            None,
+            "device",
             "cannot load the CUDA driver (libcuda.so); run on a machine with an NVIDIA \
              GPU and its driver, or use a CPU backend",
         ));
     }
     cudarc::driver::CudaContext::device_count()
         .map(|n| n.max(0) as usize)
-        .map_err(|e| crate::CommError::config(format!("cannot count CUDA devices: {e}")))
+        .map_err(|e| {
+            crate::CommError::config(None, "device", format!("cannot count CUDA devices: {e}"))
+        })
 }

@@ -92,6 +92,7 @@ pub(crate) fn check_one_gpu_per_rank(
             store
                 .get(&keys.device(r), timeout)
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .map_err(CommError::from)
         })
         .collect::<Result<Vec<_>>>()?;
     match first_shared_device(&places) {
@@ -99,12 +100,16 @@ pub(crate) fn check_one_gpu_per_rank(
         Some((a, b)) => {
             let (gpu, ordinal_a) = places[a].rsplit_once('#').unwrap_or((&places[a], "?"));
             let ordinal_b = places[b].rsplit('#').next().unwrap_or("?");
-            Err(CommError::config(format!(
+            Err(CommError::config(
+                Some(rank),
+                "device",
+                format!(
                 "rank {rank}: ranks {a} and {b} both drive the GPU {gpu} (their cuda:{ordinal_a} \
                  and cuda:{ordinal_b}), and NCCL needs one GPU per rank; give each rank its own \
                  device (cuda:LOCAL_RANK, with as many ranks per machine as GPUs), or set \
                  BURN_DDP_BACKEND=tcp"
-            )))
+            ),
+            ))
         }
     }
 }

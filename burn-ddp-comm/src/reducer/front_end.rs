@@ -104,6 +104,8 @@ pub trait GradientSet {
     ) -> Result<DeviceBucket> {
         let _ = (members, numel, dtype);
         Err(CommError::config(
+            None,
+            "GradientSet",
             "this front-end keeps its gradients in host memory but said they were on a GPU",
         ))
     }
@@ -118,6 +120,8 @@ pub trait GradientSet {
     ) -> Result<()> {
         let _ = (members, offsets, bucket);
         Err(CommError::config(
+            None,
+            "GradientSet",
             "this front-end keeps its gradients in host memory but said they were on a GPU",
         ))
     }

@@ -11,7 +11,6 @@
 mod front_end;
 mod host_copies;
 mod layout;
-pub mod models;
 mod plan;
 mod stats;
 
@@ -19,12 +18,12 @@ pub use front_end::{DeviceBucket, GradientSet, ParamInfo, Placement};
 pub use host_copies::{ElementBytes, HostCopies};
 pub use layout::{check_layouts_agree, check_same_layout, ParamLayout};
 pub use plan::{Bucket, BucketConfig, BucketPlan};
-pub use stats::{process_stats, reset_process_stats, SyncStats};
+pub use stats::SyncStats;
 
-use crate::backend::CollectiveBackend;
 use crate::element::{AlignedBuf, BufferMut, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::group::{ProcessGroup, WeakProcessGroup};
+use crate::transport::WireCompression;
 use std::time::Instant;
 
 /// Buckets and all-reduces one model's gradients over a process group.
@@ -41,6 +40,8 @@ pub struct Reducer {
     plan: BucketPlan,
     /// One host buffer per bucket, reused across steps.
     host_buckets: Vec<AlignedBuf>,
+    /// How the buckets' f32 means cross machines (`None`: the group's own setting).
+    compression: Option<WireCompression>,
     stats: SyncStats,
 }
 
@@ -55,8 +56,17 @@ impl Reducer {
             layout: Vec::new(),
             plan: BucketPlan::default(),
             host_buckets: Vec::new(),
+            compression: None,
             stats: SyncStats::default(),
         }
+    }
+
+    /// Sends this reducer's buckets across machines as `compression` says,
+    /// whatever the group's own setting (a model wrapped with its own
+    /// gradient compression, as PyTorch's communication hooks are per model).
+    pub fn with_compression(mut self, compression: WireCompression) -> Self {
+        self.compression = Some(compression);
+        self
     }
 
     /// The group it reduces over, while it lives.
@@ -89,20 +99,19 @@ impl Reducer {
     }
 
     /// Averages every gradient of `set` over all ranks, in place; returns
-    /// whether gradients moved (not in a world of one, where there is nothing
-    /// to average unless the group's device backend is `nccl`, so one
-    /// process can exercise the GPU path; nor when no rank had a gradient).
+    /// what this synchronisation cost, `None` when no gradient moved (a world
+    /// of one, see [`ProcessGroup::synchronizes`]; or no rank had a gradient).
     ///
     /// Collective: every rank calls it at the same point, with the same
     /// layout. A parameter without a gradient counts as zero.
-    pub fn synchronize(&mut self, set: &mut dyn GradientSet) -> Result<bool> {
+    pub fn synchronize(&mut self, set: &mut dyn GradientSet) -> Result<Option<SyncStats>> {
         self.check_config()?;
         let group = self.group()?;
-        if group.world_size() == 1 && group.device_backend() != CollectiveBackend::Nccl {
-            return Ok(false);
+        if !group.synchronizes() {
+            return Ok(None);
         }
         let Some(placement) = one_placement(self.rank, set.params())? else {
-            return Ok(false);
+            return Ok(None);
         };
         let on_device = match placement {
             Placement::Device { ordinal } => group.uses_device_collectives(ordinal)?,
@@ -117,7 +126,7 @@ impl Reducer {
         // from the time the bucket collectives take.
         let waiting = Instant::now();
         if !self.prepare(&group, set)? {
-            return Ok(false);
+            return Ok(None);
         }
         stats.wait = waiting.elapsed();
         for index in 0..self.plan.buckets.len() {
@@ -140,8 +149,7 @@ impl Reducer {
             stats.unpack
         );
         self.stats.add(&stats);
-        stats::add_to_process(&stats);
-        Ok(true)
+        Ok(Some(stats))
     }
 
     /// Checks with every rank that the layouts agree and that someone has a
@@ -224,7 +232,8 @@ impl Reducer {
         }
         let packed = Instant::now();
         let data = BufferMut::from_bytes(bucket.dtype, bytes).expect("an aligned bucket");
-        group.all_reduce_buffer(data, ReduceOp::Mean)?;
+        let compression = self.compression.unwrap_or(group.wire_compression());
+        group.all_reduce_compressed(data, ReduceOp::Mean, compression)?;
         let reduced = Instant::now();
         for (&param, &offset) in members.iter().zip(&bucket.offsets) {
             let len = self.layout[param].numel() * size;
@@ -283,11 +292,15 @@ fn one_placement(rank: usize, params: &[ParamInfo]) -> Result<Option<Placement>>
     };
     match params.iter().find(|p| p.placement != first.placement) {
         None => Ok(Some(first.placement)),
-        Some(other) => Err(CommError::config(format!(
-            "rank {rank}: the model's gradients are in two places ({:?} and {:?}); burn-ddp \
+        Some(other) => Err(CommError::config(
+            Some(rank),
+            "device",
+            format!(
+                "rank {rank}: the model's gradients are in two places ({:?} and {:?}); burn-ddp \
              drives one device per process: put the whole model on one device",
-            first.placement, other.placement
-        ))),
+                first.placement, other.placement
+            ),
+        )),
     }
 }
 

@@ -32,10 +32,14 @@ impl BucketConfig {
             if mb.is_finite() && mb > 0.0 && mb * 1024.0 * 1024.0 < usize::MAX as f64 {
                 Ok(((mb * 1024.0 * 1024.0) as usize).max(1))
             } else {
-                Err(crate::CommError::config(format!(
-                    "rank {rank}: DdpConfig {name} = {mb} must be a positive number of MiB \
+                Err(crate::CommError::config(
+                    Some(rank),
+                    name,
+                    format!(
+                        "rank {rank}: DdpConfig {name} = {mb} must be a positive number of MiB \
                      (PyTorch's default is 25 for bucket_cap_mb, 1 for the first bucket)"
-                )))
+                    ),
+                ))
             }
         };
         Ok(Self {

@@ -1,7 +1,7 @@
-//! Where gradient synchronisation spends its time: per reducer (one per
-//! model), and summed over the process.
+//! Where gradient synchronisation spends its time: per synchronisation, and
+//! summed per reducer (one per model); whoever owns several reducers sums
+//! theirs.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Where gradient synchronisation spent its time.
@@ -51,31 +51,6 @@ impl SyncStats {
         self.reduce += other.reduce;
         self.unpack += other.unpack;
     }
-}
-
-static PROCESS: Mutex<SyncStats> = Mutex::new(SyncStats {
-    syncs: 0,
-    buckets: 0,
-    bytes: 0,
-    device_buckets: 0,
-    wait: Duration::ZERO,
-    pack: Duration::ZERO,
-    reduce: Duration::ZERO,
-    unpack: Duration::ZERO,
-});
-
-/// Every reducer's synchronisations in this process, summed.
-pub fn process_stats() -> SyncStats {
-    *PROCESS.lock().unwrap()
-}
-
-/// Starts [`process_stats`] from zero (each reducer's own are kept).
-pub fn reset_process_stats() {
-    *PROCESS.lock().unwrap() = SyncStats::default();
-}
-
-pub(super) fn add_to_process(stats: &SyncStats) {
-    PROCESS.lock().unwrap().add(stats);
 }
 
 #[cfg(test)]

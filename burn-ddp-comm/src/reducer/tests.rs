@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::element::DType;
+use crate::CollectiveBackend;
 
 /// Gradients in plain vectors, as a front-end would hold them.
 struct FakeSet {
@@ -82,7 +83,7 @@ fn every_gradient_is_read_and_written_once_in_bucket_order_and_missing_ones_are_
     let mut reducer = Reducer::new(&group, config);
     let shapes: &[&[usize]] = &[&[2], &[2, 2], &[1]];
     let mut set = FakeSet::new(vec![Some(vec![1.0, 2.0]), None, Some(vec![5.0])], shapes);
-    assert!(reducer.synchronize(&mut set).unwrap());
+    assert!(reducer.synchronize(&mut set).unwrap().is_some());
     // Last parameter first, as PyTorch orders buckets.
     assert_eq!(set.reads, [2, 1, 0]);
     assert_eq!(set.writes, [2, 1, 0]);
@@ -118,16 +119,17 @@ fn nothing_moves_without_gradients_parameters_or_peers() {
     let group = forced_group();
     let mut reducer = Reducer::new(&group, BucketConfig::default());
     let mut none = FakeSet::new(vec![None, None], &[&[2], &[3]]);
-    assert!(!reducer.synchronize(&mut none).unwrap());
+    assert!(reducer.synchronize(&mut none).unwrap().is_none());
     assert!(none.reads.is_empty());
     let mut empty = FakeSet::new(Vec::new(), &[]);
-    assert!(!reducer.synchronize(&mut empty).unwrap());
+    assert!(reducer.synchronize(&mut empty).unwrap().is_none());
     // A world of one with the default backend has nothing to average.
     let alone = ProcessGroup::builder(0, 1).build().unwrap();
     let mut set = FakeSet::new(vec![Some(vec![1.0])], &[&[1]]);
-    assert!(!Reducer::new(&alone, BucketConfig::default())
+    assert!(Reducer::new(&alone, BucketConfig::default())
         .synchronize(&mut set)
-        .unwrap());
+        .unwrap()
+        .is_none());
     assert!(set.reads.is_empty());
     assert_eq!(reducer.stats(), SyncStats::default());
 }

@@ -31,9 +31,11 @@ impl WireCompression {
             None | Some("") | Some("none") => Ok(Self::None),
             Some("bf16") => Ok(Self::Bf16),
             Some("f16") => Ok(Self::F16),
-            Some(other) => Err(CommError::config(format!(
-                "rank {rank}: {COMPRESSION_VAR}={other:?}; expected bf16, f16 or none"
-            ))),
+            Some(other) => Err(CommError::config(
+                Some(rank),
+                COMPRESSION_VAR,
+                format!("rank {rank}: {COMPRESSION_VAR}={other:?}; expected bf16, f16 or none"),
+            )),
         }
     }
 

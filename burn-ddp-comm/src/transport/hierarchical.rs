@@ -8,7 +8,7 @@
 //! rank's link carries its share), and the machine's ranks all-gather the
 //! shards. The other collectives use a flat ring over all ranks.
 
-use super::{Rendezvous, SharedMemory, TcpRing, Transport};
+use super::{Rendezvous, SharedMemory, TcpRing, Transport, WireCompression};
 use crate::element::{finish_reduce, Element, ReduceOp};
 use crate::error::Result;
 use std::net::IpAddr;
@@ -140,11 +140,6 @@ impl Hierarchical {
         })
     }
 
-    /// Compresses what crosses machines: the ring across them.
-    fn compress_across(&mut self, compression: super::WireCompression) -> bool {
-        self.across.compress_across_machines(compression)
-    }
-
     /// Fails every level, so the peers waiting in any of them fail at once.
     fn abort_all(&mut self) {
         self.within.abort();
@@ -153,6 +148,17 @@ impl Hierarchical {
     }
 
     fn all_reduce_typed<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_with(data, op, WireCompression::None)
+    }
+
+    /// An all-reduce whose f32 sums and means cross machines (the ring
+    /// across them) as `compression` says; within a machine they stay f32.
+    fn all_reduce_with<T: Element>(
+        &mut self,
+        data: &mut [T],
+        op: ReduceOp,
+        compression: WireCompression,
+    ) -> Result<()> {
         let per = self.ranks_per_machine;
         if data.len() < per {
             // Fewer elements than ranks on a machine: not worth two levels.
@@ -166,12 +172,12 @@ impl Hierarchical {
         };
         let shard = data.len().div_ceil(per);
         if data.len() == shard * per {
-            self.levels(data, shard, level_op)?;
+            self.levels(data, shard, level_op, compression)?;
         } else {
             // Shards must be equal: pad the last one; the padding is dropped.
             let mut padded = vec![T::zeroed(); shard * per];
             padded[..data.len()].copy_from_slice(data);
-            self.levels(&mut padded, shard, level_op)?;
+            self.levels(&mut padded, shard, level_op, compression)?;
             let len = data.len();
             data.copy_from_slice(&padded[..len]);
         }
@@ -181,12 +187,21 @@ impl Hierarchical {
 
     /// Reduce-scatter within the machine, all-reduce of this rank's shard
     /// across machines, all-gather within the machine.
-    fn levels<T: Element>(&mut self, work: &mut [T], shard: usize, op: ReduceOp) -> Result<()> {
+    fn levels<T: Element>(
+        &mut self,
+        work: &mut [T],
+        shard: usize,
+        op: ReduceOp,
+        compression: WireCompression,
+    ) -> Result<()> {
         let mine = self.local_index * shard..(self.local_index + 1) * shard;
         let result = self
             .within
             .reduce_scatter(T::buffer(work), op)
-            .and_then(|()| self.across.all_reduce(T::buffer(&mut work[mine]), op))
+            .and_then(|()| {
+                let shard = T::buffer(&mut work[mine]);
+                self.across.all_reduce_compressed(shard, op, compression)
+            })
             .and_then(|()| self.within.all_gather(T::buffer(work)));
         if result.is_err() {
             self.abort_all();
@@ -207,7 +222,7 @@ impl Hierarchical {
     }
 }
 
-typed_transport!(Hierarchical, "hierarchical", abort_all, compress_across);
+typed_transport!(Hierarchical, "hierarchical", abort_all, all_reduce_with);
 
 #[cfg(test)]
 mod tests {

@@ -11,13 +11,15 @@ macro_rules! typed_transport {
     ($ty:ty, $name:literal, $abort:ident) => {
         typed_transport!($ty, $name, $abort, {});
     };
-    ($ty:ty, $name:literal, $abort:ident, $compress:ident) => {
+    ($ty:ty, $name:literal, $abort:ident, $compressed:ident) => {
         typed_transport!($ty, $name, $abort, {
-            fn compress_across_machines(
+            fn all_reduce_compressed(
                 &mut self,
+                data: $crate::element::BufferMut<'_>,
+                op: $crate::element::ReduceOp,
                 compression: $crate::transport::WireCompression,
-            ) -> bool {
-                self.$compress(compression)
+            ) -> $crate::error::Result<()> {
+                typed_transport!(@each data, d => self.$compressed(d, op, compression))
             }
         });
     };
@@ -185,11 +187,17 @@ pub trait Transport: Send {
     /// closed connection, a failed counter), so none waits out its timeout.
     fn abort(&mut self);
 
-    /// Sends f32 all-reduces that cross machines in 16 bits (see
-    /// [`WireCompression`]); returns whether this transport does (one within
-    /// a machine does not).
-    fn compress_across_machines(&mut self, _compression: WireCompression) -> bool {
-        false
+    /// [`all_reduce`](Self::all_reduce), with f32 sums and means sent
+    /// across machines in 16 bits (see [`WireCompression`]). A transport
+    /// within one machine moves them as they are.
+    fn all_reduce_compressed(
+        &mut self,
+        data: BufferMut<'_>,
+        op: ReduceOp,
+        compression: WireCompression,
+    ) -> Result<()> {
+        let _ = compression;
+        self.all_reduce(data, op)
     }
 }
 

@@ -312,7 +312,7 @@ impl SharedMemory {
                 if now >= deadline {
                     let peer = self.members[peer];
                     return Err(CommError::Timeout {
-                        rank: self.members[self.rank],
+                        rank: Some(self.members[self.rank]),
                         peer: Some(peer),
                         what: format!("rank {peer} to reach {op}"),
                         after: self.timeout,

@@ -37,8 +37,6 @@ pub struct TcpRing {
     /// Set by the first failure: the ring's byte streams are out of step after
     /// one, so every later call fails fast with the original reason.
     broken: Option<String>,
-    /// How f32 all-reduces travel (the ring crosses machines when it is set).
-    compression: WireCompression,
     /// Piece buffers for sending and receiving, kept across collectives.
     scratch: [Scratch; 2],
 }
@@ -105,7 +103,7 @@ impl TcpRing {
             accept_from(&listener, &rdzv, prev_rank, deadline).map_err(
                 |failure| match failure {
                     AcceptFailure::TimedOut => CommError::Timeout {
-                        rank: name(rank),
+                        rank: Some(name(rank)),
                         peer: Some(name(prev_rank)),
                         what: format!("rank {} to connect to the TCP ring", name(prev_rank)),
                         after: timeout,
@@ -134,7 +132,6 @@ impl TcpRing {
             next,
             prev,
             broken: None,
-            compression: WireCompression::None,
             scratch: Default::default(),
         })
     }
@@ -197,7 +194,7 @@ impl TcpRing {
         let (rank, peer) = (self.name(self.rank), self.name(peer));
         if io_is_timeout(&err) {
             CommError::Timeout {
-                rank,
+                rank: Some(rank),
                 peer: Some(peer),
                 what: format!("{direction} rank {peer} during {op}"),
                 after: self.timeout,
@@ -332,10 +329,20 @@ impl TcpRing {
     }
 
     fn all_reduce_typed<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_with(data, op, WireCompression::None)
+    }
+
+    /// An all-reduce whose f32 sums and means travel as `compression` says.
+    fn all_reduce_with<T: Element>(
+        &mut self,
+        data: &mut [T],
+        op: ReduceOp,
+        compression: WireCompression,
+    ) -> Result<()> {
         let n = self.world_size;
         let compressible = matches!(op, ReduceOp::Sum | ReduceOp::Mean) && T::DTYPE == DType::F32;
-        if compressible && self.compression != WireCompression::None {
-            let codec = Sixteen(self.compression);
+        if compressible && compression != WireCompression::None {
+            let codec = Sixteen(compression);
             let data: &mut [f32] = bytemuck::cast_slice_mut(data);
             return self.guarded("all_reduce", |ring, scratch| {
                 ring.ring_reduce_scatter(scratch, data, op, &codec, "all_reduce")?;
@@ -356,12 +363,6 @@ impl TcpRing {
             finish_reduce(op, &mut data[own], n);
             ring.ring_all_gather(scratch, data, &Plain, "all_reduce")
         })
-    }
-
-    /// Sends f32 all-reduces in 16 bits from now on.
-    fn set_compression(&mut self, compression: WireCompression) -> bool {
-        self.compression = compression;
-        true
     }
 
     fn reduce_scatter_typed<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<()> {
@@ -406,7 +407,7 @@ impl TcpRing {
     }
 }
 
-typed_transport!(TcpRing, "tcp", break_ring, set_compression);
+typed_transport!(TcpRing, "tcp", break_ring, all_reduce_with);
 
 /// Borrows two disjoint ranges of one slice, one shared and one mutable.
 fn split_disjoint<T>(
@@ -820,18 +821,17 @@ mod tests {
             let (zero, one) = ring_pair(None, |_| {});
             let run = |mut ring: TcpRing, rank: usize| {
                 std::thread::spawn(move || {
-                    assert!(ring.set_compression(codec));
                     let mut x: Vec<f32> = (0..len)
                         .map(|i| 0.001 * i as f32 + rank as f32 * 0.37)
                         .collect();
-                    ring.all_reduce(BufferMut::F32(&mut x), ReduceOp::Mean)
+                    ring.all_reduce_compressed(BufferMut::F32(&mut x), ReduceOp::Mean, codec)
                         .unwrap();
                     // Integers and max never travel compressed.
                     let mut ints = [1i64 << 40, 7];
-                    ring.all_reduce(BufferMut::I64(&mut ints), ReduceOp::Sum)
+                    ring.all_reduce_compressed(BufferMut::I64(&mut ints), ReduceOp::Sum, codec)
                         .unwrap();
                     let mut top = [0.1f32 + rank as f32];
-                    ring.all_reduce(BufferMut::F32(&mut top), ReduceOp::Max)
+                    ring.all_reduce_compressed(BufferMut::F32(&mut top), ReduceOp::Max, codec)
                         .unwrap();
                     (x, ints, top)
                 })

@@ -317,7 +317,7 @@ pub fn store_refuses_strangers_and_survives_floods() -> Result<(), String> {
 }
 
 fn segments_of(pids: &[i32]) -> Vec<String> {
-    let dir = burn_ddp_comm::job::segments::dir();
+    let dir = burn_ddp_rendezvous::job::segments::dir();
     std::fs::read_dir(dir)
         .map(|entries| {
             entries

@@ -184,7 +184,7 @@ fn worker(name: &str) -> ! {
         "catch_term" => {
             if rank == 0 {
                 // As a trainer does, but busy where it never asks whether to stop.
-                burn_ddp_comm::stop::catch_stop_signals();
+                burn_ddp_training::stop::catch_stop_signals();
                 println!("catching SIGTERM");
                 std::thread::sleep(Duration::from_secs(60));
             }

@@ -103,13 +103,13 @@ fn unfuse(
 pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Result<CudaDevice> {
     let count = burn_ddp_comm::nccl::cuda_device_count()?;
     let who = format!("local rank {local_rank}");
-    burn_ddp_comm::nccl::check_nvrtc(&who).map_err(CommError::config)?;
+    burn_ddp_comm::nccl::check_nvrtc(&who).map_err(|why| CommError::config(None, "device", why))?;
     burn_ddp_comm::nccl::check_cuda_headers(
         &who,
         cubecl::cuda::install::cuda_path().as_deref(),
         std::env::var_os("CUDA_PATH").is_some(),
     )
-    .map_err(CommError::config)?;
+    .map_err(|why| CommError::config(None, "device", why))?;
     let visible_devices = std::env::var(burn_ddp_comm::gpu::VISIBLE_DEVICES_VAR).ok();
     let choice = burn_ddp_comm::gpu::choose_gpu(
         local_rank,
@@ -117,7 +117,7 @@ pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Resul
         count,
         visible_devices.as_deref(),
     )
-    .map_err(CommError::config)?;
+    .map_err(|why| CommError::config(None, burn_ddp_comm::gpu::VISIBLE_DEVICES_VAR, why))?;
     if choice.shared && local_rank == 0 {
         log::warn!(
             "local rank {local_rank}: {local_world_size} ranks share {count} GPU(s) on this machine; NCCL \
@@ -156,12 +156,12 @@ struct Packed<I: Backend> {
 /// for NCCL to average in place.
 pub(crate) fn pack<I: Backend>(rank: usize, bucket: FloatTensor<I>) -> Result<DeviceBucket> {
     let Ok((cuda, wrap)) = float_to_cuda::<I>(bucket) else {
-        return Err(CommError::Device {
+        return Err(CommError::device(
             rank,
-            message: "a gradient bucket said to be on a GPU is not a CUDA tensor (a burn-ddp \
-                      bug; please report it)"
-                .into(),
-        });
+            "a gradient bucket said to be on a GPU is not a CUDA tensor (a burn-ddp bug; \
+             please report it)",
+            None,
+        ));
     };
     let cuda = writable(cuda);
     let pinned = pin(rank, &cuda)?;
@@ -271,9 +271,12 @@ struct Pinned<Alive> {
 /// out its device address. Only a packed buffer is handed out.
 fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized + 'static>> {
     let dtype = crate::dtype::wire_or_error(rank, tensor.dtype, "collectives")?;
-    let device = |what: &str, detail: String| CommError::Device {
-        rank,
-        message: format!("{what} on cuda:{}: {detail}", tensor.device.index),
+    let device = |what: &str, detail: String| {
+        CommError::device(
+            rank,
+            format!("{what} on cuda:{}: {detail}", tensor.device.index),
+            None,
+        )
     };
     if !is_packed_tensor(tensor) {
         return Err(device(

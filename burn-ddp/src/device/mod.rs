@@ -14,10 +14,11 @@ mod packed;
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_device_for_rank, nccl_view, FusedCuda, PlainCuda};
 
+pub(crate) use crate::shared::collective::TensorOp;
 use crate::{CommError, ProcessGroup, Result};
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Tensor};
-use burn_ddp_comm::{CollectiveBackend, Placement, ReduceOp};
+use burn_ddp_comm::{CollectiveBackend, Placement};
 
 /// Where tensors of backend `I` on `device` live, for the reducer: on a GPU
 /// when they are CUDA tensors burn-ddp can hand to NCCL, else in host memory
@@ -43,16 +44,6 @@ pub(crate) fn nccl_refused<P>(group: &ProcessGroup) -> CommError {
         "burn-ddp was built without its `cuda` feature".to_string()
     };
     group.nccl_refused(&why)
-}
-
-/// Which tensor collective to run on the device.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum TensorOp {
-    AllReduce(ReduceOp),
-    Broadcast(usize),
-    AllGather,
-    ReduceScatter(ReduceOp),
 }
 
 /// Runs `op` on a GPU tensor over NCCL; `Err(tensor)` hands a tensor the

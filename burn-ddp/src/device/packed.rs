@@ -11,12 +11,12 @@
 //! hold exactly the tensor's values in row-major order, whatever the runtime.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
+use crate::shared::layout::is_packed;
 use burn_backend::Shape;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
-use burn_ddp_comm::layout::is_packed;
 
 /// Whether `tensor`'s buffer holds its values packed, in row-major order.
 pub(crate) fn is_packed_tensor<R: CubeRuntime>(tensor: &CubeTensor<R>) -> bool {
@@ -84,7 +84,7 @@ pub(crate) fn empty_packed_like<R: CubeRuntime>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn_ddp_comm::layout::packed_strides;
+    use crate::shared::layout::packed_strides;
 
     /// The layouts cubecl's own allocator policies give: CUDA's (pitched,
     /// with cubecl-cuda's 512-byte alignment) and WebGPU's (packed).

@@ -4,11 +4,11 @@
 //! check that every rank has it are burn-ddp-comm's [`LearnerJob`]; what
 //! "whole" means for Burn 0.21's files is here.
 //!
-//! [`LearnerJob`]: burn_ddp_comm::learner::LearnerJob
+//! [`LearnerJob`]: burn_ddp_training::learner::LearnerJob
 
 use super::{DdpTraining, LearnerJob};
 use crate::Result;
-use burn_ddp_comm::snapshots::{LoadError, Snapshot};
+use burn_ddp_training::snapshots::{LoadError, Snapshot};
 use serde::Deserialize;
 use std::io::Read;
 use std::path::Path;
@@ -41,7 +41,8 @@ impl DdpTraining {
 /// short by a crash mid-save fails here; what is inside is Burn's to judge).
 fn check_whole(snapshot: &Snapshot) -> std::result::Result<(), LoadError> {
     for file in &snapshot.files {
-        whole(file).map_err(|why| LoadError::Corrupt(format!("{}: {why}", file.display())))?;
+        whole(file)
+            .map_err(|why| LoadError::Corrupt(format!("{}: {why}", file.display()).into()))?;
     }
     Ok(())
 }

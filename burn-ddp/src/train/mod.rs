@@ -61,7 +61,7 @@ mod metrics;
 mod quiet;
 mod strategy;
 
-pub use burn_ddp_comm::learner::{EpochReport, GlobalMetric, LearnerJob, GLOBAL_METRICS_FILE};
+pub use burn_ddp_training::learner::{EpochReport, GlobalMetric, LearnerJob, GLOBAL_METRICS_FILE};
 pub use quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};
 pub use strategy::DdpLearningStrategy;
 

@@ -20,8 +20,8 @@ use burn::train::{
     LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
     TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
 };
-use burn_ddp_comm::learner::{AfterEpoch, NextIteration};
-use burn_ddp_comm::stop;
+use burn_ddp_training::learner::{AfterEpoch, NextIteration};
+use burn_ddp_training::stop;
 use std::time::Instant;
 
 type InferenceModelOf<LC> = <LC as LearningComponentsTypes>::InferenceModel;

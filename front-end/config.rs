@@ -1,0 +1,177 @@
+//! How a model is synchronised, as Burn `Config`s (saved beside a run's other
+//! settings with `.save(path)`, read back with `::load(path)`): PyTorch DDP's
+//! defaults, in its units.
+
+use crate::ProcessGroup;
+use burn::config::Config;
+use burn_ddp_training::session::WrapSettings;
+
+/// How gradients are grouped into buckets, in bytes: a Burn `Config`.
+/// [`DdpConfig`] sets it in MiB, as PyTorch's `bucket_cap_mb`.
+///
+/// ```
+/// use burn::config::Config;
+#[doc = concat!("let buckets = ", env!("CARGO_CRATE_NAME"), "::BucketConfig::new().with_cap_bytes(4 << 20);")]
+/// assert_eq!(buckets.first_cap_bytes, 1 << 20);
+/// ```
+#[derive(Config, Debug, PartialEq, Eq)]
+pub struct BucketConfig {
+    /// Largest bucket, in bytes (PyTorch: 25 MiB).
+    #[config(default = 26214400)]
+    pub cap_bytes: usize,
+    /// Largest first bucket, in bytes (PyTorch: 1 MiB), so the first collective
+    /// can start early.
+    #[config(default = 1048576)]
+    pub first_cap_bytes: usize,
+}
+
+impl BucketConfig {
+    /// Buckets of `cap_mb` MiB, the first of `first_cap_mb` (PyTorch's
+    /// `bucket_cap_mb`); a size that is not a positive number of MiB is an
+    /// error naming `rank` and the setting.
+    pub fn from_mib(rank: usize, cap_mb: f64, first_cap_mb: f64) -> crate::Result<Self> {
+        let bytes = burn_ddp_comm::BucketConfig::from_mib(rank, cap_mb, first_cap_mb)?;
+        Ok(Self {
+            cap_bytes: bytes.cap_bytes,
+            first_cap_bytes: bytes.first_cap_bytes,
+        })
+    }
+}
+
+impl From<BucketConfig> for burn_ddp_comm::BucketConfig {
+    fn from(config: BucketConfig) -> Self {
+        Self {
+            cap_bytes: config.cap_bytes,
+            first_cap_bytes: config.first_cap_bytes,
+        }
+    }
+}
+
+/// How gradients are synchronised; defaults follow PyTorch's DDP. A Burn
+/// `Config`: save it next to a run's other settings with `.save(path)`.
+#[derive(Config, Debug)]
+pub struct DdpConfig {
+    /// Largest gradient bucket, in MiB (PyTorch's `bucket_cap_mb`).
+    #[config(default = 25.0)]
+    pub bucket_cap_mb: f64,
+    /// Largest first bucket, in MiB (PyTorch uses 1 MiB).
+    #[config(default = 1.0)]
+    pub first_bucket_cap_mb: f64,
+    /// How gradients cross machines: as they are, or as 16-bit floats added in
+    /// f32 where they arrive (half the bytes on the slowest links; PyTorch's
+    /// `bf16_compress_hook`). Only f32 sums between machines are compressed;
+    /// unset, the group's own setting (`BURN_DDP_COMPRESSION`) applies.
+    #[config(default = "GradientCompression::None")]
+    pub gradient_compression: GradientCompression,
+    /// Whether `wrap` also gives every rank rank 0's buffers (tensors without
+    /// gradients: batch-norm statistics, frozen weights), as PyTorch's
+    /// `broadcast_buffers`. Off, each rank keeps its own, and they may differ
+    /// between ranks (a frozen tensor only one rank has).
+    #[config(default = true)]
+    pub broadcast_buffers: bool,
+}
+
+/// [`DdpConfig::gradient_compression`].
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum GradientCompression {
+    /// Full f32.
+    None,
+    /// bfloat16 (f32's range, 8 bits of precision): the usual choice.
+    Bf16,
+    /// IEEE half (11 bits of precision, values up to 65504).
+    F16,
+}
+
+impl From<GradientCompression> for burn_ddp_comm::WireCompression {
+    fn from(compression: GradientCompression) -> Self {
+        match compression {
+            GradientCompression::None => Self::None,
+            GradientCompression::Bf16 => Self::Bf16,
+            GradientCompression::F16 => Self::F16,
+        }
+    }
+}
+
+impl DdpConfig {
+    /// The bucket sizes in bytes; an error names `rank` and the bad setting.
+    pub fn bucket_config(&self, rank: usize) -> crate::Result<BucketConfig> {
+        BucketConfig::from_mib(rank, self.bucket_cap_mb, self.first_bucket_cap_mb)
+    }
+
+    /// What the session registers for a model wrapped over `group`.
+    pub(crate) fn settings(&self, group: &ProcessGroup) -> crate::Result<WrapSettings> {
+        Ok(WrapSettings {
+            buckets: self.bucket_config(group.rank())?.into(),
+            compression: self.gradient_compression.into(),
+            broadcast_buffers: self.broadcast_buffers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_save_and_load_as_json() {
+        let dir = std::env::temp_dir().join(format!(
+            "{}-config-{}",
+            env!("CARGO_CRATE_NAME"),
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(
+            DdpConfig::new().gradient_compression,
+            GradientCompression::None
+        );
+        let ddp = DdpConfig::new()
+            .with_bucket_cap_mb(50.0)
+            .with_first_bucket_cap_mb(0.5)
+            .with_gradient_compression(GradientCompression::Bf16);
+        ddp.save(dir.join("ddp.json")).unwrap();
+        let text = std::fs::read_to_string(dir.join("ddp.json")).unwrap();
+        assert!(text.contains("\"bucket_cap_mb\": 50.0"), "{text}");
+        assert!(
+            text.contains("\"gradient_compression\": \"Bf16\""),
+            "{text}"
+        );
+        let loaded = DdpConfig::load(dir.join("ddp.json")).unwrap();
+        assert_eq!(loaded.gradient_compression, GradientCompression::Bf16);
+        assert!(loaded.broadcast_buffers);
+        assert_eq!(
+            burn_ddp_comm::WireCompression::from(loaded.gradient_compression),
+            burn_ddp_comm::WireCompression::Bf16
+        );
+        assert_eq!(
+            loaded.bucket_config(0).unwrap(),
+            BucketConfig::new()
+                .with_cap_bytes(50 << 20)
+                .with_first_cap_bytes(512 << 10)
+        );
+        let buckets = BucketConfig::new().with_cap_bytes(123);
+        buckets.save(dir.join("buckets.json")).unwrap();
+        assert_eq!(
+            BucketConfig::load(dir.join("buckets.json")).unwrap(),
+            buckets
+        );
+        let comm: burn_ddp_comm::BucketConfig = BucketConfig::new().into();
+        assert_eq!(comm, burn_ddp_comm::BucketConfig::default());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bad_bucket_sizes_name_the_rank_and_setting() {
+        for mb in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
+            let err = DdpConfig::new()
+                .with_bucket_cap_mb(mb)
+                .bucket_config(3)
+                .unwrap_err();
+            assert!(
+                matches!(&err, crate::CommError::Config { rank: Some(3), setting, .. }
+                    if setting == "bucket_cap_mb"),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("rank 3"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The front-end's one process-wide value: its burn-ddp-training `Session`
+//! (the default group, the wrapped models, the synchronisation totals), as
+//! `torch.distributed` keeps its default group. Everything below it is owned
+//! by it; this `static` is the only global of the front-end's API.
+
+use crate::{ProcessGroup, Result, SyncStats};
+use burn_ddp_training::Session;
+
+/// This process's session.
+pub(crate) static SESSION: Session = Session::new();
+
+/// Joins the group described by the launcher's environment (torchrun,
+/// burn-ddp-run, Open MPI, Slurm; a world of one without a launcher) and makes
+/// it the default group, the one models are synchronised over unless wrapped
+/// over another. The returned handle can be cloned and shared. A second call
+/// is an error naming the fix.
+pub fn init_process_group() -> Result<ProcessGroup> {
+    SESSION.init()
+}
+
+/// The group made by [`init_process_group`], if any.
+pub fn default_group() -> Option<ProcessGroup> {
+    SESSION.default_group()
+}
+
+/// Waits for every rank (bounded by the timeout), then forgets the default
+/// group and the models wrapped over it; its connections close once the last
+/// handle to it is dropped.
+pub fn destroy_process_group() -> Result<()> {
+    SESSION.destroy()
+}
+
+/// Time spent synchronising gradients so far, by every model of this process.
+pub fn sync_stats() -> SyncStats {
+    SESSION.sync_stats()
+}
+
+/// Starts [`sync_stats`] from zero.
+pub fn reset_sync_stats() {
+    SESSION.reset_sync_stats()
+}

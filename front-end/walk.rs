@@ -1,0 +1,77 @@
+//! A module walk written once for both Burns.
+//!
+//! Burn's `ModuleVisitor` and `ModuleMapper` carry the backend as a type
+//! parameter in Burn 0.21 and not in Burn 0.22, so no function generic over
+//! a module can be written for both. The shared code walks through these
+//! traits instead; each front-end's shim implements Burn's visitor and
+//! mapper once, for any [`Visit`] or [`Rewrite`], and hands out the walk of
+//! a module as a closure (`shim::walker(&model)`, `shim::rewriter(model)`).
+
+use crate::{ProcessGroup, Result};
+use burn::tensor::{DType, TensorData};
+
+/// Which kind of tensor a parameter holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Float,
+    Int,
+    Bool,
+}
+
+/// One parameter of a module, as the shared code reads it.
+pub(crate) trait ParamView {
+    /// Float, int or bool.
+    fn kind(&self) -> Kind;
+    /// Burn's `ParamId`, which survives optimizer steps.
+    fn id(&self) -> u64;
+    fn dims(&self) -> Vec<usize>;
+    fn dtype(&self) -> DType;
+    /// Whether it is trained: a float tensor that requires gradients.
+    fn require_grad(&self) -> bool;
+    /// Whether its device tracks gradients at all (int and bool: `false`).
+    fn autodiff(&self) -> bool;
+    /// Its values.
+    fn data(&self) -> TensorData;
+}
+
+/// What a read-only walk does with each parameter, in declaration order.
+pub(crate) trait Visit {
+    fn param(&mut self, param: &dyn ParamView);
+    /// A submodule (field, list element) begins: `name` is its field name
+    /// or index.
+    fn enter_module(&mut self, _name: &str) {}
+    fn exit_module(&mut self) {}
+}
+
+/// A parameter a [`Rewrite`] may replace.
+pub(crate) trait ParamSlot: ParamView {
+    /// Takes rank `root`'s value (the tensor collective: NCCL for CUDA
+    /// tensors), keeping whether it requires gradients.
+    fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<()>;
+}
+
+/// What a rewriting walk does with each float and int parameter, in
+/// declaration order (bool parameters are left as they are).
+pub(crate) trait Rewrite {
+    fn param(&mut self, param: &mut dyn ParamSlot);
+}
+
+/// The walk of one module: calls the visitor with each of its parameters.
+pub(crate) trait Walker: Fn(&mut dyn Visit) {}
+impl<F: Fn(&mut dyn Visit)> Walker for F {}
+
+/// The id of a module's first trainable parameter, which names its scope in
+/// the session.
+pub(crate) fn first_trainable(walk: impl Walker) -> Option<u64> {
+    struct First(Option<u64>);
+    impl Visit for First {
+        fn param(&mut self, param: &dyn ParamView) {
+            if self.0.is_none() && param.require_grad() {
+                self.0 = Some(param.id());
+            }
+        }
+    }
+    let mut first = First(None);
+    walk(&mut first);
+    first.0
+}
