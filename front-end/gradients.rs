@@ -201,6 +201,7 @@ mod tests {
     use crate::shim::{self, TestGrad};
 
     #[test]
+    #[allow(clippy::clone_on_copy)] // Burn 0.21's NdArray device is Copy, 0.22's Flex one is not
     fn gradients_travel_as_bytes_and_come_back() {
         let device = shim::test_device();
         let mut set = TensorGradients::<TestGrad>::new(0, device.clone());

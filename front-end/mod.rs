@@ -19,5 +19,7 @@ pub(crate) mod layout;
 pub(crate) mod replicas;
 pub(crate) mod session;
 pub(crate) mod sync;
+#[cfg(feature = "train")]
+pub(crate) mod train;
 pub(crate) mod walk;
 pub(crate) mod wrap;

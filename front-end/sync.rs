@@ -24,10 +24,13 @@ pub(crate) trait GradParam<G: FlatGrad> {
     fn put_grad(&self, grads: &mut GradientsParams, grad: G);
 }
 
+/// What a gradient walk calls with each trainable parameter.
+pub(crate) type EachGrad<'a, G> = &'a mut dyn FnMut(&dyn GradParam<G>);
+
 /// A walk over a module's trainable parameters, in declaration order (each
 /// shim's `grad_walker`).
-pub(crate) trait GradWalker<G: FlatGrad>: Fn(&mut dyn FnMut(&dyn GradParam<G>)) {}
-impl<G: FlatGrad, F: Fn(&mut dyn FnMut(&dyn GradParam<G>))> GradWalker<G> for F {}
+pub(crate) trait GradWalker<G: FlatGrad>: Fn(EachGrad<'_, G>) {}
+impl<G: FlatGrad, F: Fn(EachGrad<'_, G>)> GradWalker<G> for F {}
 
 /// Averages the gradients of the model `walk` walks over all ranks: over the
 /// group and with the buckets it was wrapped with, or over the default group

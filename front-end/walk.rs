@@ -7,6 +7,7 @@
 //! mapper once, for any [`Visit`] or [`Rewrite`], and hands out the walk of
 //! a module as a closure (`shim::walker(&model)`, `shim::rewriter(model)`).
 
+use super::collective::CollectiveTensor;
 use crate::{ProcessGroup, Result};
 use burn::tensor::{DType, TensorData};
 
@@ -32,6 +33,74 @@ pub(crate) trait ParamView {
     fn autodiff(&self) -> bool;
     /// Its values.
     fn data(&self) -> TensorData;
+}
+
+/// What the shared code reads of a parameter's tensor: each shim implements
+/// it for its Burn's float, int and bool tensors.
+pub(crate) trait TensorFacts: Clone {
+    fn dims(&self) -> Vec<usize>;
+    fn dtype(&self) -> DType;
+    fn into_data(self) -> TensorData;
+}
+
+/// A parameter as a shim's walk hands it over: what Burn says of it, and its
+/// tensor (taken out while a [`Rewrite`] replaces it).
+pub(crate) struct Held<T> {
+    pub kind: Kind,
+    pub id: u64,
+    pub require_grad: bool,
+    pub autodiff: bool,
+    pub tensor: Option<T>,
+}
+
+impl<T> Held<T> {
+    /// The tensor (there while no rewrite holds it).
+    pub fn tensor(&self) -> &T {
+        self.tensor.as_ref().expect("a parameter's tensor")
+    }
+}
+
+impl<T: TensorFacts> ParamView for Held<T> {
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn dims(&self) -> Vec<usize> {
+        self.tensor().dims()
+    }
+    fn dtype(&self) -> DType {
+        self.tensor().dtype()
+    }
+    fn require_grad(&self) -> bool {
+        self.require_grad
+    }
+    fn autodiff(&self) -> bool {
+        self.autodiff
+    }
+    fn data(&self) -> TensorData {
+        self.tensor().clone().into_data()
+    }
+}
+
+/// Marks a tensor a collective replaced as a parameter again (float:
+/// `require_grad`; int: as it is). Each shim implements it.
+pub(crate) trait Retrain {
+    fn retrain(self) -> Self;
+}
+
+impl<T: TensorFacts + CollectiveTensor + Retrain> ParamSlot for Held<T> {
+    fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<()> {
+        let tensor = self.tensor.take().expect("a parameter's tensor");
+        let result = super::collective::broadcast(group, tensor.clone(), root);
+        self.tensor = Some(match &result {
+            Ok(value) if self.require_grad => value.clone().retrain(),
+            Ok(value) => value.clone(),
+            Err(_) => tensor, // the module is dropped with the error
+        });
+        result.map(drop)
+    }
 }
 
 /// What a read-only walk does with each parameter, in declaration order.

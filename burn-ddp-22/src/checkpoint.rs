@@ -19,6 +19,7 @@ pub const EXTENSION: &str = "ckpt";
 
 /// Why a checkpoint could not be written or read.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CheckpointError {
     /// The file or its folder (see [`FileError`]).
     File(FileError),

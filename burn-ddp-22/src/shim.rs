@@ -7,8 +7,8 @@
 use crate::collective::CollectiveKind;
 use crate::shared::collective::{CollectiveTensor, TensorOp};
 use crate::shared::gradients::FlatGrad;
-use crate::shared::sync::GradParam;
-use crate::shared::walk::{Kind, ParamSlot, ParamView, Rewrite, Visit};
+use crate::shared::sync::{EachGrad, GradParam};
+use crate::shared::walk::{Held, Kind, Retrain, Rewrite, TensorFacts, Visit};
 use crate::{CommError, ProcessGroup, Result};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -32,83 +32,53 @@ pub(crate) fn rewrite<M: Module>(model: M, rewrite: &mut dyn Rewrite) -> M {
 }
 
 /// The walk of `model`'s trainable parameters, with their gradients.
-pub(crate) fn grad_walker<M: Module>(
-    model: &M,
-) -> impl Fn(&mut dyn FnMut(&dyn GradParam<Tensor<1>>)) + '_ {
+pub(crate) fn grad_walker<M: Module>(model: &M) -> impl Fn(EachGrad<'_, Tensor<1>>) + '_ {
     move |each| model.visit(&mut GradWalk(each))
 }
 
-/// A parameter's facts, read once, and its tensor.
-struct View<T> {
-    kind: Kind,
-    id: u64,
-    dims: Vec<usize>,
-    dtype: DType,
-    require_grad: bool,
-    autodiff: bool,
-    tensor: Option<T>,
-}
-
-impl<const D: usize, K: Basic> View<Tensor<D, K>> {
-    fn new(kind: Kind, id: ParamId, tensor: Tensor<D, K>, trained: Option<&Tensor<D>>) -> Self {
-        Self {
-            kind,
-            id: id.val(),
-            dims: tensor.dims().to_vec(),
-            dtype: tensor.dtype(),
-            require_grad: trained.is_some_and(Tensor::is_require_grad),
-            autodiff: trained.is_some_and(Tensor::is_autodiff),
-            tensor: Some(tensor),
-        }
-    }
-}
-
-impl<const D: usize, K: Basic> ParamView for View<Tensor<D, K>> {
-    fn kind(&self) -> Kind {
-        self.kind
-    }
-    fn id(&self) -> u64 {
-        self.id
-    }
+impl<const D: usize, K: Basic> TensorFacts for Tensor<D, K> {
     fn dims(&self) -> Vec<usize> {
-        self.dims.clone()
+        Tensor::dims(self).to_vec()
     }
     fn dtype(&self) -> DType {
-        self.dtype
+        Tensor::dtype(self)
     }
-    fn require_grad(&self) -> bool {
-        self.require_grad
-    }
-    fn autodiff(&self) -> bool {
-        self.autodiff
-    }
-    fn data(&self) -> TensorData {
-        self.tensor
-            .clone()
-            .expect("a parameter's tensor")
-            .into_data()
+    fn into_data(self) -> TensorData {
+        Tensor::into_data(self)
     }
 }
 
-impl<const D: usize> ParamSlot for View<Tensor<D>> {
-    fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<()> {
-        let tensor = self.tensor.take().expect("a parameter's tensor");
-        let result = crate::broadcast(group, tensor.clone(), root);
-        self.tensor = Some(match &result {
-            Ok(value) if self.require_grad => value.clone().require_grad(),
-            Ok(value) => value.clone(),
-            Err(_) => tensor, // the module is dropped with the error
-        });
-        result.map(drop)
+impl<const D: usize> Retrain for Tensor<D> {
+    fn retrain(self) -> Self {
+        self.require_grad()
     }
 }
 
-impl<const D: usize> ParamSlot for View<Tensor<D, Int>> {
-    fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<()> {
-        let tensor = self.tensor.take().expect("a parameter's tensor");
-        let result = crate::broadcast(group, tensor.clone(), root);
-        self.tensor = Some(result.as_ref().map_or(tensor, Clone::clone));
-        result.map(drop)
+impl<const D: usize> Retrain for Tensor<D, Int> {
+    fn retrain(self) -> Self {
+        self
+    }
+}
+
+/// A float parameter as the shared walks see it.
+fn float<const D: usize>(id: ParamId, tensor: Tensor<D>) -> Held<Tensor<D>> {
+    Held {
+        kind: Kind::Float,
+        id: id.val(),
+        require_grad: tensor.is_require_grad(),
+        autodiff: tensor.is_autodiff(),
+        tensor: Some(tensor),
+    }
+}
+
+/// An int or bool parameter as the shared walks see it.
+fn other<T>(kind: Kind, id: ParamId, tensor: T) -> Held<T> {
+    Held {
+        kind,
+        id: id.val(),
+        require_grad: false,
+        autodiff: false,
+        tensor: Some(tensor),
     }
 }
 
@@ -122,21 +92,13 @@ impl ModuleVisitor for Walk<'_> {
         self.0.exit_module();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let value = param.val();
-        self.0.param(&View::new(
-            Kind::Float,
-            param.id,
-            value.clone(),
-            Some(&value),
-        ));
+        self.0.param(&float(param.id, param.val()));
     }
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
-        self.0
-            .param(&View::new(Kind::Int, param.id, param.val(), None));
+        self.0.param(&other(Kind::Int, param.id, param.val()));
     }
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<D, Bool>>) {
-        self.0
-            .param(&View::new(Kind::Bool, param.id, param.val(), None));
+        self.0.param(&other(Kind::Bool, param.id, param.val()));
     }
 }
 
@@ -145,17 +107,16 @@ struct Map<'a>(&'a mut dyn Rewrite);
 impl ModuleMapper for Map<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let (id, tensor, mapper) = param.consume();
-        let trained = tensor.clone();
-        let mut slot = View::new(Kind::Float, id, tensor, Some(&trained));
-        self.0.param(&mut slot);
-        Param::from_mapped_value(id, slot.tensor.expect("a tensor"), mapper)
+        let mut held = float(id, tensor);
+        self.0.param(&mut held);
+        Param::from_mapped_value(id, held.tensor.expect("a tensor"), mapper)
     }
 
     fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
         let (id, tensor, mapper) = param.consume();
-        let mut slot = View::new(Kind::Int, id, tensor, None);
-        self.0.param(&mut slot);
-        Param::from_mapped_value(id, slot.tensor.expect("a tensor"), mapper)
+        let mut held = other(Kind::Int, id, tensor);
+        self.0.param(&mut held);
+        Param::from_mapped_value(id, held.tensor.expect("a tensor"), mapper)
     }
 }
 
@@ -188,7 +149,7 @@ impl<const D: usize> GradParam<Tensor<1>> for Trainable<D> {
     }
 }
 
-struct GradWalk<'a>(&'a mut dyn FnMut(&dyn GradParam<Tensor<1>>));
+struct GradWalk<'a>(EachGrad<'a, Tensor<1>>);
 
 impl ModuleVisitor for GradWalk<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -292,3 +253,73 @@ pub(crate) fn test_tensor(values: Vec<f32>) -> Tensor<1> {
     let len = values.len();
     Tensor::from_data(TensorData::new(values, [len]), &test_device())
 }
+
+/// A logged metric entry in burn-ddp-training's terms (Burn 0.22 logs
+/// per-iteration values and, at the end of a split, a metric's final one).
+#[cfg(feature = "train")]
+pub(crate) fn figure_entry(
+    entry: &Option<burn::train::metric::NumericEntry>,
+) -> Option<burn_ddp_training::learner::figures::Entry> {
+    use burn::train::metric::NumericEntry;
+    use burn_ddp_training::learner::figures::Entry;
+    Some(match entry.as_ref()? {
+        NumericEntry::Value(value) => Entry::Iteration {
+            sum: *value,
+            count: 1,
+        },
+        NumericEntry::Aggregated {
+            aggregated_value,
+            count,
+        } => Entry::Iteration {
+            sum: aggregated_value * *count as f64,
+            count: *count as u64,
+        },
+        NumericEntry::Final(value) => Entry::Final(*value),
+    })
+}
+
+/// Burn 0.22's renderer traits for a renderer that shows nothing and hands
+/// the end-of-training summary to its `Quiet` side (the progress loggers are
+/// the ones Burn 0.22 or 0.23 has: `train::burn_version`).
+#[cfg(feature = "train")]
+macro_rules! quiet_renderer {
+    ($renderer:ty) => {
+        impl burn::train::renderer::MetricsRendererTraining for $renderer {
+            fn update_train(&mut self, _state: burn::train::renderer::MetricState) {}
+            fn update_valid(&mut self, _state: burn::train::renderer::MetricState) {}
+            fn on_train_end(
+                &mut self,
+                summary: Option<burn::train::LearnerSummary>,
+            ) -> Result<(), Box<dyn core::error::Error>> {
+                if let Some(summary) = summary {
+                    $crate::shared::train::quiet::Quiet::summary(self, summary);
+                }
+                Ok(())
+            }
+        }
+
+        impl burn::train::renderer::MetricsRendererEvaluation for $renderer {
+            fn update_test(
+                &mut self,
+                _name: burn::train::renderer::EvaluationName,
+                _state: burn::train::renderer::MetricState,
+            ) {
+            }
+            fn on_test_end(
+                &mut self,
+                _summary: Option<burn::train::LearnerSummary>,
+            ) -> Result<(), Box<dyn core::error::Error>> {
+                Ok(())
+            }
+        }
+
+        impl burn::train::renderer::MetricsRenderer for $renderer {
+            fn manual_close(&mut self) {}
+            fn register_metric(&mut self, _definition: burn::train::metric::MetricDefinition) {}
+        }
+
+        $crate::train::quiet_progress!($renderer);
+    };
+}
+#[cfg(feature = "train")]
+pub(crate) use quiet_renderer;

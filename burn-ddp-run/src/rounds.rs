@@ -110,8 +110,67 @@ pub(crate) fn describe_code(code: i32) -> String {
 /// Bound on one request to the store (it is on node 0).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What a report of an interrupted round starts with.
-const INTERRUPTED: &str = "interrupted";
+/// A machine's report of a round, as the store carries it (JSON): which
+/// machine, whether the round was interrupted there (a stop signal) or
+/// failed, and what happened. Decisions are taken on `interrupted`, never on
+/// the words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RoundReport {
+    /// The machine that reported (`None`: the store could not be reached).
+    pub machine: Option<usize>,
+    /// Interrupted by a stop signal rather than failed.
+    pub interrupted: bool,
+    /// What happened, in words.
+    pub what: String,
+}
+
+impl RoundReport {
+    fn encode(&self) -> Vec<u8> {
+        serde_json::json!({
+            "machine": self.machine,
+            "kind": if self.interrupted { "interrupted" } else { "failed" },
+            "what": self.what,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    /// A report read from the store; anything else there counts as a
+    /// failure described by its bytes.
+    fn decode(bytes: &[u8]) -> Self {
+        let value: Option<serde_json::Value> = serde_json::from_slice(bytes).ok();
+        let field = |name: &str| value.as_ref().and_then(|v| v.get(name).cloned());
+        match (field("kind"), field("what")) {
+            (Some(serde_json::Value::String(kind)), Some(serde_json::Value::String(what))) => {
+                Self {
+                    machine: field("machine")
+                        .and_then(|m| m.as_u64())
+                        .map(|m| m as usize),
+                    interrupted: kind == "interrupted",
+                    what,
+                }
+            }
+            _ => Self {
+                machine: None,
+                interrupted: false,
+                what: String::from_utf8_lossy(bytes).into_owned(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for RoundReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.interrupted {
+            f.write_str("interrupted ")?;
+        }
+        match self.machine {
+            Some(machine) if self.interrupted => write!(f, "on machine {machine}: {}", self.what),
+            Some(machine) => write!(f, "machine {machine}: {}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
 
 /// The other machines' launchers, reached through the store.
 pub(crate) struct Peers {
@@ -158,13 +217,13 @@ impl Peers {
     /// was interrupted here; the first report of a round stands.
     pub fn report(&self, round: u32, what: &str, interrupted: bool) {
         let key = self.keys(round).launcher_failed();
-        let text = if interrupted {
-            format!("{INTERRUPTED} on machine {}: {what}", self.node)
-        } else {
-            format!("machine {}: {what}", self.node)
+        let report = RoundReport {
+            machine: Some(self.node),
+            interrupted,
+            what: what.to_string(),
         };
         if !matches!(self.store.check(&[&key]), Ok(true)) {
-            if let Err(err) = self.store.set(&key, text.as_bytes()) {
+            if let Err(err) = self.store.set(&key, &report.encode()) {
                 log::warn!("cannot tell the other machines that round {round} failed: {err}");
             }
         }
@@ -172,22 +231,26 @@ impl Peers {
 
     /// Another machine's report of round `round`, once there is one; a store
     /// that cannot be reached (node 0's machine is gone) counts as one.
-    pub fn failure(&self, round: u32) -> Option<String> {
+    pub fn failure(&self, round: u32) -> Option<RoundReport> {
         let key = self.keys(round).launcher_failed();
         match self.store.check(&[&key]) {
             Ok(true) => self
                 .store
                 .get(&key, REQUEST_TIMEOUT)
                 .ok()
-                .map(|text| String::from_utf8_lossy(&text).into_owned()),
+                .map(|bytes| RoundReport::decode(&bytes)),
             Ok(false) => None,
-            Err(err) => Some(format!("the store on node 0 cannot be reached ({err})")),
+            Err(err) => Some(RoundReport {
+                machine: None,
+                interrupted: false,
+                what: format!("the store on node 0 cannot be reached ({err})"),
+            }),
         }
     }
 
     /// Another machine's report of round `round`, waiting up to `grace` for
     /// one.
-    pub fn failure_within(&self, round: u32, grace: Duration) -> Option<String> {
+    pub fn failure_within(&self, round: u32, grace: Duration) -> Option<RoundReport> {
         let deadline = std::time::Instant::now() + grace;
         loop {
             if let Some(what) = self.failure(round) {
@@ -202,8 +265,7 @@ impl Peers {
 
     /// Whether round `round` was interrupted by the user somewhere.
     pub fn interrupted(&self, round: u32) -> bool {
-        self.failure(round)
-            .is_some_and(|text| text.starts_with(INTERRUPTED))
+        self.failure(round).is_some_and(|report| report.interrupted)
     }
 
     /// Node 0: publishes the verdict on round `round`, then waits (a few
@@ -278,6 +340,36 @@ impl Peers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_reports_travel_as_data_and_read_as_before() {
+        let interrupted = RoundReport {
+            machine: Some(1),
+            interrupted: true,
+            what: "the launcher got a stop signal".into(),
+        };
+        let back = RoundReport::decode(&interrupted.encode());
+        assert_eq!(back, interrupted);
+        assert_eq!(
+            back.to_string(),
+            "interrupted on machine 1: the launcher got a stop signal"
+        );
+        // The words do not decide: a failure whose text says "interrupted" is one.
+        let failed = RoundReport {
+            machine: Some(0),
+            interrupted: false,
+            what: "interrupted by rank 3 exit code 1".into(),
+        };
+        let back = RoundReport::decode(&failed.encode());
+        assert!(!back.interrupted);
+        assert_eq!(
+            back.to_string(),
+            "machine 0: interrupted by rank 3 exit code 1"
+        );
+        // Something else in the key (an older launcher) is a failure, in its words.
+        let other = RoundReport::decode(b"interrupted on machine 2: x");
+        assert!(!other.interrupted && other.what == "interrupted on machine 2: x");
+    }
 
     fn failure(code: i32, formed: bool) -> Failure {
         Failure {

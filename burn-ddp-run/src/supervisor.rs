@@ -514,7 +514,7 @@ fn supervise(
                         "round {round} failed on another machine ({what}); stopping this \
                          machine's workers"
                     );
-                    peer_failure = Some(what);
+                    peer_failure = Some(what.to_string());
                     first_failure = None;
                     reported = true;
                 }
@@ -542,7 +542,7 @@ fn supervise(
                         "round {round} failed on another machine ({what}); stopping this \
                          machine's workers"
                     );
-                    peer_failure = Some(what);
+                    peer_failure = Some(what.to_string());
                     reported = true;
                 }
             }

@@ -10,6 +10,7 @@ use std::fmt;
 
 /// Why a global batch cannot be split evenly.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BatchSplitError {
     /// The global batch or the world size is zero.
     Zero {

@@ -5,6 +5,7 @@ use std::fmt;
 
 /// A sampler argument that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SamplerError {
     /// `rank` is not in `0..num_replicas` (or `num_replicas` is 0).
     InvalidRank {

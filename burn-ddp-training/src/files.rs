@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// Why a file could not be written or read.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum FileError {
     /// The file system refused the file.
     Io {

@@ -42,7 +42,7 @@ rank_sum!(f64: f32, f64);
 /// # fn main() -> burn_ddp_comm::Result<()> {
 /// let group = burn_ddp_comm::ProcessGroup::from_env()?;
 /// let (correct, seen): (usize, usize) = (97, 100); // this rank's evaluation shard
-/// let [correct, seen] = burn_ddp_comm::sum::sum_over_ranks(&group, [correct, seen])?;
+/// let [correct, seen] = burn_ddp_training::sum::sum_over_ranks(&group, [correct, seen])?;
 /// if group.is_main() {
 ///     println!("accuracy {:.2}%", 100.0 * correct as f64 / seen as f64);
 /// }

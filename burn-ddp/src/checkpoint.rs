@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 /// Why a checkpoint could not be written or read.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CheckpointError {
     /// The file or its folder (see [`FileError`]).
     File(FileError),

@@ -6,8 +6,8 @@
 
 use crate::shared::collective::{CollectiveTensor, TensorOp};
 use crate::shared::gradients::FlatGrad;
-use crate::shared::sync::GradParam;
-use crate::shared::walk::{Kind, ParamSlot, ParamView, Rewrite, Visit};
+use crate::shared::sync::{EachGrad, GradParam};
+use crate::shared::walk::{Held, Kind, Retrain, Rewrite, TensorFacts, Visit};
 use crate::{CommError, ProcessGroup, Result};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -37,86 +37,53 @@ pub(crate) type Grad<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
 /// The walk of `model`'s trainable parameters, with their gradients.
 pub(crate) fn grad_walker<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
-) -> impl Fn(&mut dyn FnMut(&dyn GradParam<Grad<B>>)) + '_ {
+) -> impl Fn(EachGrad<'_, Grad<B>>) + '_ {
     move |each| model.visit(&mut GradWalk::<B>(each))
 }
 
-/// A parameter's facts, read once, and its tensor.
-struct View<T> {
-    kind: Kind,
-    id: u64,
-    dims: Vec<usize>,
-    dtype: DType,
-    require_grad: bool,
-    autodiff: bool,
-    tensor: Option<T>,
-}
-
-impl<B: Backend, const D: usize, K: BasicOps<B>> View<Tensor<B, D, K>> {
-    fn new(
-        kind: Kind,
-        id: ParamId,
-        tensor: Tensor<B, D, K>,
-        trained: Option<&Tensor<B, D>>,
-    ) -> Self {
-        Self {
-            kind,
-            id: id.val(),
-            dims: tensor.dims().to_vec(),
-            dtype: tensor.dtype(),
-            require_grad: trained.is_some_and(Tensor::is_require_grad),
-            autodiff: trained.is_some_and(|t| B::ad_enabled(&t.device())),
-            tensor: Some(tensor),
-        }
-    }
-}
-
-impl<B: Backend, const D: usize, K: BasicOps<B>> ParamView for View<Tensor<B, D, K>> {
-    fn kind(&self) -> Kind {
-        self.kind
-    }
-    fn id(&self) -> u64 {
-        self.id
-    }
+impl<B: Backend, const D: usize, K: BasicOps<B>> TensorFacts for Tensor<B, D, K> {
     fn dims(&self) -> Vec<usize> {
-        self.dims.clone()
+        Tensor::dims(self).to_vec()
     }
     fn dtype(&self) -> DType {
-        self.dtype
+        Tensor::dtype(self)
     }
-    fn require_grad(&self) -> bool {
-        self.require_grad
-    }
-    fn autodiff(&self) -> bool {
-        self.autodiff
-    }
-    fn data(&self) -> TensorData {
-        self.tensor
-            .clone()
-            .expect("a parameter's tensor")
-            .into_data()
+    fn into_data(self) -> TensorData {
+        Tensor::into_data(self)
     }
 }
 
-impl<B: Backend, const D: usize> ParamSlot for View<Tensor<B, D>> {
-    fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<()> {
-        let tensor = self.tensor.take().expect("a parameter's tensor");
-        let result = crate::broadcast(group, tensor.clone(), root);
-        self.tensor = Some(match &result {
-            Ok(value) if self.require_grad => value.clone().require_grad(),
-            Ok(value) => value.clone(),
-            Err(_) => tensor, // the module is dropped with the error
-        });
-        result.map(drop)
+impl<B: Backend, const D: usize> Retrain for Tensor<B, D> {
+    fn retrain(self) -> Self {
+        self.require_grad()
     }
 }
 
-impl<B: Backend, const D: usize> ParamSlot for View<Tensor<B, D, Int>> {
-    fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<()> {
-        let tensor = self.tensor.take().expect("a parameter's tensor");
-        let result = crate::broadcast(group, tensor.clone(), root);
-        self.tensor = Some(result.as_ref().map_or(tensor, Clone::clone));
-        result.map(drop)
+impl<B: Backend, const D: usize> Retrain for Tensor<B, D, Int> {
+    fn retrain(self) -> Self {
+        self
+    }
+}
+
+/// A float parameter as the shared walks see it.
+fn float<B: Backend, const D: usize>(id: ParamId, tensor: Tensor<B, D>) -> Held<Tensor<B, D>> {
+    Held {
+        kind: Kind::Float,
+        id: id.val(),
+        require_grad: tensor.is_require_grad(),
+        autodiff: B::ad_enabled(&tensor.device()),
+        tensor: Some(tensor),
+    }
+}
+
+/// An int or bool parameter as the shared walks see it.
+fn other<T>(kind: Kind, id: ParamId, tensor: T) -> Held<T> {
+    Held {
+        kind,
+        id: id.val(),
+        require_grad: false,
+        autodiff: false,
+        tensor: Some(tensor),
     }
 }
 
@@ -130,21 +97,13 @@ impl<B: Backend> ModuleVisitor<B> for Walk<'_> {
         self.0.exit_module();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let value = param.val();
-        self.0.param(&View::new(
-            Kind::Float,
-            param.id,
-            value.clone(),
-            Some(&value),
-        ));
+        self.0.param(&float(param.id, param.val()));
     }
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-        self.0
-            .param(&View::new(Kind::Int, param.id, param.val(), None));
+        self.0.param(&other(Kind::Int, param.id, param.val()));
     }
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-        self.0
-            .param(&View::new(Kind::Bool, param.id, param.val(), None));
+        self.0.param(&other(Kind::Bool, param.id, param.val()));
     }
 }
 
@@ -153,10 +112,9 @@ struct Map<'a>(&'a mut dyn Rewrite);
 impl<B: Backend> ModuleMapper<B> for Map<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (id, tensor, mapper) = param.consume();
-        let trained = tensor.clone();
-        let mut slot = View::new(Kind::Float, id, tensor, Some(&trained));
-        self.0.param(&mut slot);
-        Param::from_mapped_value(id, slot.tensor.expect("a tensor"), mapper)
+        let mut held = float(id, tensor);
+        self.0.param(&mut held);
+        Param::from_mapped_value(id, held.tensor.expect("a tensor"), mapper)
     }
 
     fn map_int<const D: usize>(
@@ -164,9 +122,9 @@ impl<B: Backend> ModuleMapper<B> for Map<'_> {
         param: Param<Tensor<B, D, Int>>,
     ) -> Param<Tensor<B, D, Int>> {
         let (id, tensor, mapper) = param.consume();
-        let mut slot = View::new(Kind::Int, id, tensor, None);
-        self.0.param(&mut slot);
-        Param::from_mapped_value(id, slot.tensor.expect("a tensor"), mapper)
+        let mut held = other(Kind::Int, id, tensor);
+        self.0.param(&mut held);
+        Param::from_mapped_value(id, held.tensor.expect("a tensor"), mapper)
     }
 }
 
@@ -201,7 +159,7 @@ impl<B: AutodiffBackend, const D: usize> GradParam<Grad<B>> for Trainable<B, D> 
     }
 }
 
-struct GradWalk<'a, B: AutodiffBackend>(&'a mut dyn FnMut(&dyn GradParam<Grad<B>>));
+struct GradWalk<'a, B: AutodiffBackend>(EachGrad<'a, Grad<B>>);
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for GradWalk<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -322,3 +280,87 @@ pub(crate) fn test_tensor(values: Vec<f32>) -> Tensor<TestBackend, 1> {
     let len = values.len();
     Tensor::from_data(TensorData::new(values, [len]), &test_device())
 }
+
+/// A logged metric entry in burn-ddp-training's terms (Burn 0.21 logs
+/// per-iteration values only).
+#[cfg(feature = "train")]
+pub(crate) fn figure_entry(
+    entry: &burn::train::metric::NumericEntry,
+) -> Option<burn_ddp_training::learner::figures::Entry> {
+    use burn::train::metric::NumericEntry;
+    use burn_ddp_training::learner::figures::Entry;
+    Some(match *entry {
+        NumericEntry::Value(value) => Entry::Iteration {
+            sum: value,
+            count: 1,
+        },
+        NumericEntry::Aggregated {
+            aggregated_value,
+            count,
+        } => Entry::Iteration {
+            sum: aggregated_value * count as f64,
+            count: count as u64,
+        },
+    })
+}
+
+/// Burn 0.21's renderer traits for a renderer that shows nothing and hands
+/// the end-of-training summary to its `Quiet` side.
+#[cfg(feature = "train")]
+macro_rules! quiet_renderer {
+    ($renderer:ty) => {
+        impl burn::train::renderer::MetricsRendererTraining for $renderer {
+            fn update_train(&mut self, _state: burn::train::renderer::MetricState) {}
+            fn update_valid(&mut self, _state: burn::train::renderer::MetricState) {}
+            fn render_train(
+                &mut self,
+                _item: burn::train::renderer::TrainingProgress,
+                _indicators: Vec<burn::train::renderer::ProgressType>,
+            ) {
+            }
+            fn render_valid(
+                &mut self,
+                _item: burn::train::renderer::TrainingProgress,
+                _indicators: Vec<burn::train::renderer::ProgressType>,
+            ) {
+            }
+            fn on_train_end(
+                &mut self,
+                summary: Option<burn::train::LearnerSummary>,
+            ) -> Result<(), Box<dyn core::error::Error>> {
+                if let Some(summary) = summary {
+                    $crate::shared::train::quiet::Quiet::summary(self, summary);
+                }
+                Ok(())
+            }
+        }
+
+        impl burn::train::renderer::MetricsRendererEvaluation for $renderer {
+            fn update_test(
+                &mut self,
+                _name: burn::train::renderer::EvaluationName,
+                _state: burn::train::renderer::MetricState,
+            ) {
+            }
+            fn render_test(
+                &mut self,
+                _item: burn::train::renderer::EvaluationProgress,
+                _indicators: Vec<burn::train::renderer::ProgressType>,
+            ) {
+            }
+            fn on_test_end(
+                &mut self,
+                _summary: Option<burn::train::LearnerSummary>,
+            ) -> Result<(), Box<dyn core::error::Error>> {
+                Ok(())
+            }
+        }
+
+        impl burn::train::renderer::MetricsRenderer for $renderer {
+            fn manual_close(&mut self) {}
+            fn register_metric(&mut self, _definition: burn::train::metric::MetricDefinition) {}
+        }
+    };
+}
+#[cfg(feature = "train")]
+pub(crate) use quiet_renderer;

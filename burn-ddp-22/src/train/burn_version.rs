@@ -10,7 +10,7 @@ use burn::train::LearnerEvent;
 /// A split (train or valid) of `epoch` starts, over a loader of `items`
 /// items whose iterator is at `progress`.
 #[cfg(not(burn_023))]
-pub(super) fn start_split<T>(epoch: usize, items: usize, _progress: Progress) -> LearnerEvent<T> {
+pub(crate) fn start_split<T>(epoch: usize, items: usize, _progress: Progress) -> LearnerEvent<T> {
     LearnerEvent::StartSplit {
         epoch_number: epoch,
         total_items: items,
@@ -20,14 +20,14 @@ pub(super) fn start_split<T>(epoch: usize, items: usize, _progress: Progress) ->
 /// A split of `epoch` ended with its iterator at `progress` (`completed`:
 /// it was not interrupted).
 #[cfg(not(burn_023))]
-pub(super) fn end_split<T>(epoch: usize, _progress: Progress, _completed: bool) -> LearnerEvent<T> {
+pub(crate) fn end_split<T>(epoch: usize, _progress: Progress, _completed: bool) -> LearnerEvent<T> {
     LearnerEvent::EndSplit(epoch)
 }
 
 /// A split (train or valid) of `epoch` starts, over a loader of `items`
 /// items whose iterator is at `progress`.
 #[cfg(burn_023)]
-pub(super) fn start_split<T>(epoch: usize, _items: usize, progress: Progress) -> LearnerEvent<T> {
+pub(crate) fn start_split<T>(epoch: usize, _items: usize, progress: Progress) -> LearnerEvent<T> {
     LearnerEvent::StartSplit {
         epoch_number: epoch,
         progress,
@@ -37,7 +37,7 @@ pub(super) fn start_split<T>(epoch: usize, _items: usize, progress: Progress) ->
 /// A split of `epoch` ended with its iterator at `progress` (`completed`:
 /// it was not interrupted, so its total is what it saw).
 #[cfg(burn_023)]
-pub(super) fn end_split<T>(
+pub(crate) fn end_split<T>(
     epoch: usize,
     mut progress: Progress,
     completed: bool,
@@ -100,4 +100,4 @@ macro_rules! quiet_progress {
     };
 }
 
-pub(super) use quiet_progress;
+pub(crate) use quiet_progress;

@@ -1,30 +1,34 @@
 //! The learning strategy: burn-train 0.22's single-device loop, with the
 //! ranks kept in step.
 //!
-//! It follows `SingleDeviceTrainingStrategy` of burn-train 0.22
-//! (`learner/supervised/strategies/single/`) line for line where one rank is
-//! concerned (events, scheduler cadence, the leftover micro-batches of an
-//! epoch, no checkpoint after an interrupt), so a world of one trains as
-//! Burn's own strategy does, and adds what several processes need: shard
-//! epochs, one gradient average per optimizer step, a vote per iteration,
-//! global epoch figures, rank 0's early stopping decision, and a closing
-//! barrier. The agreements themselves are burn-ddp-comm's `LearnerJob`.
+//! The epoch loop (the vote per iteration, one gradient average per
+//! optimizer step, the after-epoch decision, the closing barrier) is
+//! burn-ddp-training's [`LearnerJob::fit`]; this file is burn-train 0.22's
+//! side of it. It follows `SingleDeviceTrainingStrategy` of burn-train 0.22
+//! (`learner/supervised/strategies/single/`) where one rank is concerned
+//! (events, the scheduler stepped with the optimizer, the leftover
+//! micro-batches of an epoch applied, no checkpoint after an interrupt), so a
+//! world of one trains as Burn's own strategy does.
 
 use super::burn_version;
-use super::metrics::globalize;
 use super::DdpTraining;
-use crate::CommError;
-use burn::data::dataloader::Progress;
+use crate::shared::train::metrics::globalize;
+use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
+use burn::train::metric::store::EventStoreClient;
 use burn::train::{
-    EventProcessorTraining, InferenceStep, Interrupter, Learner, LearnerEvent, LearnerModel,
-    LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
-    TrainingComponents, TrainingItem, ValidLoader,
+    CloneEarlyStoppingStrategy, EventProcessorTraining, InferenceStep, Interrupter, Learner,
+    LearnerEvent, LearnerModel, LearningCheckpointer, LearningResult, SupervisedLearningStrategy,
+    SupervisedTrainingEventProcessor, TrainLoader, TrainStep, TrainingComponents, TrainingItem,
+    ValidLoader,
 };
-use burn_ddp_training::learner::{AfterEpoch, NextIteration};
+use burn_ddp_training::learner::{FitError, LearnerJob, Learning, Plan};
 use burn_ddp_training::stop;
-use std::time::Instant;
+use std::sync::Arc;
+
+type TrainItem<M> = <M as TrainStep>::Input;
+type TrainOutput<M> = <M as TrainStep>::Output;
 
 /// burn-ddp's `SupervisedLearningStrategy`; installed by
 /// [`DdpSupervisedTraining::ddp`](super::DdpSupervisedTraining::ddp).
@@ -42,12 +46,8 @@ impl DdpLearningStrategy {
     /// others: stop this rank with the reason (burn-train's `TrainingError`
     /// has no place for it, and the other ranks fail on their next
     /// collective, within the group's timeout).
-    fn fail(&self, what: &str, err: CommError) -> ! {
-        match err {
-            // A disagreement between the ranks: its message names this rank.
-            CommError::InvalidArgument { .. } => panic!("{err}"),
-            err => panic!("rank {}: {what}: {err}", self.ddp.rank()),
-        }
+    fn fail(&self, err: FitError) -> ! {
+        panic!("{}", err.message(self.ddp.rank()))
     }
 
     /// This rank's device, with autodiff (Burn's own strategies are handed
@@ -68,136 +68,129 @@ impl DdpLearningStrategy {
         }
     }
 
-    fn train_epoch<M: LearnerModel>(
-        &self,
-        learner: &mut Learner<M>,
-        loader: &TrainLoader<M>,
-        global_progress: &Progress,
-        processor: &mut SupervisedTrainingEventProcessor<M>,
-        interrupter: &Interrupter,
-        grad_accumulation: Option<usize>,
-    ) -> bool {
-        let epoch = global_progress.items_processed;
-        log::info!("Executing training step for epoch {epoch}");
-        let lengths = self
-            .ddp
-            .check_lengths("training", loader.num_items())
-            .unwrap_or_else(|err| self.fail("comparing loader lengths", err));
-        let mut iterator = loader.iter();
-        interrupter.fail_on_error(processor.process_train(burn_version::start_split(
-            epoch,
-            loader.num_items(),
-            iterator.progress(),
-        )));
-        let mut iteration = 0;
-        let mut accumulator = GradientsAccumulator::new();
-        let mut accumulated = 0;
-        // What every rank agreed on last: the whole epoch, or a stop. Only
-        // the vote decides what comes next (the leftover step, validation),
-        // never this rank's own interrupter, which other threads (the event
-        // processor, the checkpointer) may set at any time.
-        let completed = loop {
-            let item = match iterator.next() {
-                Some(Ok(item)) => Some(item),
-                Some(Err(err)) => {
-                    // Voted as an interrupt below, so the others stop too.
-                    interrupter.fail(err);
-                    None
-                }
-                None => {
-                    // An error the processor found in the last items comes
-                    // back on a later call: now, so it is in the vote.
-                    interrupter.fail_on_error(processor.flush());
-                    None
-                }
-            };
-            let next = self
-                .ddp
-                .next_iteration(
-                    epoch,
-                    iteration,
-                    item.is_some() || interrupter.should_stop(),
-                    interrupter.should_stop(),
-                    &lengths,
-                )
-                .unwrap_or_else(|err| self.fail("agreeing on the next iteration", err));
-            let item = match (next, item) {
-                (NextIteration::Train, Some(item)) => item,
-                (NextIteration::Stop { reason }, _) => {
-                    if let Some(reason) = reason {
-                        interrupter.stop(Some(&reason));
-                    }
-                    break false;
-                }
-                _ => break true,
-            };
-            iteration += 1;
-            let progress = iterator.progress();
-            let output = learner.train_step(item);
-            let grads = match grad_accumulation {
-                Some(k) => {
-                    accumulator.accumulate(&learner.model(), output.grads);
-                    accumulated += 1;
-                    (accumulated >= k).then(|| {
-                        accumulated = 0;
-                        accumulator.grads()
-                    })
-                }
-                None => Some(output.grads),
-            };
-            if let Some(grads) = grads {
-                self.step(learner, grads);
+    /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
+    fn broadcast_parameters<M: LearnerModel>(&self, learner: &mut Learner<M>) {
+        let model = crate::wrap::broadcast_module(learner.model(), self.ddp.group(), true)
+            .unwrap_or_else(|error| {
+                self.fail(FitError {
+                    what: "broadcasting rank 0's parameters",
+                    error,
+                })
+            });
+        learner.load_model(model.into_record());
+    }
+}
+
+/// One rank's burn-train 0.22 Learner, as the shared loop drives it.
+struct Epochs<'a, M: LearnerModel> {
+    job: &'a LearnerJob,
+    learner: Learner<M>,
+    train: &'a TrainLoader<M>,
+    valid: &'a ValidLoader<M>,
+    processor: SupervisedTrainingEventProcessor<M>,
+    checkpointer: Option<LearningCheckpointer<M>>,
+    early_stopping: Option<Box<dyn CloneEarlyStoppingStrategy>>,
+    event_store: Arc<EventStoreClient>,
+    interrupter: Interrupter,
+    grad_accumulation: Option<usize>,
+    num_epochs: usize,
+    /// The epoch under way, its loader and where it is.
+    epoch: Progress,
+    items: Option<Box<dyn DataLoaderIterator<TrainItem<M>> + 'a>>,
+    progress: Option<Progress>,
+    /// The gradients since the last optimizer step.
+    accumulator: GradientsAccumulator<M>,
+    grads: Option<GradientsParams>,
+}
+
+impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
+    type Item = TrainItem<M>;
+    type Output = TrainOutput<M>;
+
+    fn start_training(&mut self, epoch: usize) -> usize {
+        self.epoch = Progress::new(epoch, self.num_epochs, Some("epochs".to_string()));
+        let items = self.train.iter();
+        let start = burn_version::start_split(epoch, self.train.num_items(), items.progress());
+        self.interrupter
+            .fail_on_error(self.processor.process_train(start));
+        self.items = Some(items);
+        self.train.num_items()
+    }
+
+    fn next_item(&mut self) -> Option<Self::Item> {
+        let items = self.items.as_mut()?;
+        let item = match items.next() {
+            Some(Ok(item)) => Some(item),
+            Some(Err(err)) => {
+                // Voted as an interrupt, so the others stop too.
+                self.interrupter.fail(err);
+                None
             }
-            let item = TrainingItem::new(
-                output.item,
-                progress,
-                Some(iteration),
-                Some(learner.lr_current()),
-            );
-            interrupter.fail_on_error(processor.process_train(LearnerEvent::ProcessedItem(item)));
+            None => {
+                // An error the processor found in the last items comes
+                // back on a later call: now, so it is in the vote.
+                self.interrupter.fail_on_error(self.processor.flush());
+                None
+            }
         };
-        // The epoch's leftover micro-batches, which Burn's own strategy
-        // applies too (0.22 with the last item, 0.23 after it); every rank's
-        // shard has the same length, so every rank has them (none after an
-        // agreed stop).
-        if completed && accumulated > 0 {
-            self.step(learner, accumulator.grads());
+        self.progress = Some(items.progress());
+        item
+    }
+
+    fn train_step(&mut self, item: Self::Item) -> Self::Output {
+        let output = self.learner.train_step(item);
+        match self.grad_accumulation {
+            Some(_) => self
+                .accumulator
+                .accumulate(&self.learner.model(), output.grads),
+            None => self.grads = Some(output.grads),
         }
-        let end = burn_version::end_split(epoch, iterator.progress(), completed);
-        interrupter.fail_on_error(processor.process_train(end));
-        completed
+        output.item
     }
 
-    /// One optimizer step with the gradients averaged over the ranks.
-    fn step<M: LearnerModel>(&self, learner: &mut Learner<M>, grads: GradientsParams) {
-        let grads = crate::sync::sync_module(
-            self.ddp.reducer(),
-            self.ddp.group(),
-            &learner.model(),
-            grads,
-        )
-        .unwrap_or_else(|err| self.fail("averaging gradients", err));
-        learner.lr_step();
-        learner.optimizer_step(grads);
+    fn optimizer_step(&mut self) -> crate::Result<()> {
+        let grads = match self.grads.take() {
+            Some(grads) => grads,
+            None => self.accumulator.grads(),
+        };
+        let model = self.learner.model();
+        let grads = crate::sync::sync_module(self.job.reducer(), self.job.group(), &model, grads)?;
+        // burn-train 0.22 steps the scheduler with the optimizer.
+        self.learner.lr_step();
+        self.learner.optimizer_step(grads);
+        Ok(())
     }
 
-    fn valid_epoch<M: LearnerModel>(
-        &self,
-        learner: &Learner<M>,
-        loader: &ValidLoader<M>,
-        global_progress: &Progress,
-        processor: &mut SupervisedTrainingEventProcessor<M>,
-        interrupter: &Interrupter,
-    ) {
-        let epoch = global_progress.items_processed;
+    fn report(&mut self, output: Self::Output, iteration: usize) {
+        let progress = self.progress.clone().expect("an item's progress");
+        let item = TrainingItem::new(
+            output,
+            progress,
+            Some(iteration),
+            Some(self.learner.lr_current()),
+        );
+        self.interrupter.fail_on_error(
+            self.processor
+                .process_train(LearnerEvent::ProcessedItem(item)),
+        );
+    }
+
+    fn end_training(&mut self, epoch: usize, completed: bool) {
+        let Some(items) = self.items.take() else {
+            return;
+        };
+        let end = burn_version::end_split(epoch, items.progress(), completed);
+        self.interrupter
+            .fail_on_error(self.processor.process_train(end));
+    }
+
+    fn validate(&mut self, epoch: usize) {
         log::info!("Executing validation step for epoch {epoch}");
-        let model = learner.model().valid();
-        let mut iterator = loader.iter();
-        interrupter.fail_on_error(processor.process_valid(burn_version::start_split(
-            epoch,
-            loader.num_items(),
-            iterator.progress(),
-        )));
+        let model = self.learner.model().valid();
+        let mut iterator = self.valid.iter();
+        let start = burn_version::start_split(epoch, self.valid.num_items(), iterator.progress());
+        self.interrupter
+            .fail_on_error(self.processor.process_valid(start));
         let mut iteration = 0;
         // No collective here: shards may differ by one item, and an
         // interrupt is agreed on at the end of the epoch.
@@ -205,34 +198,64 @@ impl DdpLearningStrategy {
             let item = match item {
                 Ok(item) => item,
                 Err(err) => {
-                    interrupter.fail(err);
+                    self.interrupter.fail(err);
                     break;
                 }
             };
             if let Some(signal) = stop::stop_signal() {
                 // Ctrl-C during validation: this rank's figures end here; the
                 // ranks agree to stop at the end of the epoch.
-                interrupter.stop(Some(&format!("{} received", stop::signal_name(signal))));
+                let reason = format!("{} received", stop::signal_name(signal));
+                self.interrupter.stop(Some(&reason));
                 break;
             }
             let progress = iterator.progress();
             iteration += 1;
             let item = InferenceStep::step(&model, item);
             let item = TrainingItem::new(item, progress, Some(iteration), None);
-            interrupter.fail_on_error(processor.process_valid(LearnerEvent::ProcessedItem(item)));
-            if interrupter.should_stop() {
+            self.interrupter.fail_on_error(
+                self.processor
+                    .process_valid(LearnerEvent::ProcessedItem(item)),
+            );
+            if self.interrupter.should_stop() {
                 break;
             }
         }
-        let end = burn_version::end_split(epoch, iterator.progress(), !interrupter.should_stop());
-        interrupter.fail_on_error(processor.process_valid(end));
+        let completed = !self.interrupter.should_stop();
+        let end = burn_version::end_split(epoch, iterator.progress(), completed);
+        self.interrupter
+            .fail_on_error(self.processor.process_valid(end));
+        self.interrupter
+            .fail_on_error(self.processor.process_train(LearnerEvent::EndEpoch(epoch)));
+        // The store's thread has the epoch's events once the processor's
+        // has; the figures wait for the store (EpochFigures::reduce_epoch).
+        self.interrupter.fail_on_error(self.processor.flush());
     }
 
-    /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
-    fn broadcast_parameters<M: LearnerModel>(&self, learner: &mut Learner<M>) {
-        let model = crate::wrap::broadcast_module(learner.model(), self.ddp.group(), true)
-            .unwrap_or_else(|err| self.fail("broadcasting rank 0's parameters", err));
-        learner.load_model(model.into_record());
+    fn early_stop(&mut self, epoch: usize) -> bool {
+        self.early_stopping
+            .as_mut()
+            .is_some_and(|strategy| strategy.should_stop(epoch, &self.event_store))
+    }
+
+    fn checkpoint(&mut self, epoch: usize) {
+        if let Some(checkpointer) = &mut self.checkpointer {
+            checkpointer.checkpoint(&self.learner, epoch, &self.event_store);
+        }
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupter.should_stop()
+    }
+
+    fn stop_reason(&self) -> Option<String> {
+        self.interrupter
+            .interruption()
+            .and_then(|interruption| interruption.reason)
+    }
+
+    fn interrupt(&self, reason: &str) {
+        self.interrupter.stop(Some(reason));
     }
 }
 
@@ -301,78 +324,33 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
         let dataloader_train = dataloader_train.to_device(&device);
         let dataloader_valid = dataloader_valid.to_device(&device.clone().inner());
         learner.fork(&device);
-        let mut processor = components.event_processor;
-        let mut checkpointer = components.checkpointer;
-        let mut early_stopping = components.early_stopping;
-        let interrupter = components.interrupter;
-        let num_epochs = components.num_epochs;
-
-        for epoch in starting_epoch..=num_epochs {
-            let progress = Progress::new(epoch, num_epochs, Some("epochs".to_string()));
-            self.ddp.set_epoch(epoch);
-            let started = Instant::now();
-            let completed = self.train_epoch(
-                &mut learner,
-                &dataloader_train,
-                &progress,
-                &mut processor,
-                &interrupter,
-                components.grad_accumulation,
-            );
-            if !completed {
-                let reason = interrupter
-                    .interruption()
-                    .and_then(|interruption| interruption.reason)
-                    .unwrap_or_else(|| "reason unknown".to_string());
-                log::info!("Training interrupted: {reason}");
-                break;
-            }
-            let train_time = started.elapsed();
-            let started = Instant::now();
-            self.valid_epoch(
-                &learner,
-                &dataloader_valid,
-                &progress,
-                &mut processor,
-                &interrupter,
-            );
-            interrupter.fail_on_error(processor.process_train(LearnerEvent::EndEpoch(epoch)));
-            let valid_time = started.elapsed();
-            // The store's thread has the epoch's events once the processor's
-            // has; the figures wait for the store (EpochFigures::reduce_epoch).
-            interrupter.fail_on_error(processor.flush());
-            self.ddp
-                .end_epoch(epoch, num_epochs, train_time, valid_time)
-                .unwrap_or_else(|err| self.fail("summing the epoch's metrics", err));
-            let early_stop = self.ddp.is_main()
-                && !interrupter.should_stop()
-                && early_stopping
-                    .as_mut()
-                    .is_some_and(|strategy| strategy.should_stop(epoch, &components.event_store));
-            // Agreed before the checkpoint: an epoch interrupted on any rank
-            // (its validation cut short) is not saved, as in Burn's own
-            // strategy; an epoch early stopping ends on is.
-            let after = self
-                .ddp
-                .after_epoch(epoch, early_stop, interrupter.should_stop())
-                .unwrap_or_else(|err| self.fail("agreeing on early stopping", err));
-            if after == AfterEpoch::Interrupted {
-                if !interrupter.should_stop() {
-                    interrupter.stop(Some("interrupted on another rank"));
-                }
-                break;
-            }
-            if let Some(checkpointer) = &mut checkpointer {
-                checkpointer.checkpoint(&learner, epoch, &components.event_store);
-            }
-            if after == AfterEpoch::EarlyStop {
-                break;
-            }
+        let plan = Plan {
+            starting_epoch,
+            num_epochs: components.num_epochs,
+            grad_accumulation: components.grad_accumulation,
+            step_leftover: true,
+        };
+        let mut epochs = Epochs {
+            job: self.ddp.job(),
+            learner,
+            train: &dataloader_train,
+            valid: &dataloader_valid,
+            processor: components.event_processor,
+            checkpointer: components.checkpointer,
+            early_stopping: components.early_stopping,
+            event_store: components.event_store,
+            interrupter: components.interrupter,
+            grad_accumulation: components.grad_accumulation,
+            num_epochs: components.num_epochs,
+            epoch: Progress::new(starting_epoch, components.num_epochs, Some("epochs".into())),
+            items: None,
+            progress: None,
+            accumulator: GradientsAccumulator::new(),
+            grads: None,
+        };
+        if let Err(err) = self.ddp.fit(&mut epochs, plan) {
+            self.fail(err);
         }
-        // Nobody leaves while another rank may still need it.
-        if let Err(err) = self.ddp.group().barrier() {
-            self.fail("the closing barrier", err);
-        }
-        (learner.model(), processor)
+        (epochs.learner.model(), epochs.processor)
     }
 }

@@ -12,17 +12,18 @@
 //! stopping and best-checkpoint choice read the global figures.
 //!
 //! The global value of a metric is the count-weighted mean of every rank's
-//! per-iteration values: Burn 0.21's own epoch aggregate taken over all the
-//! ranks' batches. Where the metric also reports a final epoch value (Burn
-//! 0.22's `Final` entries: what its store prefers, e.g. precision from the
-//! epoch's summed confusion counts), it is the mean of the ranks' final
-//! values weighted by their entry counts instead, so a world of one reports
-//! exactly what Burn reports. For metrics that are means over items (loss,
-//! accuracy, top-k accuracy) either is what one process with the whole
-//! global batch would report; for ratios of sums (precision, recall,
-//! perplexity) the weighted mean of the ranks' ratios is close to it, not
-//! equal. Per-iteration values that are not finite (a ratio of 0/0 on a
-//! batch) are left out rather than poisoning the epoch.
+//! per-iteration values ([`Entry::Iteration`]): the epoch's aggregate taken
+//! over all the ranks' batches. Where a front-end's metrics also report a
+//! final epoch value ([`Entry::Final`], e.g. a precision from the epoch's
+//! summed confusion counts), the global figure is the mean of the ranks'
+//! final values weighted by their entry counts instead, so a world of one
+//! reports exactly what the single-process Learner reports. For metrics that
+//! are means over items (loss, accuracy, top-k accuracy) either is what one
+//! process with the whole global batch would report; for ratios of sums
+//! (precision, recall, perplexity) the weighted mean of the ranks' ratios is
+//! close to it, not equal. Per-iteration values that are not finite (a ratio
+//! of 0/0 on a batch) are left out rather than poisoning the epoch. Which of
+//! its framework's entries is which is the front-end's to say.
 
 use burn_ddp_comm::{ProcessGroup, ReduceOp, Result};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -31,6 +32,20 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+/// One entry a metric logged, translated from the front-end's framework.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Entry {
+    /// A per-iteration value: `sum` over `count` items.
+    Iteration {
+        /// The value times its item count.
+        sum: f64,
+        /// The items it covers.
+        count: u64,
+    },
+    /// The metric's final value for the epoch.
+    Final(f64),
+}
 
 /// The file in the experiment folder where rank 0 appends the global epoch
 /// figures: `epoch,split,metric,value,count`.
@@ -51,8 +66,8 @@ pub struct GlobalMetric {
     pub count: u64,
 }
 
-/// The two parts of an epoch whose figures are summed (Burn's test split is
-/// not: evaluation after training is each program's own).
+/// The two parts of an epoch whose figures are summed (a test split is not:
+/// evaluation after training is each program's own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Split {
     /// Training.
@@ -145,6 +160,15 @@ impl EpochFigures {
         totals
             .finals
             .insert((epoch, split, name.to_string()), value);
+    }
+
+    /// Records `entry` of metric `name` ([`record`](Self::record) or
+    /// [`record_final`](Self::record_final)).
+    pub fn record_entry(&self, epoch: usize, split: Split, name: &str, entry: Entry) {
+        match entry {
+            Entry::Iteration { sum, count } => self.record(epoch, split, name, sum, count),
+            Entry::Final(value) => self.record_final(epoch, split, name, value),
+        }
     }
 
     /// The logger saw `split` of `epoch` end.

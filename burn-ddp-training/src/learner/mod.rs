@@ -6,19 +6,22 @@
 //! epoch figures summed over the ranks ([`figures`]) and the newest whole
 //! checkpoint ([`LearnerJob::latest_checkpoint`]).
 //!
-//! Each Burn front-end's strategy is its Burn version's single-device loop
-//! with these calls in it; the Burn types (metrics, events, records) stay on
+//! The epoch loop itself is written once ([`LearnerJob::fit`]); each Burn
+//! front-end's strategy drives it through [`Learning`] with its Burn
+//! version's Learner, and the Burn types (metrics, events, records) stay on
 //! its side.
 
 pub mod agreement;
 mod artifacts;
 mod checkpoints;
+pub mod fit;
 
 pub use checkpoints::CHECKPOINT_NAMES;
 pub mod figures;
 
 pub use agreement::{AfterEpoch, NextIteration};
 pub use figures::{EpochFigures, GlobalMetric, Split, GLOBAL_METRICS_FILE};
+pub use fit::{FitError, Learning, Plan};
 
 use burn_ddp_comm::{BucketConfig, ProcessGroup, Reducer, Result, SyncStats};
 use std::path::{Path, PathBuf};

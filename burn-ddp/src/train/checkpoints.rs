@@ -1,45 +1,19 @@
 //! Resuming a Learner run by itself: the newest epoch whose checkpoint
 //! (Burn 0.21's file checkpointer: `model-N`, `optim-N` and `scheduler-N`,
 //! MessagePack, maybe gzipped) is complete and whole. The choice and the
-//! check that every rank has it are burn-ddp-comm's [`LearnerJob`]; what
+//! check that every rank has it are burn-ddp-training's `LearnerJob`
+//! (through `DdpTraining::latest_checkpoint`); what
 //! "whole" means for Burn 0.21's files is here.
-//!
-//! [`LearnerJob`]: burn_ddp_training::learner::LearnerJob
 
-use super::{DdpTraining, LearnerJob};
-use crate::Result;
 use burn_ddp_training::snapshots::{LoadError, Snapshot};
 use serde::Deserialize;
 use std::io::Read;
 use std::path::Path;
 
-impl DdpTraining {
-    /// The newest epoch whose checkpoint in `<directory>/checkpoint` is
-    /// complete (model, optimizer and scheduler) and whole, for every rank
-    /// alike (rank 0 decides, every rank must have it): give it to
-    /// `SupervisedTraining::checkpoint` to go on after a restart
-    /// (`burn-ddp-run --max-restarts`). A damaged newest one is skipped with
-    /// a warning naming the file; `None` when there is none (start afresh);
-    /// an error when every one is damaged. Collective: every rank calls it,
-    /// before `SupervisedTraining::launch`.
-    pub fn latest_checkpoint(&self) -> Result<Option<usize>> {
-        LearnerJob::latest_checkpoint(self, check_whole)
-    }
-
-    /// Every rank has `epoch`'s checkpoint in `<directory>/checkpoint`,
-    /// complete and whole, or every rank fails naming the ranks that do not
-    /// (their folder, what is missing or damaged). Collective: call it
-    /// before `SupervisedTraining::checkpoint(epoch)` when you choose the
-    /// epoch yourself; [`latest_checkpoint`](Self::latest_checkpoint) does.
-    pub fn verify_checkpoint(&self, epoch: usize) -> Result<()> {
-        LearnerJob::verify_checkpoint(self, epoch, check_whole)
-    }
-}
-
 /// Whether every file of an epoch's checkpoint reads to the end: gzip's
 /// checksum where compressed, and one whole MessagePack value (a file cut
 /// short by a crash mid-save fails here; what is inside is Burn's to judge).
-fn check_whole(snapshot: &Snapshot) -> std::result::Result<(), LoadError> {
+pub(crate) fn check_whole(snapshot: &Snapshot) -> std::result::Result<(), LoadError> {
     for file in &snapshot.files {
         whole(file)
             .map_err(|why| LoadError::Corrupt(format!("{}: {why}", file.display()).into()))?;

@@ -56,111 +56,17 @@
 //! `MultiDevice` with `Ddp<B>` would run several backward passes in one
 //! process. Use this strategy (or `SingleDevice` in a world of one).
 
-mod checkpoints;
-mod metrics;
-mod quiet;
+pub(crate) mod checkpoints;
 mod strategy;
 
+pub use crate::shared::train::quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};
+pub use crate::shared::train::DdpTraining;
 pub use burn_ddp_training::learner::{EpochReport, GlobalMetric, LearnerJob, GLOBAL_METRICS_FILE};
-pub use quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};
 pub use strategy::DdpLearningStrategy;
 
-use crate::data::{DistributedDataset, DistributedSampler};
-use crate::{BucketConfig, ProcessGroup, Result};
-use burn::data::dataset::Dataset;
+use crate::shared::train::metrics::GlobalMetricLogger;
 use burn::train::{LearningComponentsTypes, SupervisedTraining, TrainingStrategy};
-use metrics::GlobalMetricLogger;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// One rank's part in a Learner run: the group, the model's gradient reducer
-/// (its own, over that group), the experiment folder and the shards whose
-/// epochs the strategy advances. What does not touch Burn (the agreements,
-/// the folder, the epoch figures, resuming) is burn-ddp-comm's
-/// [`LearnerJob`], whose methods it has too.
-#[derive(Clone)]
-pub struct DdpTraining {
-    job: LearnerJob,
-}
-
-impl std::ops::Deref for DdpTraining {
-    type Target = LearnerJob;
-
-    fn deref(&self) -> &LearnerJob {
-        &self.job
-    }
-}
-
-impl DdpTraining {
-    /// For `group` (usually the one [`init_process_group`](crate::init_process_group)
-    /// returned; any group will do, gradients are averaged over it) and the
-    /// experiment folder given to `SupervisedTraining::new`. Buckets are
-    /// PyTorch's defaults; see [`with_buckets`](Self::with_buckets).
-    pub fn new(group: &ProcessGroup, directory: impl AsRef<Path>) -> Self {
-        Self {
-            job: LearnerJob::new(group, directory),
-        }
-    }
-
-    /// Calls `report` on rank 0 after each epoch's figures are summed (to print
-    /// one line per epoch, feed a dashboard, ...).
-    pub fn on_epoch_end(self, report: impl Fn(&EpochReport) + Send + Sync + 'static) -> Self {
-        Self {
-            job: self.job.on_epoch_end(report),
-        }
-    }
-
-    /// Gradient buckets of other sizes than PyTorch's defaults.
-    pub fn with_buckets(self, buckets: BucketConfig) -> Self {
-        Self {
-            job: self.job.with_buckets(buckets.into()),
-        }
-    }
-
-    /// How long the end of an epoch waits for this rank's metric threads to
-    /// catch up before its figures are summed (default 120 s).
-    pub fn with_metrics_wait(self, wait: Duration) -> Self {
-        Self {
-            job: self.job.with_metrics_wait(wait),
-        }
-    }
-
-    /// This rank's shard of a training set: PyTorch's `DistributedSampler`
-    /// (shuffled with seed 0, padded to equal lengths), advanced every epoch.
-    pub fn shard<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
-        let sampler = crate::distributed_sampler(self.group(), dataset.len())?;
-        Ok(self.shard_with(dataset, sampler))
-    }
-
-    /// This rank's shard of an evaluation set: every item on exactly one rank,
-    /// unshuffled, so summed figures are exact.
-    pub fn shard_eval<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
-        let sampler = crate::evaluation_sampler(self.group(), dataset.len())?;
-        Ok(self.shard_with(dataset, sampler))
-    }
-
-    /// A shard with a sampler of your own (another seed, `drop_last`, no shuffle).
-    pub fn shard_with<D: Dataset<I>, I>(
-        &self,
-        dataset: D,
-        sampler: DistributedSampler,
-    ) -> DistributedDataset<D, I> {
-        let shard = DistributedDataset::new(dataset, sampler);
-        let epochs = shard.epoch_handle();
-        self.job
-            .register_shard(move |epoch| epochs.set_epoch(epoch));
-        shard
-    }
-
-    /// Each rank's loader batch size for `global_batch` items per optimizer
-    /// step: every rank's loader takes its own batch, so `.batch_size(64)` on 2
-    /// ranks trains with 128. A global batch the world size does not divide is
-    /// an error naming the nearest multiples.
-    pub fn batch_size_per_rank(&self, global_batch: usize) -> Result<usize> {
-        crate::batch_size_per_rank(self.group(), global_batch)
-    }
-}
 
 /// Installs burn-ddp's strategy on a `SupervisedTraining` builder.
 pub trait DdpSupervisedTraining: Sized {

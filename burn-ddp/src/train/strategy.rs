@@ -1,31 +1,37 @@
-//! The learning strategy: burn-train's single-device loop, with the ranks kept
-//! in step.
+//! The learning strategy: burn-train 0.21's single-device loop, with the
+//! ranks kept in step.
 //!
-//! It follows `SingleDeviceTrainingStrategy` of burn-train 0.21
-//! (`learner/supervised/strategies/single/`) line for line where one rank is
-//! concerned, so a world of one trains bitwise as Burn's own strategy does, and
-//! adds what several processes need: shard epochs, one gradient average per
-//! optimizer step, a vote per iteration, global epoch figures, rank 0's early
-//! stopping decision, and a closing barrier.
+//! The epoch loop (the vote per iteration, one gradient average per
+//! optimizer step, the after-epoch decision, the closing barrier) is
+//! burn-ddp-training's [`LearnerJob::fit`]; this file is burn-train 0.21's
+//! side of it. It follows `SingleDeviceTrainingStrategy` of burn-train 0.21
+//! (`learner/supervised/strategies/single/`) where one rank is concerned (the
+//! scheduler stepped before every iteration, the leftover micro-batches of an
+//! epoch dropped), so a world of one trains bitwise as Burn's own strategy
+//! does.
 
-use super::metrics::globalize;
 use super::DdpTraining;
-use crate::CommError;
-use burn::data::dataloader::Progress;
+use crate::shared::train::metrics::globalize;
+use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::module::{AutodiffModule, Module};
-use burn::optim::GradientsAccumulator;
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::DeviceOps;
+use burn::train::metric::store::EventStoreClient;
 use burn::train::{
-    EventProcessorTraining, Interrupter, Learner, LearnerEvent, LearningComponentsTypes,
-    LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
+    CloneEarlyStoppingStrategy, EventProcessorTraining, InferenceStep, Interrupter, Learner,
+    LearnerEvent, LearningCheckpointer, LearningComponentsTypes, LearningResult,
+    SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader, TrainStep,
     TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
 };
-use burn_ddp_training::learner::{AfterEpoch, NextIteration};
+use burn_ddp_training::learner::{FitError, LearnerJob, Learning, Plan};
 use burn_ddp_training::stop;
-use std::time::Instant;
+use std::sync::Arc;
 
 type InferenceModelOf<LC> = <LC as LearningComponentsTypes>::InferenceModel;
 type DeviceOf<LC> = burn::tensor::Device<<LC as LearningComponentsTypes>::Backend>;
+type TrainItem<LC> = <<LC as LearningComponentsTypes>::TrainingModel as TrainStep>::Input;
+type TrainOutput<LC> = <<LC as LearningComponentsTypes>::TrainingModel as TrainStep>::Output;
+type EarlyStopping = Box<dyn CloneEarlyStoppingStrategy>;
 
 /// burn-ddp's `SupervisedLearningStrategy`; installed by
 /// [`DdpSupervisedTraining::ddp`](super::DdpSupervisedTraining::ddp).
@@ -39,148 +45,22 @@ impl DdpLearningStrategy {
         Self { ddp }
     }
 
-    fn rank(&self) -> usize {
-        self.ddp.rank()
-    }
-
     /// A communication failure leaves no way to continue in step with the
     /// others: stop this rank with the reason (burn-train's strategies cannot
-    /// return errors).
-    fn fail(&self, what: &str, err: CommError) -> ! {
-        match err {
-            // A disagreement between the ranks: its message names this rank.
-            CommError::InvalidArgument { .. } => panic!("{err}"),
-            err => panic!("rank {}: {what}: {err}", self.rank()),
-        }
-    }
-
-    fn train_epoch<LC: LearningComponentsTypes>(
-        &self,
-        learner: &mut Learner<LC>,
-        loader: &TrainLoader<LC>,
-        global_progress: &Progress,
-        processor: &mut SupervisedTrainingEventProcessor<LC>,
-        interrupter: &Interrupter,
-        grad_accumulation: Option<usize>,
-    ) -> bool {
-        let epoch = global_progress.items_processed;
-        log::info!("Executing training step for epoch {epoch}");
-        let lengths = self
-            .ddp
-            .check_lengths("training", loader.num_items())
-            .unwrap_or_else(|err| self.fail("comparing loader lengths", err));
-        let mut iterator = loader.iter();
-        let mut iteration = 0;
-        let mut accumulator = GradientsAccumulator::new();
-        let mut accumulated = 0;
-        // What every rank agreed on last: the whole epoch, or a stop. Only
-        // the vote decides what comes next, never this rank's own
-        // interrupter, which other threads may set at any time.
-        let completed = loop {
-            let item = iterator.next();
-            let next = self
-                .ddp
-                .next_iteration(
-                    epoch,
-                    iteration,
-                    item.is_some(),
-                    interrupter.should_stop(),
-                    &lengths,
-                )
-                .unwrap_or_else(|err| self.fail("agreeing on the next iteration", err));
-            let item = match (next, item) {
-                (NextIteration::Train, Some(item)) => item,
-                (NextIteration::Stop { reason }, _) => {
-                    if let Some(reason) = reason {
-                        interrupter.stop(Some(&reason));
-                    }
-                    break false;
-                }
-                _ => break true,
-            };
-            iteration += 1;
-            learner.lr_step();
-            let progress = iterator.progress();
-            // Local backward passes; the average is taken once per optimizer step.
-            let output = {
-                let _local = crate::no_sync();
-                learner.train_step(item)
-            };
-            let model = learner.model();
-            let grads = match grad_accumulation {
-                Some(k) => {
-                    accumulator.accumulate(&model, output.grads);
-                    accumulated += 1;
-                    if accumulated >= k {
-                        accumulated = 0;
-                        Some(accumulator.grads())
-                    } else {
-                        None
-                    }
-                }
-                None => Some(output.grads),
-            };
-            if let Some(grads) = grads {
-                let grads =
-                    crate::sync::sync_module(self.ddp.reducer(), self.ddp.group(), &model, grads)
-                        .unwrap_or_else(|err| self.fail("averaging gradients", err));
-                learner.optimizer_step(grads);
-            }
-            let item = TrainingItem::new(
-                output.item,
-                progress,
-                global_progress.clone(),
-                Some(iteration),
-                Some(learner.lr_current()),
-            );
-            processor.process_train(LearnerEvent::ProcessedItem(item));
-        };
-        processor.process_train(LearnerEvent::EndEpoch(epoch));
-        completed
-    }
-
-    fn valid_epoch<LC: LearningComponentsTypes>(
-        &self,
-        learner: &Learner<LC>,
-        loader: &ValidLoader<LC>,
-        global_progress: &Progress,
-        processor: &mut SupervisedTrainingEventProcessor<LC>,
-        interrupter: &Interrupter,
-    ) {
-        use burn::train::InferenceStep;
-        let epoch = global_progress.items_processed;
-        log::info!("Executing validation step for epoch {epoch}");
-        let model = learner.model().valid();
-        let mut iterator = loader.iter();
-        let mut iteration = 0;
-        // No collective here: shards may differ by one item, and an interrupt is
-        // agreed on at the end of the epoch.
-        while let Some(item) = iterator.next() {
-            if let Some(signal) = stop::stop_signal() {
-                // Ctrl-C during validation: this rank's figures end here; the
-                // ranks agree to stop at the end of the epoch.
-                interrupter.stop(Some(&format!("{} received", stop::signal_name(signal))));
-                break;
-            }
-            let progress = iterator.progress();
-            iteration += 1;
-            let item = model.step(item);
-            let item = TrainingItem::new(
-                item,
-                progress,
-                global_progress.clone(),
-                Some(iteration),
-                None,
-            );
-            processor.process_valid(LearnerEvent::ProcessedItem(item));
-        }
-        processor.process_valid(LearnerEvent::EndEpoch(epoch));
+    /// return errors; the other ranks fail on their next collective).
+    fn fail(&self, err: FitError) -> ! {
+        panic!("{}", err.message(self.ddp.rank()))
     }
 
     /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
     fn broadcast_parameters<LC: LearningComponentsTypes>(&self, learner: &mut Learner<LC>) {
         let model = crate::wrap::broadcast_module(learner.model(), self.ddp.group(), true)
-            .unwrap_or_else(|err| self.fail("broadcasting rank 0's parameters", err));
+            .unwrap_or_else(|error| {
+                self.fail(FitError {
+                    what: "broadcasting rank 0's parameters",
+                    error,
+                })
+            });
         learner.load_model(model.into_record());
     }
 }
@@ -194,6 +74,139 @@ fn device_of<LC: LearningComponentsTypes>(learner: &Learner<LC>) -> DeviceOf<LC>
         .into_iter()
         .next()
         .unwrap_or_default()
+}
+
+/// One rank's burn-train 0.21 Learner, as the shared loop drives it.
+struct Epochs<'a, LC: LearningComponentsTypes> {
+    job: &'a LearnerJob,
+    learner: Learner<LC>,
+    train: &'a TrainLoader<LC>,
+    valid: &'a ValidLoader<LC>,
+    processor: SupervisedTrainingEventProcessor<LC>,
+    checkpointer: Option<LearningCheckpointer<LC>>,
+    early_stopping: Option<EarlyStopping>,
+    event_store: Arc<EventStoreClient>,
+    interrupter: Interrupter,
+    grad_accumulation: Option<usize>,
+    num_epochs: usize,
+    /// The epoch under way, its loader and where it is.
+    epoch: Progress,
+    items: Option<Box<dyn DataLoaderIterator<TrainItem<LC>> + 'a>>,
+    progress: Option<Progress>,
+    /// The gradients since the last optimizer step.
+    accumulator: GradientsAccumulator<TrainingModel<LC>>,
+    grads: Option<GradientsParams>,
+}
+
+impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
+    type Item = TrainItem<LC>;
+    type Output = TrainOutput<LC>;
+
+    fn start_training(&mut self, epoch: usize) -> usize {
+        self.epoch = Progress::new(epoch, self.num_epochs);
+        self.items = Some(self.train.iter());
+        self.train.num_items()
+    }
+
+    fn next_item(&mut self) -> Option<Self::Item> {
+        let items = self.items.as_mut()?;
+        let item = items.next();
+        self.progress = Some(items.progress());
+        item
+    }
+
+    fn train_step(&mut self, item: Self::Item) -> Self::Output {
+        // burn-train 0.21 steps the scheduler before every iteration.
+        self.learner.lr_step();
+        // A local backward pass; the average is taken once per optimizer step.
+        let output = {
+            let _local = crate::no_sync();
+            self.learner.train_step(item)
+        };
+        match self.grad_accumulation {
+            Some(_) => self
+                .accumulator
+                .accumulate(&self.learner.model(), output.grads),
+            None => self.grads = Some(output.grads),
+        }
+        output.item
+    }
+
+    fn optimizer_step(&mut self) -> crate::Result<()> {
+        let grads = match self.grads.take() {
+            Some(grads) => grads,
+            None => self.accumulator.grads(),
+        };
+        let model = self.learner.model();
+        let grads = crate::sync::sync_module(self.job.reducer(), self.job.group(), &model, grads)?;
+        self.learner.optimizer_step(grads);
+        Ok(())
+    }
+
+    fn report(&mut self, output: Self::Output, iteration: usize) {
+        let progress = self.progress.clone().expect("an item's progress");
+        let item = TrainingItem::new(
+            output,
+            progress,
+            self.epoch.clone(),
+            Some(iteration),
+            Some(self.learner.lr_current()),
+        );
+        self.processor
+            .process_train(LearnerEvent::ProcessedItem(item));
+    }
+
+    fn end_training(&mut self, epoch: usize, _completed: bool) {
+        self.items = None;
+        self.processor.process_train(LearnerEvent::EndEpoch(epoch));
+    }
+
+    fn validate(&mut self, epoch: usize) {
+        log::info!("Executing validation step for epoch {epoch}");
+        let model = self.learner.model().valid();
+        let mut iterator = self.valid.iter();
+        let mut iteration = 0;
+        while let Some(item) = iterator.next() {
+            if let Some(signal) = stop::stop_signal() {
+                // Ctrl-C during validation: this rank's figures end here; the
+                // ranks agree to stop at the end of the epoch.
+                let reason = format!("{} received", stop::signal_name(signal));
+                self.interrupter.stop(Some(&reason));
+                break;
+            }
+            let progress = iterator.progress();
+            iteration += 1;
+            let item = model.step(item);
+            let item = TrainingItem::new(item, progress, self.epoch.clone(), Some(iteration), None);
+            self.processor
+                .process_valid(LearnerEvent::ProcessedItem(item));
+        }
+        self.processor.process_valid(LearnerEvent::EndEpoch(epoch));
+    }
+
+    fn early_stop(&mut self, epoch: usize) -> bool {
+        self.early_stopping
+            .as_mut()
+            .is_some_and(|strategy| strategy.should_stop(epoch, &self.event_store))
+    }
+
+    fn checkpoint(&mut self, epoch: usize) {
+        if let Some(checkpointer) = &mut self.checkpointer {
+            checkpointer.checkpoint(&self.learner, epoch, &self.event_store);
+        }
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupter.should_stop()
+    }
+
+    fn stop_reason(&self) -> Option<String> {
+        self.interrupter.get_message()
+    }
+
+    fn interrupt(&self, reason: &str) {
+        self.interrupter.stop(Some(reason));
+    }
 }
 
 impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearningStrategy {
@@ -211,9 +224,12 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         let starting_epoch = match components.checkpoint {
             Some(epoch) => {
                 if let Some(checkpointer) = &mut components.checkpointer {
-                    self.ddp
-                        .verify_checkpoint(epoch)
-                        .unwrap_or_else(|err| self.fail("checking the checkpoint", err));
+                    self.ddp.verify_checkpoint(epoch).unwrap_or_else(|error| {
+                        self.fail(FitError {
+                            what: "checking the checkpoint",
+                            error,
+                        })
+                    });
                     learner = checkpointer.load_checkpoint(learner, &device, epoch);
                 }
                 epoch + 1
@@ -226,7 +242,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         self.ddp
             .figures()
             .start_at(starting_epoch, self.ddp.directory(), self.ddp.is_main());
-        let summary = components.summary.clone().filter(|_| self.rank() == 0);
+        let summary = components.summary.clone().filter(|_| self.ddp.is_main());
         components
             .event_processor
             .process_train(LearnerEvent::Start);
@@ -269,72 +285,33 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         let dataloader_train = dataloader_train.to_device(&device);
         let dataloader_valid = dataloader_valid.to_device(device.inner());
         learner.fork(&device);
-        let mut processor = components.event_processor;
-        let mut checkpointer = components.checkpointer;
-        let mut early_stopping = components.early_stopping;
-        let interrupter = components.interrupter;
-        let num_epochs = components.num_epochs;
-
-        for epoch in starting_epoch..=num_epochs {
-            let progress = Progress::new(epoch, num_epochs);
-            self.ddp.set_epoch(epoch);
-            let started = Instant::now();
-            let completed = self.train_epoch(
-                &mut learner,
-                &dataloader_train,
-                &progress,
-                &mut processor,
-                &interrupter,
-                components.grad_accumulation,
-            );
-            if !completed {
-                let reason = interrupter
-                    .get_message()
-                    .unwrap_or_else(|| "reason unknown".to_string());
-                log::info!("Training interrupted: {reason}");
-                break;
-            }
-            let train_time = started.elapsed();
-            let started = Instant::now();
-            self.valid_epoch(
-                &learner,
-                &dataloader_valid,
-                &progress,
-                &mut processor,
-                &interrupter,
-            );
-            let valid_time = started.elapsed();
-            self.ddp
-                .end_epoch(epoch, num_epochs, train_time, valid_time)
-                .unwrap_or_else(|err| self.fail("summing the epoch's metrics", err));
-            let early_stop = self.ddp.is_main()
-                && early_stopping
-                    .as_mut()
-                    .is_some_and(|strategy| strategy.should_stop(epoch, &components.event_store));
-            // Agreed before the checkpoint: an epoch interrupted on any rank
-            // (its validation cut short) is not saved; an epoch early
-            // stopping ends on is.
-            let after = self
-                .ddp
-                .after_epoch(epoch, early_stop, interrupter.should_stop())
-                .unwrap_or_else(|err| self.fail("agreeing on early stopping", err));
-            if after == AfterEpoch::Interrupted {
-                if !interrupter.should_stop() {
-                    interrupter.stop(Some("interrupted on another rank"));
-                }
-                break;
-            }
-            if let Some(checkpointer) = &mut checkpointer {
-                checkpointer.checkpoint(&learner, epoch, &components.event_store);
-            }
-            if after == AfterEpoch::EarlyStop {
-                break;
-            }
+        let plan = Plan {
+            starting_epoch,
+            num_epochs: components.num_epochs,
+            grad_accumulation: components.grad_accumulation,
+            step_leftover: false,
+        };
+        let mut epochs = Epochs {
+            job: self.ddp.job(),
+            learner,
+            train: &dataloader_train,
+            valid: &dataloader_valid,
+            processor: components.event_processor,
+            checkpointer: components.checkpointer,
+            early_stopping: components.early_stopping,
+            event_store: components.event_store,
+            interrupter: components.interrupter,
+            grad_accumulation: components.grad_accumulation,
+            num_epochs: components.num_epochs,
+            epoch: Progress::new(starting_epoch, components.num_epochs),
+            items: None,
+            progress: None,
+            accumulator: GradientsAccumulator::new(),
+            grads: None,
+        };
+        if let Err(err) = self.ddp.fit(&mut epochs, plan) {
+            self.fail(err);
         }
-        // Nobody leaves while another rank may still need it.
-        if let Err(err) = self.ddp.group().barrier() {
-            self.fail("the closing barrier", err);
-        }
-        (learner.model(), processor)
+        (epochs.learner.model(), epochs.processor)
     }
 }

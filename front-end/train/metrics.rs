@@ -1,8 +1,10 @@
-//! Burn 0.21's side of the epoch figures summed over the ranks: a metric
-//! logger that records this rank's entries into burn-ddp-comm's
+//! The Learner's side of the epoch figures summed over the ranks: a metric
+//! logger that records this rank's entries into burn-ddp-training's
 //! [`EpochFigures`] (the reduction, the file and the waiting are there) and
 //! answers the store with the global figures once summed; and the end-of-run
-//! summary with the global figures in place of rank 0's own.
+//! summary with the global figures in place of rank 0's own. Which of Burn's
+//! entries is a per-iteration value and which a final one is the shim's
+//! `figure_entry`.
 
 use super::DdpTraining;
 use burn::train::logger::MetricLogger;
@@ -47,14 +49,9 @@ impl MetricLogger for GlobalMetricLogger {
             let Some(name) = self.names.get(&numeric.entry.metric_id) else {
                 continue;
             };
-            let (sum, count) = match numeric.numeric_entry {
-                NumericEntry::Value(value) => (value, 1),
-                NumericEntry::Aggregated {
-                    aggregated_value,
-                    count,
-                } => (aggregated_value * count as f64, count as u64),
-            };
-            self.figures.record(epoch, split, name, sum, count);
+            if let Some(entry) = crate::shim::figure_entry(&numeric.numeric_entry) {
+                self.figures.record_entry(epoch, split, name, entry);
+            }
         }
     }
 
@@ -82,7 +79,8 @@ impl MetricLogger for GlobalMetricLogger {
     fn log_metric_definition(&mut self, definition: MetricDefinition) {
         let numeric = matches!(definition.attributes, MetricAttributes::Numeric(_));
         self.figures.define(&definition.name, numeric);
-        self.names.insert(definition.metric_id, definition.name);
+        self.names
+            .insert(definition.metric_id, definition.name.to_string());
     }
 
     fn log_epoch_summary(&mut self, summary: EpochSummary) {

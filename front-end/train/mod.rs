@@ -1,0 +1,140 @@
+//! The Learner glue both Burns share: [`DdpTraining`] (one rank's part in a
+//! Learner run: the job, and the shards it advances), the metric logger that
+//! makes the epoch figures global, and the quiet renderers of ranks > 0.
+//! Each front-end's `train` module adds its Burn's strategy (the loop is
+//! burn-ddp-training's `learner::fit`) and builder call.
+
+pub(crate) mod metrics;
+pub(crate) mod quiet;
+
+use crate::data::{DistributedDataset, DistributedSampler};
+use crate::{BucketConfig, ProcessGroup, Result};
+use burn::data::dataset::Dataset;
+use burn_ddp_training::learner::{EpochReport, LearnerJob};
+use std::path::Path;
+use std::time::Duration;
+
+/// One rank's part in a Learner run: the group, the model's gradient reducer
+/// (its own, over that group), the experiment folder and the shards whose
+/// epochs the strategy advances. What does not touch Burn (the agreements,
+/// the folder, the epoch figures, resuming) is burn-ddp-training's
+/// [`LearnerJob`], whose methods it has too.
+#[derive(Clone)]
+pub struct DdpTraining {
+    job: LearnerJob,
+    /// Trains with Burn's gradient checkpointing (Burn 0.22's
+    /// `with_gradient_checkpointing`; Burn 0.21 chooses it by backend type).
+    #[allow(dead_code)] // read by Burn 0.22's strategy only
+    pub(crate) gradient_checkpointing: bool,
+}
+
+impl std::ops::Deref for DdpTraining {
+    type Target = LearnerJob;
+
+    fn deref(&self) -> &LearnerJob {
+        &self.job
+    }
+}
+
+impl DdpTraining {
+    /// For `group` (usually the one `init_process_group` returned; any group
+    /// will do, gradients are averaged over it) and the experiment folder
+    /// given to `SupervisedTraining::new`. Buckets are PyTorch's defaults;
+    /// see [`with_buckets`](Self::with_buckets).
+    pub fn new(group: &ProcessGroup, directory: impl AsRef<Path>) -> Self {
+        Self {
+            job: LearnerJob::new(group, directory),
+            gradient_checkpointing: false,
+        }
+    }
+
+    /// The job: the agreements, the folder, the figures, resuming.
+    pub(crate) fn job(&self) -> &LearnerJob {
+        &self.job
+    }
+
+    /// Calls `report` on rank 0 after each epoch's figures are summed (to print
+    /// one line per epoch, feed a dashboard, ...).
+    pub fn on_epoch_end(self, report: impl Fn(&EpochReport) + Send + Sync + 'static) -> Self {
+        Self {
+            job: self.job.on_epoch_end(report),
+            ..self
+        }
+    }
+
+    /// Gradient buckets of other sizes than PyTorch's defaults
+    /// (`BucketConfig::from_mib(rank, cap_mb, first_cap_mb)`).
+    pub fn with_buckets(self, buckets: BucketConfig) -> Self {
+        Self {
+            job: self.job.with_buckets(buckets.into()),
+            ..self
+        }
+    }
+
+    /// How long the end of an epoch waits for this rank's metric threads to
+    /// catch up before its figures are summed (default 120 s).
+    pub fn with_metrics_wait(self, wait: Duration) -> Self {
+        Self {
+            job: self.job.with_metrics_wait(wait),
+            ..self
+        }
+    }
+
+    /// This rank's shard of a training set: PyTorch's `DistributedSampler`
+    /// (shuffled with seed 0, padded to equal lengths), advanced every epoch.
+    pub fn shard<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
+        let sampler = crate::distributed_sampler(self.group(), dataset.len())?;
+        Ok(self.shard_with(dataset, sampler))
+    }
+
+    /// This rank's shard of an evaluation set: every item on exactly one rank,
+    /// unshuffled, so summed figures are exact.
+    pub fn shard_eval<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
+        let sampler = crate::evaluation_sampler(self.group(), dataset.len())?;
+        Ok(self.shard_with(dataset, sampler))
+    }
+
+    /// A shard with a sampler of your own (another seed, `drop_last`, no shuffle).
+    pub fn shard_with<D: Dataset<I>, I>(
+        &self,
+        dataset: D,
+        sampler: DistributedSampler,
+    ) -> DistributedDataset<D, I> {
+        let shard = DistributedDataset::new(dataset, sampler);
+        let epochs = shard.epoch_handle();
+        self.job
+            .register_shard(move |epoch| epochs.set_epoch(epoch));
+        shard
+    }
+
+    /// The newest epoch whose checkpoint in `<directory>/checkpoint` is
+    /// complete (model, optimizer and scheduler) and whole, for every rank
+    /// alike (rank 0 decides, every rank must have it): give it to
+    /// `SupervisedTraining::checkpoint` to go on after a restart
+    /// (`burn-ddp-run --max-restarts`). A damaged newest one is skipped with
+    /// a warning naming the file; `None` when there is none (start afresh);
+    /// an error when every one is damaged. Collective: every rank calls it,
+    /// before `SupervisedTraining::launch`.
+    pub fn latest_checkpoint(&self) -> Result<Option<usize>> {
+        self.job
+            .latest_checkpoint(crate::train::checkpoints::check_whole)
+    }
+
+    /// Every rank has `epoch`'s checkpoint in `<directory>/checkpoint`,
+    /// complete and whole, or every rank fails naming the ranks that do not
+    /// (their folder, what is missing or damaged). Collective: call it
+    /// before `SupervisedTraining::checkpoint(epoch)` when you choose the
+    /// epoch yourself; [`latest_checkpoint`](Self::latest_checkpoint) does.
+    pub fn verify_checkpoint(&self, epoch: usize) -> Result<()> {
+        self.job
+            .verify_checkpoint(epoch, crate::train::checkpoints::check_whole)
+    }
+
+    /// Each rank's loader batch size for `global_batch` items per optimizer
+    /// step: every rank's loader takes its own batch, so `.batch_size(64)` on 2
+    /// ranks trains with 128. A global batch the world size does not divide is
+    /// an error naming the nearest multiples.
+    pub fn batch_size_per_rank(&self, global_batch: usize) -> Result<usize> {
+        crate::batch_size_per_rank(self.group(), global_batch)
+    }
+}
