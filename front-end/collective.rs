@@ -5,40 +5,10 @@
 //! elements are supported (f16 and bf16 combine in f32 and round once per
 //! step, as NCCL's half reductions do).
 
-use crate::{dtype, shim, CommError, ProcessGroup, ReduceOp, Result};
+pub(crate) use super::contract::TensorOp;
+use super::contract::{CollectiveTensor, ElementType};
+use crate::{dtype, CommError, ProcessGroup, ReduceOp, Result};
 use burn::tensor::TensorData;
-
-/// Which tensor collective to run.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum TensorOp {
-    AllReduce(ReduceOp),
-    Broadcast(usize),
-    AllGather,
-    ReduceScatter(ReduceOp),
-}
-
-/// A tensor the collectives take: each shim implements it for its Burn's
-/// float and int tensors.
-pub(crate) trait CollectiveTensor: Sized {
-    type Device;
-    fn device(&self) -> Self::Device;
-    fn dims(&self) -> Vec<usize>;
-    fn into_data(self) -> TensorData;
-    /// A tensor of `data`, of `data`'s own element type, on `device`.
-    fn from_data(data: TensorData, device: &Self::Device) -> Self;
-    /// Rows `start..start + len` of dimension 0.
-    fn narrow_rows(&self, start: usize, len: usize) -> Self;
-    /// Runs `op` over NCCL if this is a CUDA tensor the group reduces on
-    /// the device; `Err(self)` hands any other tensor to the host path (an
-    /// error when `BURN_DDP_BACKEND=nccl` forbids that). All-gather returns
-    /// the ranks' tensors along dimension 0, reduce-scatter this rank's part.
-    fn on_device(
-        self,
-        group: &ProcessGroup,
-        op: TensorOp,
-    ) -> Result<std::result::Result<Self, Self>>;
-}
 
 /// `data`'s elements as bytes and their wire type, or the error naming the
 /// rank, the type and the fix.
@@ -47,7 +17,7 @@ fn host_bytes<'a>(
     data: &'a mut TensorData,
     what: &str,
 ) -> Result<(burn_ddp_comm::DType, &'a mut [u8])> {
-    let dtype = shim::dtype_of(data);
+    let dtype = data.element_type();
     dtype::wire_or_error(rank, dtype, what)?;
     dtype::bytes_mut(data).ok_or_else(|| CommError::InvalidArgument {
         rank,
@@ -100,7 +70,7 @@ pub(crate) fn all_gather<T: CollectiveTensor>(group: &ProcessGroup, tensor: T) -
     };
     let device = tensor.device();
     let mut data = tensor.into_data();
-    let dtype = shim::dtype_of(&data);
+    let dtype = data.element_type();
     let (wire, bytes) = host_bytes(group.rank(), &mut data, "all_gather")?;
     let gathered = group.all_gather_bytes(wire, bytes)?;
     let per_rank = gathered.len() / group.world_size();
@@ -139,7 +109,7 @@ pub(crate) fn reduce_scatter<T: CollectiveTensor>(
     dims[0] /= group.world_size();
     let device = tensor.device();
     let mut data = tensor.into_data();
-    let dtype = shim::dtype_of(&data);
+    let dtype = data.element_type();
     let (wire, bytes) = host_bytes(group.rank(), &mut data, "reduce_scatter")?;
     let part = group.reduce_scatter_bytes(wire, bytes, op)?;
     Ok(T::from_data(
@@ -151,6 +121,7 @@ pub(crate) fn reduce_scatter<T: CollectiveTensor>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shim;
     use burn_ddp_comm::CollectiveBackend;
 
     fn group(backend: CollectiveBackend) -> ProcessGroup {

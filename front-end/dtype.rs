@@ -1,7 +1,7 @@
 //! The one table between Burn's element types and the ones the collectives
 //! move, and the bytes of a `TensorData` that go with it.
 
-use crate::shim;
+use super::contract::ElementType;
 use crate::Result;
 use burn::tensor::{DType, TensorData};
 use burn_ddp_comm::DType as Wire;
@@ -49,7 +49,7 @@ pub(crate) fn gradient_wire(rank: usize, dtype: DType) -> Result<Wire> {
 /// `data`'s elements as bytes to write, and their wire type (`None` when the
 /// type is not moved or the data is not laid out as its elements).
 pub(crate) fn bytes_mut(data: &mut TensorData) -> Option<(Wire, &mut [u8])> {
-    let wire = to_wire(shim::dtype_of(data))?;
+    let wire = to_wire(data.element_type())?;
     let bytes: &mut [u8] = match wire {
         Wire::F32 => bytemuck::cast_slice_mut(data.as_mut_slice::<f32>().ok()?),
         Wire::F64 => bytemuck::cast_slice_mut(data.as_mut_slice::<f64>().ok()?),

@@ -8,48 +8,10 @@
 //! the GPU path (the `cuda` feature, CUDA gradients) a bucket is concatenated
 //! on the device and NCCL averages it there.
 
+pub(crate) use super::contract::FlatGrad;
 use crate::{dtype, ParamLayout, Result};
 use burn::tensor::{DType, TensorData};
 use burn_ddp_comm::{GradientSet, HostCopies, ParamInfo, Placement};
-
-/// A flattened gradient (a float tensor of rank 1) of the front-end's Burn:
-/// each shim implements it for its tensor type.
-pub(crate) trait FlatGrad: Sized {
-    /// The device gradients live on (without autodiff).
-    type Device: Clone;
-    /// Where tensors on `device` live, for the reducer.
-    fn placement(device: &Self::Device) -> Placement;
-    /// The error for gradients on `device` when `BURN_DDP_BACKEND=nccl`
-    /// forbids the host path.
-    fn nccl_refused(group: &crate::ProcessGroup, device: &Self::Device) -> crate::CommError;
-    /// Its values (its own buffer, when nothing else holds it).
-    fn into_data(self) -> TensorData;
-    /// A tensor of `data`, of element type `dtype`, on `device`.
-    fn from_data(data: TensorData, device: &Self::Device, dtype: DType) -> Self;
-    /// Its element type.
-    #[cfg(feature = "cuda")]
-    fn dtype(&self) -> DType;
-    /// `numel` zeros of `dtype` on `device`.
-    #[cfg(feature = "cuda")]
-    fn zeros(numel: usize, device: &Self::Device, dtype: DType) -> Self;
-    /// `parts` one after the other.
-    #[cfg(feature = "cuda")]
-    fn cat(parts: Vec<Self>) -> Self;
-    /// Elements `offset..offset + len`.
-    #[cfg(feature = "cuda")]
-    fn narrow(&self, offset: usize, len: usize) -> Self;
-    /// `bucket` (a flat tensor this synchronisation owns) as a device buffer
-    /// for NCCL to average in place.
-    #[cfg(feature = "cuda")]
-    fn pack(
-        rank: usize,
-        bucket: Self,
-        wire: burn_ddp_comm::DType,
-    ) -> Result<burn_ddp_comm::DeviceBucket>;
-    /// The averaged bucket as a tensor again.
-    #[cfg(feature = "cuda")]
-    fn unpack(bucket: burn_ddp_comm::DeviceBucket) -> Self;
-}
 
 /// One synchronisation's gradients, in parameter order, flattened.
 pub(crate) struct TensorGradients<G: FlatGrad> {

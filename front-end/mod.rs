@@ -11,6 +11,9 @@
 
 pub(crate) mod collective;
 pub(crate) mod config;
+pub(crate) mod contract;
+#[cfg(feature = "cuda")]
+pub(crate) mod device;
 pub(crate) mod dtype;
 pub(crate) mod gradients;
 // For the device code (packed CUDA buffers), which not every build compiles.

@@ -1,7 +1,8 @@
 //! Checking that every rank holds the same parameters (the module walk; the
 //! comparison is burn-ddp-training's `replicas`).
 
-use super::walk::{Kind, ParamView, Visit, Walker};
+use super::contract::{Kind, ParamView, Visit};
+use super::walk::Walker;
 use crate::{ProcessGroup, Result};
 use burn_ddp_training::replicas::{self, ParamDigest};
 

@@ -3,29 +3,14 @@
 //! the model's reducer (which does the rest: buckets, the layout check, the
 //! collectives, the average) and the average put back.
 
-use super::gradients::{FlatGrad, TensorGradients};
+use super::contract::{EachGrad, FlatGrad};
+use super::gradients::TensorGradients;
 use super::session::SESSION;
 use crate::{ProcessGroup, Reducer, Result};
 use burn::optim::GradientsParams;
 use burn_ddp_comm::{CollectiveBackend, Placement};
 use std::collections::HashMap;
 use std::sync::Mutex;
-
-/// A trainable parameter whose gradient a synchronisation moves.
-pub(crate) trait GradParam<G: FlatGrad> {
-    fn id(&self) -> u64;
-    fn dims(&self) -> Vec<usize>;
-    fn dtype(&self) -> burn::tensor::DType;
-    /// The device its gradient lives on (without autodiff).
-    fn grad_device(&self) -> G::Device;
-    /// Takes its gradient out of `grads`, flattened.
-    fn take_grad(&self, grads: &mut GradientsParams) -> Option<G>;
-    /// Registers `grad` (flattened) as its gradient, in its shape.
-    fn put_grad(&self, grads: &mut GradientsParams, grad: G);
-}
-
-/// What a gradient walk calls with each trainable parameter.
-pub(crate) type EachGrad<'a, G> = &'a mut dyn FnMut(&dyn GradParam<G>);
 
 /// A walk over a module's trainable parameters, in declaration order (each
 /// shim's `grad_walker`).

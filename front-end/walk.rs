@@ -2,49 +2,19 @@
 //!
 //! Burn's `ModuleVisitor` and `ModuleMapper` carry the backend as a type
 //! parameter in Burn 0.21 and not in Burn 0.22, so no function generic over
-//! a module can be written for both. The shared code walks through these
-//! traits instead; each front-end's shim implements Burn's visitor and
-//! mapper once, for any [`Visit`] or [`Rewrite`], and hands out the walk of
-//! a module as a closure (`shim::walker(&model)`, `shim::rewriter(model)`).
+//! a module can be written for both. The shared code walks through the
+//! contract's `Visit` and `Rewrite` instead; each front-end's shim
+//! implements Burn's visitor and mapper once, for any of them, and hands
+//! out the walk of a module as a closure (`shim::walker(&model)`,
+//! `shim::rewrite(model, ..)`). Here: the parameter as a walk holds it, and
+//! the walks the shared code needs more than once.
 
-use super::collective::CollectiveTensor;
+use super::contract::{CollectiveTensor, Kind, ParamSlot, ParamView, Retrain, TensorFacts, Visit};
 use crate::{ProcessGroup, Result};
 use burn::tensor::{DType, TensorData};
 
-/// Which kind of tensor a parameter holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Float,
-    Int,
-    Bool,
-}
-
-/// One parameter of a module, as the shared code reads it.
-pub(crate) trait ParamView {
-    /// Float, int or bool.
-    fn kind(&self) -> Kind;
-    /// Burn's `ParamId`, which survives optimizer steps.
-    fn id(&self) -> u64;
-    fn dims(&self) -> Vec<usize>;
-    fn dtype(&self) -> DType;
-    /// Whether it is trained: a float tensor that requires gradients.
-    fn require_grad(&self) -> bool;
-    /// Whether its device tracks gradients at all (int and bool: `false`).
-    fn autodiff(&self) -> bool;
-    /// Its values.
-    fn data(&self) -> TensorData;
-}
-
-/// What the shared code reads of a parameter's tensor: each shim implements
-/// it for its Burn's float, int and bool tensors.
-pub(crate) trait TensorFacts: Clone {
-    fn dims(&self) -> Vec<usize>;
-    fn dtype(&self) -> DType;
-    fn into_data(self) -> TensorData;
-}
-
 /// A parameter as a shim's walk hands it over: what Burn says of it, and its
-/// tensor (taken out while a [`Rewrite`] replaces it).
+/// tensor (taken out while a rewrite replaces it).
 pub(crate) struct Held<T> {
     pub kind: Kind,
     pub id: u64,
@@ -54,6 +24,29 @@ pub(crate) struct Held<T> {
 }
 
 impl<T> Held<T> {
+    /// A float parameter: trained when it requires gradients (`autodiff`:
+    /// whether its device tracks them at all).
+    pub fn float(id: u64, tensor: T, require_grad: bool, autodiff: bool) -> Self {
+        Self {
+            kind: Kind::Float,
+            id,
+            require_grad,
+            autodiff,
+            tensor: Some(tensor),
+        }
+    }
+
+    /// An int or bool parameter (never trained).
+    pub fn other(kind: Kind, id: u64, tensor: T) -> Self {
+        Self {
+            kind,
+            id,
+            require_grad: false,
+            autodiff: false,
+            tensor: Some(tensor),
+        }
+    }
+
     /// The tensor (there while no rewrite holds it).
     pub fn tensor(&self) -> &T {
         self.tensor.as_ref().expect("a parameter's tensor")
@@ -84,12 +77,6 @@ impl<T: TensorFacts> ParamView for Held<T> {
     }
 }
 
-/// Marks a tensor a collective replaced as a parameter again (float:
-/// `require_grad`; int: as it is). Each shim implements it.
-pub(crate) trait Retrain {
-    fn retrain(self) -> Self;
-}
-
 impl<T: TensorFacts + CollectiveTensor + Retrain> ParamSlot for Held<T> {
     fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<()> {
         let tensor = self.tensor.take().expect("a parameter's tensor");
@@ -101,28 +88,6 @@ impl<T: TensorFacts + CollectiveTensor + Retrain> ParamSlot for Held<T> {
         });
         result.map(drop)
     }
-}
-
-/// What a read-only walk does with each parameter, in declaration order.
-pub(crate) trait Visit {
-    fn param(&mut self, param: &dyn ParamView);
-    /// A submodule (field, list element) begins: `name` is its field name
-    /// or index.
-    fn enter_module(&mut self, _name: &str) {}
-    fn exit_module(&mut self) {}
-}
-
-/// A parameter a [`Rewrite`] may replace.
-pub(crate) trait ParamSlot: ParamView {
-    /// Takes rank `root`'s value (the tensor collective: NCCL for CUDA
-    /// tensors), keeping whether it requires gradients.
-    fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<()>;
-}
-
-/// What a rewriting walk does with each float and int parameter, in
-/// declaration order (bool parameters are left as they are).
-pub(crate) trait Rewrite {
-    fn param(&mut self, param: &mut dyn ParamSlot);
 }
 
 /// The walk of one module: calls the visitor with each of its parameters.

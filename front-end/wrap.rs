@@ -3,7 +3,8 @@
 //! state registered in the session, rank 0's tensors broadcast. Each
 //! front-end's `wrap` is these steps around its Burn's module walk.
 
-use super::walk::{Kind, ParamSlot, ParamView, Rewrite, Visit, Walker};
+use super::contract::{Kind, ParamSlot, ParamView, Rewrite, Visit};
+use super::walk::Walker;
 use crate::{CommError, ProcessGroup, Result};
 use burn_ddp_comm::ParamLayout;
 use burn_ddp_training::session::{check_module, ModuleLayout};

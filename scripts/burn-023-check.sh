@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and tests burn-ddp-22's unchanged sources against Burn 0.23.0-pre.1:
 # a scratch package (outside the workspace, so the workspace keeps one Burn
-# 0.22 build) with burn-ddp-22's src/, tests/ and guide, the shared core by
+# 0.22 build) with burn-ddp-22's src/ (its shared/ front-end sources copied
+# in, not linked), tests/ and guide, the shared core by
 # path, Burn pinned to the pre-release, and the `train` feature on (the
 # Learner strategy and its multi-process tests). CI runs it (.ci/run) with
 # the workspace's target dir, so Burn 0.23 is supported the week it is out.
@@ -14,7 +15,7 @@ dir="${1:-/tmp/burn-ddp-023-check}"
 version="${BURN_023_VERSION:-=0.23.0-pre.1}"
 mkdir -p "$dir/docs"
 rm -rf "$dir/src" "$dir/tests"
-cp -r "$repo/burn-ddp-22/src" "$repo/burn-ddp-22/tests" "$dir/"
+cp -rL "$repo/burn-ddp-22/src" "$repo/burn-ddp-22/tests" "$dir/"
 cp "$repo/docs/burn-0.22.md" "$dir/docs/"
 sed -i 's#include_str!("../../docs/burn-0.22.md")#include_str!("../docs/burn-0.22.md")#' "$dir/src/lib.rs"
 cat > "$dir/Cargo.toml" <<TOML
@@ -37,6 +38,7 @@ default = ["train"]
 [dependencies]
 burn = { version = "$version", default-features = false, features = ["std", "optim", "dataset"] }
 burn-ddp-comm = { path = "$repo/burn-ddp-comm" }
+burn-ddp-training = { path = "$repo/burn-ddp-training" }
 burn-ddp-sampler = { path = "$repo/burn-ddp-sampler", features = ["group"] }
 log = "0.4"
 half = { version = "2", features = ["bytemuck"] }

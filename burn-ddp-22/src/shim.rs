@@ -5,10 +5,11 @@
 //! same for Burn 0.21.
 
 use crate::collective::CollectiveKind;
-use crate::shared::collective::{CollectiveTensor, TensorOp};
-use crate::shared::gradients::FlatGrad;
-use crate::shared::sync::{EachGrad, GradParam};
-use crate::shared::walk::{Held, Kind, Retrain, Rewrite, TensorFacts, Visit};
+use crate::shared::contract::{
+    CollectiveTensor, EachGrad, ElementType, FlatGrad, GradParam, Kind, Retrain, Rewrite,
+    TensorFacts, TensorOp, Visit,
+};
+use crate::shared::walk::Held;
 use crate::{CommError, ProcessGroup, Result};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -16,9 +17,10 @@ use burn::tensor::kind::Basic;
 use burn::tensor::{Bool, DType, Device, Int, Tensor, TensorData};
 use burn_ddp_comm::Placement;
 
-/// The element type of `data`.
-pub(crate) fn dtype_of(data: &TensorData) -> DType {
-    data.dtype()
+impl ElementType for TensorData {
+    fn element_type(&self) -> DType {
+        TensorData::dtype(self)
+    }
 }
 
 /// `model`'s read-only walk.
@@ -62,24 +64,8 @@ impl<const D: usize> Retrain for Tensor<D, Int> {
 
 /// A float parameter as the shared walks see it.
 fn float<const D: usize>(id: ParamId, tensor: Tensor<D>) -> Held<Tensor<D>> {
-    Held {
-        kind: Kind::Float,
-        id: id.val(),
-        require_grad: tensor.is_require_grad(),
-        autodiff: tensor.is_autodiff(),
-        tensor: Some(tensor),
-    }
-}
-
-/// An int or bool parameter as the shared walks see it.
-fn other<T>(kind: Kind, id: ParamId, tensor: T) -> Held<T> {
-    Held {
-        kind,
-        id: id.val(),
-        require_grad: false,
-        autodiff: false,
-        tensor: Some(tensor),
-    }
+    let (trained, autodiff) = (tensor.is_require_grad(), tensor.is_autodiff());
+    Held::float(id.val(), tensor, trained, autodiff)
 }
 
 struct Walk<'a>(&'a mut dyn Visit);
@@ -95,10 +81,12 @@ impl ModuleVisitor for Walk<'_> {
         self.0.param(&float(param.id, param.val()));
     }
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
-        self.0.param(&other(Kind::Int, param.id, param.val()));
+        self.0
+            .param(&Held::other(Kind::Int, param.id.val(), param.val()));
     }
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<D, Bool>>) {
-        self.0.param(&other(Kind::Bool, param.id, param.val()));
+        self.0
+            .param(&Held::other(Kind::Bool, param.id.val(), param.val()));
     }
 }
 
@@ -114,7 +102,7 @@ impl ModuleMapper for Map<'_> {
 
     fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
         let (id, tensor, mapper) = param.consume();
-        let mut held = other(Kind::Int, id, tensor);
+        let mut held = Held::other(Kind::Int, id.val(), tensor);
         self.0.param(&mut held);
         Param::from_mapped_value(id, held.tensor.expect("a tensor"), mapper)
     }
@@ -257,69 +245,23 @@ pub(crate) fn test_tensor(values: Vec<f32>) -> Tensor<1> {
 /// A logged metric entry in burn-ddp-training's terms (Burn 0.22 logs
 /// per-iteration values and, at the end of a split, a metric's final one).
 #[cfg(feature = "train")]
-pub(crate) fn figure_entry(
-    entry: &Option<burn::train::metric::NumericEntry>,
-) -> Option<burn_ddp_training::learner::figures::Entry> {
-    use burn::train::metric::NumericEntry;
-    use burn_ddp_training::learner::figures::Entry;
-    Some(match entry.as_ref()? {
-        NumericEntry::Value(value) => Entry::Iteration {
-            sum: *value,
-            count: 1,
-        },
-        NumericEntry::Aggregated {
-            aggregated_value,
-            count,
-        } => Entry::Iteration {
-            sum: aggregated_value * *count as f64,
-            count: *count as u64,
-        },
-        NumericEntry::Final(value) => Entry::Final(*value),
-    })
+impl crate::shared::contract::FigureEntry for Option<burn::train::metric::NumericEntry> {
+    fn figure(&self) -> Option<burn_ddp_training::learner::figures::Entry> {
+        use burn::train::metric::NumericEntry;
+        use burn_ddp_training::learner::figures::Entry;
+        Some(match self.as_ref()? {
+            NumericEntry::Value(value) => Entry::Iteration {
+                sum: *value,
+                count: 1,
+            },
+            NumericEntry::Aggregated {
+                aggregated_value,
+                count,
+            } => Entry::Iteration {
+                sum: aggregated_value * *count as f64,
+                count: *count as u64,
+            },
+            NumericEntry::Final(value) => Entry::Final(*value),
+        })
+    }
 }
-
-/// Burn 0.22's renderer traits for a renderer that shows nothing and hands
-/// the end-of-training summary to its `Quiet` side (the progress loggers are
-/// the ones Burn 0.22 or 0.23 has: `train::burn_version`).
-#[cfg(feature = "train")]
-macro_rules! quiet_renderer {
-    ($renderer:ty) => {
-        impl burn::train::renderer::MetricsRendererTraining for $renderer {
-            fn update_train(&mut self, _state: burn::train::renderer::MetricState) {}
-            fn update_valid(&mut self, _state: burn::train::renderer::MetricState) {}
-            fn on_train_end(
-                &mut self,
-                summary: Option<burn::train::LearnerSummary>,
-            ) -> Result<(), Box<dyn core::error::Error>> {
-                if let Some(summary) = summary {
-                    $crate::shared::train::quiet::Quiet::summary(self, summary);
-                }
-                Ok(())
-            }
-        }
-
-        impl burn::train::renderer::MetricsRendererEvaluation for $renderer {
-            fn update_test(
-                &mut self,
-                _name: burn::train::renderer::EvaluationName,
-                _state: burn::train::renderer::MetricState,
-            ) {
-            }
-            fn on_test_end(
-                &mut self,
-                _summary: Option<burn::train::LearnerSummary>,
-            ) -> Result<(), Box<dyn core::error::Error>> {
-                Ok(())
-            }
-        }
-
-        impl burn::train::renderer::MetricsRenderer for $renderer {
-            fn manual_close(&mut self) {}
-            fn register_metric(&mut self, _definition: burn::train::metric::MetricDefinition) {}
-        }
-
-        $crate::train::quiet_progress!($renderer);
-    };
-}
-#[cfg(feature = "train")]
-pub(crate) use quiet_renderer;

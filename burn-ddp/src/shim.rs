@@ -4,10 +4,11 @@
 //! parameter), the flattened gradient and collective tensor types.
 //! burn-ddp-22's shim says the same for Burn 0.22.
 
-use crate::shared::collective::{CollectiveTensor, TensorOp};
-use crate::shared::gradients::FlatGrad;
-use crate::shared::sync::{EachGrad, GradParam};
-use crate::shared::walk::{Held, Kind, Retrain, Rewrite, TensorFacts, Visit};
+use crate::shared::contract::{
+    CollectiveTensor, EachGrad, ElementType, FlatGrad, GradParam, Kind, Retrain, Rewrite,
+    TensorFacts, TensorOp, Visit,
+};
+use crate::shared::walk::Held;
 use crate::{CommError, ProcessGroup, Result};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -16,9 +17,10 @@ use burn::tensor::{BasicOps, Bool, DType, Int, Tensor, TensorData, TensorPrimiti
 use burn_backend::tensor::FloatTensor;
 use burn_ddp_comm::Placement;
 
-/// The element type of `data`.
-pub(crate) fn dtype_of(data: &TensorData) -> DType {
-    data.dtype
+impl ElementType for TensorData {
+    fn element_type(&self) -> DType {
+        self.dtype
+    }
 }
 
 /// `model`'s read-only walk.
@@ -67,24 +69,8 @@ impl<B: Backend, const D: usize> Retrain for Tensor<B, D, Int> {
 
 /// A float parameter as the shared walks see it.
 fn float<B: Backend, const D: usize>(id: ParamId, tensor: Tensor<B, D>) -> Held<Tensor<B, D>> {
-    Held {
-        kind: Kind::Float,
-        id: id.val(),
-        require_grad: tensor.is_require_grad(),
-        autodiff: B::ad_enabled(&tensor.device()),
-        tensor: Some(tensor),
-    }
-}
-
-/// An int or bool parameter as the shared walks see it.
-fn other<T>(kind: Kind, id: ParamId, tensor: T) -> Held<T> {
-    Held {
-        kind,
-        id: id.val(),
-        require_grad: false,
-        autodiff: false,
-        tensor: Some(tensor),
-    }
+    let (trained, autodiff) = (tensor.is_require_grad(), B::ad_enabled(&tensor.device()));
+    Held::float(id.val(), tensor, trained, autodiff)
 }
 
 struct Walk<'a>(&'a mut dyn Visit);
@@ -100,10 +86,12 @@ impl<B: Backend> ModuleVisitor<B> for Walk<'_> {
         self.0.param(&float(param.id, param.val()));
     }
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-        self.0.param(&other(Kind::Int, param.id, param.val()));
+        self.0
+            .param(&Held::other(Kind::Int, param.id.val(), param.val()));
     }
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-        self.0.param(&other(Kind::Bool, param.id, param.val()));
+        self.0
+            .param(&Held::other(Kind::Bool, param.id.val(), param.val()));
     }
 }
 
@@ -122,7 +110,7 @@ impl<B: Backend> ModuleMapper<B> for Map<'_> {
         param: Param<Tensor<B, D, Int>>,
     ) -> Param<Tensor<B, D, Int>> {
         let (id, tensor, mapper) = param.consume();
-        let mut held = other(Kind::Int, id, tensor);
+        let mut held = Held::other(Kind::Int, id.val(), tensor);
         self.0.param(&mut held);
         Param::from_mapped_value(id, held.tensor.expect("a tensor"), mapper)
     }
@@ -284,83 +272,22 @@ pub(crate) fn test_tensor(values: Vec<f32>) -> Tensor<TestBackend, 1> {
 /// A logged metric entry in burn-ddp-training's terms (Burn 0.21 logs
 /// per-iteration values only).
 #[cfg(feature = "train")]
-pub(crate) fn figure_entry(
-    entry: &burn::train::metric::NumericEntry,
-) -> Option<burn_ddp_training::learner::figures::Entry> {
-    use burn::train::metric::NumericEntry;
-    use burn_ddp_training::learner::figures::Entry;
-    Some(match *entry {
-        NumericEntry::Value(value) => Entry::Iteration {
-            sum: value,
-            count: 1,
-        },
-        NumericEntry::Aggregated {
-            aggregated_value,
-            count,
-        } => Entry::Iteration {
-            sum: aggregated_value * count as f64,
-            count: count as u64,
-        },
-    })
+impl crate::shared::contract::FigureEntry for burn::train::metric::NumericEntry {
+    fn figure(&self) -> Option<burn_ddp_training::learner::figures::Entry> {
+        use burn::train::metric::NumericEntry;
+        use burn_ddp_training::learner::figures::Entry;
+        Some(match *self {
+            NumericEntry::Value(value) => Entry::Iteration {
+                sum: value,
+                count: 1,
+            },
+            NumericEntry::Aggregated {
+                aggregated_value,
+                count,
+            } => Entry::Iteration {
+                sum: aggregated_value * count as f64,
+                count: count as u64,
+            },
+        })
+    }
 }
-
-/// Burn 0.21's renderer traits for a renderer that shows nothing and hands
-/// the end-of-training summary to its `Quiet` side.
-#[cfg(feature = "train")]
-macro_rules! quiet_renderer {
-    ($renderer:ty) => {
-        impl burn::train::renderer::MetricsRendererTraining for $renderer {
-            fn update_train(&mut self, _state: burn::train::renderer::MetricState) {}
-            fn update_valid(&mut self, _state: burn::train::renderer::MetricState) {}
-            fn render_train(
-                &mut self,
-                _item: burn::train::renderer::TrainingProgress,
-                _indicators: Vec<burn::train::renderer::ProgressType>,
-            ) {
-            }
-            fn render_valid(
-                &mut self,
-                _item: burn::train::renderer::TrainingProgress,
-                _indicators: Vec<burn::train::renderer::ProgressType>,
-            ) {
-            }
-            fn on_train_end(
-                &mut self,
-                summary: Option<burn::train::LearnerSummary>,
-            ) -> Result<(), Box<dyn core::error::Error>> {
-                if let Some(summary) = summary {
-                    $crate::shared::train::quiet::Quiet::summary(self, summary);
-                }
-                Ok(())
-            }
-        }
-
-        impl burn::train::renderer::MetricsRendererEvaluation for $renderer {
-            fn update_test(
-                &mut self,
-                _name: burn::train::renderer::EvaluationName,
-                _state: burn::train::renderer::MetricState,
-            ) {
-            }
-            fn render_test(
-                &mut self,
-                _item: burn::train::renderer::EvaluationProgress,
-                _indicators: Vec<burn::train::renderer::ProgressType>,
-            ) {
-            }
-            fn on_test_end(
-                &mut self,
-                _summary: Option<burn::train::LearnerSummary>,
-            ) -> Result<(), Box<dyn core::error::Error>> {
-                Ok(())
-            }
-        }
-
-        impl burn::train::renderer::MetricsRenderer for $renderer {
-            fn manual_close(&mut self) {}
-            fn register_metric(&mut self, _definition: burn::train::metric::MetricDefinition) {}
-        }
-    };
-}
-#[cfg(feature = "train")]
-pub(crate) use quiet_renderer;

@@ -4,9 +4,10 @@
 //! answers the store with the global figures once summed; and the end-of-run
 //! summary with the global figures in place of rank 0's own. Which of Burn's
 //! entries is a per-iteration value and which a final one is the shim's
-//! `figure_entry`.
+//! `FigureEntry`.
 
 use super::DdpTraining;
+use crate::shared::contract::FigureEntry;
 use burn::train::logger::MetricLogger;
 use burn::train::metric::store::{EpochSummary, MetricsUpdate, Split};
 use burn::train::metric::{MetricAttributes, MetricDefinition, MetricId, NumericEntry};
@@ -49,7 +50,7 @@ impl MetricLogger for GlobalMetricLogger {
             let Some(name) = self.names.get(&numeric.entry.metric_id) else {
                 continue;
             };
-            if let Some(entry) = crate::shim::figure_entry(&numeric.numeric_entry) {
+            if let Some(entry) = numeric.numeric_entry.figure() {
                 self.figures.record_entry(epoch, split, name, entry);
             }
         }

@@ -1,17 +1,12 @@
 //! What ranks other than 0 get instead of a display and checkpoint saving,
 //! and a renderer that only reports the end-of-training summary. Burn's
 //! renderer traits (which differ between Burn versions) are implemented for
-//! both by the shim's `quiet_renderer!`.
+//! both in each front-end's `train::quiet`.
 
+use crate::shared::contract::Quiet;
 use burn::train::checkpoint::{CheckpointingAction, CheckpointingStrategy};
 use burn::train::metric::store::EventStoreClient;
 use burn::train::LearnerSummary;
-
-/// A renderer that shows nothing but may want the end-of-training summary.
-pub(crate) trait Quiet {
-    /// Training ended with `summary`.
-    fn summary(&mut self, summary: LearnerSummary);
-}
 
 /// A renderer that shows nothing (not even the end-of-training summary).
 #[derive(Debug, Default, Clone, Copy)]
@@ -20,8 +15,6 @@ pub struct SilentRenderer;
 impl Quiet for SilentRenderer {
     fn summary(&mut self, _summary: LearnerSummary) {}
 }
-
-crate::shim::quiet_renderer!(SilentRenderer);
 
 type SummaryReport = dyn FnMut(LearnerSummary) + Send + Sync;
 
@@ -47,8 +40,6 @@ impl Quiet for SummaryRenderer {
         (self.report)(summary);
     }
 }
-
-crate::shim::quiet_renderer!(SummaryRenderer);
 
 /// A checkpointing strategy that never saves nor deletes: the rank still
 /// *loads* checkpoints (each rank restores its own optimizer state on resume).

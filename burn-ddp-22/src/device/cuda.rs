@@ -26,6 +26,8 @@
 use super::packed::{empty_packed_like, is_packed_tensor, readable, writable};
 use super::TensorOp;
 use crate::collective::CollectiveKind;
+use crate::shared::contract::{CudaBuffer, Pinned};
+use crate::shared::device;
 use crate::{CommError, ProcessGroup, Result};
 use burn::backend::fusion::stream::StreamId;
 use burn::backend::fusion::{Client as FusionClient, FusionTensor, NoOp};
@@ -277,40 +279,7 @@ pub(crate) fn tensor_collective<const D: usize, K: CollectiveKind>(
     if !group.uses_device_collectives(ordinal)? {
         return Ok(Err(way_back.tensor(cube)));
     }
-    let rank = group.rank();
-    let world = group.world_size();
-    // SAFETY (every call below): `pin` waited for all writes to the buffers and
-    // holds their allocations until the call, which waits for NCCL, returns;
-    // buffers written in place are exclusively owned and packed.
-    let result = match op {
-        TensorOp::AllReduce(op) => {
-            let data = writable(cube);
-            let pinned = pin(rank, &data)?;
-            unsafe { group.all_reduce_device(pinned.buffer, op)? };
-            data
-        }
-        TensorOp::Broadcast(root) => {
-            let data = writable(cube);
-            let pinned = pin(rank, &data)?;
-            unsafe { group.broadcast_device(pinned.buffer, root)? };
-            data
-        }
-        TensorOp::AllGather => {
-            let input = readable(cube);
-            let output = empty_packed_like(&input, |rows| rows * world);
-            let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
-            unsafe { group.all_gather_device(send.buffer, recv.buffer)? };
-            output
-        }
-        TensorOp::ReduceScatter(op) => {
-            let input = readable(cube);
-            let output = empty_packed_like(&input, |rows| rows / world);
-            let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
-            unsafe { group.reduce_scatter_device(send.buffer, recv.buffer, op)? };
-            output
-        }
-    };
-    Ok(Ok(way_back.tensor(result)))
+    Ok(Ok(way_back.tensor(device::collective(group, cube, op)?)))
 }
 
 /// The bytes at the device address an in-place collective (`all_reduce`,
@@ -329,24 +298,28 @@ pub fn nccl_view<const D: usize>(
     if !group.uses_device_collectives(ordinal)? {
         return Ok(None);
     }
-    let data = writable(cube);
-    let pinned = pin(group.rank(), &data)?;
-    // SAFETY: `pin` waited for every write and holds the allocation while we read.
-    let bytes = unsafe { group.read_back_device(pinned.buffer)? };
-    drop(pinned);
-    Ok(Some(bytes))
+    device::view(group, cube).map(Some)
 }
 
-/// A device buffer for NCCL, with the allocation held until it is dropped.
-struct Pinned<Alive> {
-    buffer: DeviceBuffer,
-    _alive: Alive,
+impl CudaBuffer for CubeTensor {
+    fn writable(self) -> Self {
+        writable(self)
+    }
+    fn readable(self) -> Self {
+        readable(self)
+    }
+    fn empty_like(&self, rows: impl Fn(usize) -> usize) -> Self {
+        empty_packed_like(self, rows)
+    }
+    fn pin(&self, rank: usize) -> Result<Pinned> {
+        pin(rank, self)
+    }
 }
 
 /// Takes `tensor`'s memory (so this thread's cubecl stream waits for whatever
 /// stream wrote it), waits for every kernel queued on that stream, and hands
 /// out its device address. Only a packed buffer is handed out.
-fn pin(rank: usize, tensor: &CubeTensor) -> Result<Pinned<impl Sized + 'static>> {
+fn pin(rank: usize, tensor: &CubeTensor) -> Result<Pinned> {
     let dtype = crate::dtype::wire_or_error(rank, tensor.dtype, "collectives")?;
     let device = |what: &str, detail: String| {
         CommError::device(
@@ -384,6 +357,6 @@ fn pin(rank: usize, tensor: &CubeTensor) -> Result<Pinned<impl Sized + 'static>>
             len,
             dtype,
         },
-        _alive: resource,
+        _alive: Box::new(resource),
     })
 }

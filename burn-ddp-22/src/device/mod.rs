@@ -15,7 +15,7 @@ mod packed;
 pub use cuda::{cuda_device_for_rank, nccl_view};
 
 use crate::collective::CollectiveKind;
-pub(crate) use crate::shared::collective::TensorOp;
+pub(crate) use crate::shared::contract::TensorOp;
 use crate::{CommError, ProcessGroup, Result};
 use burn::tensor::{Device, Tensor};
 use burn_ddp_comm::{CollectiveBackend, Placement};

@@ -44,6 +44,7 @@
 
 mod burn_version;
 pub(crate) mod checkpoints;
+mod quiet;
 mod strategy;
 
 pub use crate::shared::train::quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};
@@ -53,7 +54,6 @@ pub use strategy::DdpLearningStrategy;
 
 use crate::shared::train::metrics::GlobalMetricLogger;
 use burn::train::{LearnerModel, SupervisedTraining, TrainingStrategy};
-pub(crate) use burn_version::quiet_progress;
 use std::sync::Arc;
 
 impl DdpTraining {

@@ -16,16 +16,13 @@ use crate::shared::train::metrics::globalize;
 use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
-use burn::train::metric::store::EventStoreClient;
 use burn::train::{
-    CloneEarlyStoppingStrategy, EventProcessorTraining, InferenceStep, Interrupter, Learner,
-    LearnerEvent, LearnerModel, LearningCheckpointer, LearningResult, SupervisedLearningStrategy,
-    SupervisedTrainingEventProcessor, TrainLoader, TrainStep, TrainingComponents, TrainingItem,
-    ValidLoader,
+    EventProcessorTraining, InferenceStep, Learner, LearnerEvent, LearnerModel, LearningResult,
+    SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader, TrainStep,
+    TrainingComponents, TrainingItem, ValidLoader,
 };
 use burn_ddp_training::learner::{FitError, LearnerJob, Learning, Plan};
 use burn_ddp_training::stop;
-use std::sync::Arc;
 
 type TrainItem<M> = <M as TrainStep>::Input;
 type TrainOutput<M> = <M as TrainStep>::Output;
@@ -87,13 +84,8 @@ struct Epochs<'a, M: LearnerModel> {
     learner: Learner<M>,
     train: &'a TrainLoader<M>,
     valid: &'a ValidLoader<M>,
-    processor: SupervisedTrainingEventProcessor<M>,
-    checkpointer: Option<LearningCheckpointer<M>>,
-    early_stopping: Option<Box<dyn CloneEarlyStoppingStrategy>>,
-    event_store: Arc<EventStoreClient>,
-    interrupter: Interrupter,
-    grad_accumulation: Option<usize>,
-    num_epochs: usize,
+    /// Burn's event processor, checkpointer, interrupter, early stopping...
+    components: TrainingComponents<M>,
     /// The epoch under way, its loader and where it is.
     epoch: Progress,
     items: Option<Box<dyn DataLoaderIterator<TrainItem<M>> + 'a>>,
@@ -108,11 +100,16 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
     type Output = TrainOutput<M>;
 
     fn start_training(&mut self, epoch: usize) -> usize {
-        self.epoch = Progress::new(epoch, self.num_epochs, Some("epochs".to_string()));
+        self.epoch = Progress::new(
+            epoch,
+            self.components.num_epochs,
+            Some("epochs".to_string()),
+        );
         let items = self.train.iter();
         let start = burn_version::start_split(epoch, self.train.num_items(), items.progress());
-        self.interrupter
-            .fail_on_error(self.processor.process_train(start));
+        self.components
+            .interrupter
+            .fail_on_error(self.components.event_processor.process_train(start));
         self.items = Some(items);
         self.train.num_items()
     }
@@ -123,13 +120,15 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
             Some(Ok(item)) => Some(item),
             Some(Err(err)) => {
                 // Voted as an interrupt, so the others stop too.
-                self.interrupter.fail(err);
+                self.components.interrupter.fail(err);
                 None
             }
             None => {
                 // An error the processor found in the last items comes
                 // back on a later call: now, so it is in the vote.
-                self.interrupter.fail_on_error(self.processor.flush());
+                self.components
+                    .interrupter
+                    .fail_on_error(self.components.event_processor.flush());
                 None
             }
         };
@@ -139,7 +138,7 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
 
     fn train_step(&mut self, item: Self::Item) -> Self::Output {
         let output = self.learner.train_step(item);
-        match self.grad_accumulation {
+        match self.components.grad_accumulation {
             Some(_) => self
                 .accumulator
                 .accumulate(&self.learner.model(), output.grads),
@@ -169,8 +168,9 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
             Some(iteration),
             Some(self.learner.lr_current()),
         );
-        self.interrupter.fail_on_error(
-            self.processor
+        self.components.interrupter.fail_on_error(
+            self.components
+                .event_processor
                 .process_train(LearnerEvent::ProcessedItem(item)),
         );
     }
@@ -180,8 +180,9 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
             return;
         };
         let end = burn_version::end_split(epoch, items.progress(), completed);
-        self.interrupter
-            .fail_on_error(self.processor.process_train(end));
+        self.components
+            .interrupter
+            .fail_on_error(self.components.event_processor.process_train(end));
     }
 
     fn validate(&mut self, epoch: usize) {
@@ -189,8 +190,9 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
         let model = self.learner.model().valid();
         let mut iterator = self.valid.iter();
         let start = burn_version::start_split(epoch, self.valid.num_items(), iterator.progress());
-        self.interrupter
-            .fail_on_error(self.processor.process_valid(start));
+        self.components
+            .interrupter
+            .fail_on_error(self.components.event_processor.process_valid(start));
         let mut iteration = 0;
         // No collective here: shards may differ by one item, and an
         // interrupt is agreed on at the end of the epoch.
@@ -198,7 +200,7 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
             let item = match item {
                 Ok(item) => item,
                 Err(err) => {
-                    self.interrupter.fail(err);
+                    self.components.interrupter.fail(err);
                     break;
                 }
             };
@@ -206,56 +208,65 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
                 // Ctrl-C during validation: this rank's figures end here; the
                 // ranks agree to stop at the end of the epoch.
                 let reason = format!("{} received", stop::signal_name(signal));
-                self.interrupter.stop(Some(&reason));
+                self.components.interrupter.stop(Some(&reason));
                 break;
             }
             let progress = iterator.progress();
             iteration += 1;
             let item = InferenceStep::step(&model, item);
             let item = TrainingItem::new(item, progress, Some(iteration), None);
-            self.interrupter.fail_on_error(
-                self.processor
+            self.components.interrupter.fail_on_error(
+                self.components
+                    .event_processor
                     .process_valid(LearnerEvent::ProcessedItem(item)),
             );
-            if self.interrupter.should_stop() {
+            if self.components.interrupter.should_stop() {
                 break;
             }
         }
-        let completed = !self.interrupter.should_stop();
+        let completed = !self.components.interrupter.should_stop();
         let end = burn_version::end_split(epoch, iterator.progress(), completed);
-        self.interrupter
-            .fail_on_error(self.processor.process_valid(end));
-        self.interrupter
-            .fail_on_error(self.processor.process_train(LearnerEvent::EndEpoch(epoch)));
+        self.components
+            .interrupter
+            .fail_on_error(self.components.event_processor.process_valid(end));
+        self.components.interrupter.fail_on_error(
+            self.components
+                .event_processor
+                .process_train(LearnerEvent::EndEpoch(epoch)),
+        );
         // The store's thread has the epoch's events once the processor's
         // has; the figures wait for the store (EpochFigures::reduce_epoch).
-        self.interrupter.fail_on_error(self.processor.flush());
+        self.components
+            .interrupter
+            .fail_on_error(self.components.event_processor.flush());
     }
 
     fn early_stop(&mut self, epoch: usize) -> bool {
-        self.early_stopping
+        self.components
+            .early_stopping
             .as_mut()
-            .is_some_and(|strategy| strategy.should_stop(epoch, &self.event_store))
+            .is_some_and(|strategy| strategy.should_stop(epoch, &self.components.event_store))
     }
 
     fn checkpoint(&mut self, epoch: usize) {
-        if let Some(checkpointer) = &mut self.checkpointer {
-            checkpointer.checkpoint(&self.learner, epoch, &self.event_store);
+        if let Some(checkpointer) = &mut self.components.checkpointer {
+            checkpointer.checkpoint(&self.learner, epoch, &self.components.event_store);
         }
     }
 
     fn interrupted(&self) -> bool {
-        self.interrupter.should_stop()
+        self.components.interrupter.should_stop()
     }
 
     fn stop_reason(&self) -> Option<String> {
-        self.interrupter
+        self.components
+            .interrupter
             .interruption()
             .and_then(|interruption| interruption.reason)
     }
 
     fn interrupt(&self, reason: &str) {
-        self.interrupter.stop(Some(reason));
+        self.components.interrupter.stop(Some(reason));
     }
 }
 
@@ -335,14 +346,8 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             learner,
             train: &dataloader_train,
             valid: &dataloader_valid,
-            processor: components.event_processor,
-            checkpointer: components.checkpointer,
-            early_stopping: components.early_stopping,
-            event_store: components.event_store,
-            interrupter: components.interrupter,
-            grad_accumulation: components.grad_accumulation,
-            num_epochs: components.num_epochs,
             epoch: Progress::new(starting_epoch, components.num_epochs, Some("epochs".into())),
+            components,
             items: None,
             progress: None,
             accumulator: GradientsAccumulator::new(),
@@ -351,6 +356,6 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
         if let Err(err) = self.ddp.fit(&mut epochs, plan) {
             self.fail(err);
         }
-        (epochs.learner.model(), epochs.processor)
+        (epochs.learner.model(), epochs.components.event_processor)
     }
 }

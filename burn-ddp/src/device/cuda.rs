@@ -22,6 +22,8 @@
 
 use super::packed::{empty_packed_like, is_packed_tensor, readable, writable};
 use super::TensorOp;
+use crate::shared::contract::{CudaBuffer, Pinned};
+use crate::shared::device;
 use crate::{CommError, ProcessGroup, Result};
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Float, Int, Tensor, TensorPrimitive};
@@ -201,40 +203,7 @@ pub(crate) fn tensor_collective<B: Backend, const D: usize, K: BasicOps<B> + 'st
     if !group.uses_device_collectives(cuda.device.index)? {
         return Ok(Err(wrap(cuda)));
     }
-    let rank = group.rank();
-    let world = group.world_size();
-    // SAFETY (every call below): `pin` waited for all writes to the buffers and
-    // holds their allocations until the call, which waits for NCCL, returns;
-    // buffers written in place are exclusively owned and contiguous.
-    let result = match op {
-        TensorOp::AllReduce(op) => {
-            let data = writable(cuda);
-            let pinned = pin(rank, &data)?;
-            unsafe { group.all_reduce_device(pinned.buffer, op)? };
-            data
-        }
-        TensorOp::Broadcast(root) => {
-            let data = writable(cuda);
-            let pinned = pin(rank, &data)?;
-            unsafe { group.broadcast_device(pinned.buffer, root)? };
-            data
-        }
-        TensorOp::AllGather => {
-            let input = readable(cuda);
-            let output = empty_packed_like(&input, |rows| rows * world);
-            let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
-            unsafe { group.all_gather_device(send.buffer, recv.buffer)? };
-            output
-        }
-        TensorOp::ReduceScatter(op) => {
-            let input = readable(cuda);
-            let output = empty_packed_like(&input, |rows| rows / world);
-            let (send, recv) = (pin(rank, &input)?, pin(rank, &output)?);
-            unsafe { group.reduce_scatter_device(send.buffer, recv.buffer, op)? };
-            output
-        }
-    };
-    Ok(Ok(wrap(result)))
+    Ok(Ok(wrap(device::collective(group, cuda, op)?)))
 }
 
 /// The bytes at the device address an in-place collective (`all_reduce`,
@@ -252,24 +221,28 @@ pub fn nccl_view<B: Backend, const D: usize>(
     if !group.uses_device_collectives(cuda.device.index)? {
         return Ok(None);
     }
-    let data = writable(cuda);
-    let pinned = pin(group.rank(), &data)?;
-    // SAFETY: `pin` waited for every write and holds the allocation while we read.
-    let bytes = unsafe { group.read_back_device(pinned.buffer)? };
-    drop(pinned);
-    Ok(Some(bytes))
+    device::view(group, cuda).map(Some)
 }
 
-/// A device buffer for NCCL, with the allocation held until it is dropped.
-struct Pinned<Alive> {
-    buffer: DeviceBuffer,
-    _alive: Alive,
+impl CudaBuffer for CudaTensor {
+    fn writable(self) -> Self {
+        writable(self)
+    }
+    fn readable(self) -> Self {
+        readable(self)
+    }
+    fn empty_like(&self, rows: impl Fn(usize) -> usize) -> Self {
+        empty_packed_like(self, rows)
+    }
+    fn pin(&self, rank: usize) -> Result<Pinned> {
+        pin(rank, self)
+    }
 }
 
 /// Takes `tensor`'s memory (so this thread's cubecl stream waits for whatever
 /// stream wrote it), waits for every kernel queued on that stream, and hands
 /// out its device address. Only a packed buffer is handed out.
-fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized + 'static>> {
+fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned> {
     let dtype = crate::dtype::wire_or_error(rank, tensor.dtype, "collectives")?;
     let device = |what: &str, detail: String| {
         CommError::device(
@@ -302,7 +275,7 @@ fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned<impl Sized + 'static>>
             len: tensor.meta.shape().num_elements(),
             dtype,
         },
-        _alive: resource,
+        _alive: Box::new(resource),
     })
 }
 

@@ -14,7 +14,7 @@ mod packed;
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_device_for_rank, nccl_view, FusedCuda, PlainCuda};
 
-pub(crate) use crate::shared::collective::TensorOp;
+pub(crate) use crate::shared::contract::TensorOp;
 use crate::{CommError, ProcessGroup, Result};
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Tensor};

@@ -57,6 +57,7 @@
 //! process. Use this strategy (or `SingleDevice` in a world of one).
 
 pub(crate) mod checkpoints;
+mod quiet;
 mod strategy;
 
 pub use crate::shared::train::quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};

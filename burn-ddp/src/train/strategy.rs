@@ -16,22 +16,18 @@ use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::DeviceOps;
-use burn::train::metric::store::EventStoreClient;
 use burn::train::{
-    CloneEarlyStoppingStrategy, EventProcessorTraining, InferenceStep, Interrupter, Learner,
-    LearnerEvent, LearningCheckpointer, LearningComponentsTypes, LearningResult,
-    SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader, TrainStep,
-    TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
+    EventProcessorTraining, InferenceStep, Learner, LearnerEvent, LearningComponentsTypes,
+    LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
+    TrainStep, TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
 };
 use burn_ddp_training::learner::{FitError, LearnerJob, Learning, Plan};
 use burn_ddp_training::stop;
-use std::sync::Arc;
 
 type InferenceModelOf<LC> = <LC as LearningComponentsTypes>::InferenceModel;
 type DeviceOf<LC> = burn::tensor::Device<<LC as LearningComponentsTypes>::Backend>;
 type TrainItem<LC> = <<LC as LearningComponentsTypes>::TrainingModel as TrainStep>::Input;
 type TrainOutput<LC> = <<LC as LearningComponentsTypes>::TrainingModel as TrainStep>::Output;
-type EarlyStopping = Box<dyn CloneEarlyStoppingStrategy>;
 
 /// burn-ddp's `SupervisedLearningStrategy`; installed by
 /// [`DdpSupervisedTraining::ddp`](super::DdpSupervisedTraining::ddp).
@@ -82,13 +78,8 @@ struct Epochs<'a, LC: LearningComponentsTypes> {
     learner: Learner<LC>,
     train: &'a TrainLoader<LC>,
     valid: &'a ValidLoader<LC>,
-    processor: SupervisedTrainingEventProcessor<LC>,
-    checkpointer: Option<LearningCheckpointer<LC>>,
-    early_stopping: Option<EarlyStopping>,
-    event_store: Arc<EventStoreClient>,
-    interrupter: Interrupter,
-    grad_accumulation: Option<usize>,
-    num_epochs: usize,
+    /// Burn's event processor, checkpointer, interrupter, early stopping...
+    components: TrainingComponents<LC>,
     /// The epoch under way, its loader and where it is.
     epoch: Progress,
     items: Option<Box<dyn DataLoaderIterator<TrainItem<LC>> + 'a>>,
@@ -103,7 +94,7 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
     type Output = TrainOutput<LC>;
 
     fn start_training(&mut self, epoch: usize) -> usize {
-        self.epoch = Progress::new(epoch, self.num_epochs);
+        self.epoch = Progress::new(epoch, self.components.num_epochs);
         self.items = Some(self.train.iter());
         self.train.num_items()
     }
@@ -123,7 +114,7 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
             let _local = crate::no_sync();
             self.learner.train_step(item)
         };
-        match self.grad_accumulation {
+        match self.components.grad_accumulation {
             Some(_) => self
                 .accumulator
                 .accumulate(&self.learner.model(), output.grads),
@@ -152,13 +143,16 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
             Some(iteration),
             Some(self.learner.lr_current()),
         );
-        self.processor
+        self.components
+            .event_processor
             .process_train(LearnerEvent::ProcessedItem(item));
     }
 
     fn end_training(&mut self, epoch: usize, _completed: bool) {
         self.items = None;
-        self.processor.process_train(LearnerEvent::EndEpoch(epoch));
+        self.components
+            .event_processor
+            .process_train(LearnerEvent::EndEpoch(epoch));
     }
 
     fn validate(&mut self, epoch: usize) {
@@ -171,41 +165,45 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
                 // Ctrl-C during validation: this rank's figures end here; the
                 // ranks agree to stop at the end of the epoch.
                 let reason = format!("{} received", stop::signal_name(signal));
-                self.interrupter.stop(Some(&reason));
+                self.components.interrupter.stop(Some(&reason));
                 break;
             }
             let progress = iterator.progress();
             iteration += 1;
             let item = model.step(item);
             let item = TrainingItem::new(item, progress, self.epoch.clone(), Some(iteration), None);
-            self.processor
+            self.components
+                .event_processor
                 .process_valid(LearnerEvent::ProcessedItem(item));
         }
-        self.processor.process_valid(LearnerEvent::EndEpoch(epoch));
+        self.components
+            .event_processor
+            .process_valid(LearnerEvent::EndEpoch(epoch));
     }
 
     fn early_stop(&mut self, epoch: usize) -> bool {
-        self.early_stopping
+        self.components
+            .early_stopping
             .as_mut()
-            .is_some_and(|strategy| strategy.should_stop(epoch, &self.event_store))
+            .is_some_and(|strategy| strategy.should_stop(epoch, &self.components.event_store))
     }
 
     fn checkpoint(&mut self, epoch: usize) {
-        if let Some(checkpointer) = &mut self.checkpointer {
-            checkpointer.checkpoint(&self.learner, epoch, &self.event_store);
+        if let Some(checkpointer) = &mut self.components.checkpointer {
+            checkpointer.checkpoint(&self.learner, epoch, &self.components.event_store);
         }
     }
 
     fn interrupted(&self) -> bool {
-        self.interrupter.should_stop()
+        self.components.interrupter.should_stop()
     }
 
     fn stop_reason(&self) -> Option<String> {
-        self.interrupter.get_message()
+        self.components.interrupter.get_message()
     }
 
     fn interrupt(&self, reason: &str) {
-        self.interrupter.stop(Some(reason));
+        self.components.interrupter.stop(Some(reason));
     }
 }
 
@@ -296,14 +294,8 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             learner,
             train: &dataloader_train,
             valid: &dataloader_valid,
-            processor: components.event_processor,
-            checkpointer: components.checkpointer,
-            early_stopping: components.early_stopping,
-            event_store: components.event_store,
-            interrupter: components.interrupter,
-            grad_accumulation: components.grad_accumulation,
-            num_epochs: components.num_epochs,
             epoch: Progress::new(starting_epoch, components.num_epochs),
+            components,
             items: None,
             progress: None,
             accumulator: GradientsAccumulator::new(),
@@ -312,6 +304,6 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         if let Err(err) = self.ddp.fit(&mut epochs, plan) {
             self.fail(err);
         }
-        (epochs.learner.model(), epochs.processor)
+        (epochs.learner.model(), epochs.components.event_processor)
     }
 }
