@@ -46,11 +46,17 @@ const BACKENDS: [&str; 9] = [
     "burn-cubecl",
 ];
 
-/// The core below the Burn front-end (communication, the sampler's index
-/// math) depends on no Burn at all, so every Burn version's front-end shares it.
+/// The layers below the Burn front-ends (rendezvous, communication,
+/// training, the sampler's index math) depend on no Burn at all, so every
+/// Burn version's front-end shares them.
 #[test]
 fn the_core_crates_depend_on_no_burn() {
-    for core in ["burn-ddp-comm", "burn-ddp-sampler"] {
+    for core in [
+        "burn-ddp-rendezvous",
+        "burn-ddp-comm",
+        "burn-ddp-training",
+        "burn-ddp-sampler",
+    ] {
         let packages = resolved_features(core);
         let burn: Vec<&String> = packages
             .keys()
@@ -95,6 +101,50 @@ fn the_front_ends_alone_compile_no_backend() {
             backends.is_empty(),
             "{library} pulls in Burn backends {backends:?}"
         );
+    }
+}
+
+/// Each layer depends only on the ones below it: the launcher is built on
+/// the rendezvous layer alone (no process group, no training layer, no
+/// Burn), communication knows nothing of training, training nothing of Burn.
+#[test]
+fn each_layer_builds_only_what_is_below_it() {
+    let below: [(&str, &[&str], &[&str]); 4] = [
+        (
+            "burn-ddp-run",
+            &["burn-ddp-rendezvous"],
+            &["burn-ddp-comm", "burn-ddp-training", "burn-ddp-sampler", "burn-ddp", "burn-ddp-22"],
+        ),
+        (
+            "burn-ddp-comm",
+            &["burn-ddp-rendezvous"],
+            &["burn-ddp-training", "burn-ddp-sampler", "burn-ddp", "burn-ddp-22"],
+        ),
+        (
+            "burn-ddp-training",
+            &["burn-ddp-comm", "burn-ddp-rendezvous"],
+            &["burn-ddp-sampler", "burn-ddp", "burn-ddp-22"],
+        ),
+        (
+            "burn-ddp-22",
+            &["burn-ddp-training", "burn-ddp-comm", "burn-ddp-sampler"],
+            &["burn-ddp"],
+        ),
+    ];
+    for (package, needs, never) in below {
+        let packages = resolved_features(package);
+        for need in needs {
+            assert!(packages.contains_key(*need), "{package} lacks {need}: {packages:?}");
+        }
+        let found: Vec<&&str> = never.iter().filter(|p| packages.contains_key(**p)).collect();
+        assert!(found.is_empty(), "{package} builds {found:?}, layers above it");
+        if package == "burn-ddp-run" {
+            let burn: Vec<&String> = packages
+                .keys()
+                .filter(|p| *p == "burn" || (p.starts_with("burn-") && !p.starts_with("burn-ddp")))
+                .collect();
+            assert!(burn.is_empty(), "the launcher builds Burn: {burn:?}");
+        }
     }
 }
 

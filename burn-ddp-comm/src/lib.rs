@@ -1,18 +1,17 @@
-//! The communication core of burn-ddp: launcher environment, rendezvous store,
-//! process group and collectives over pluggable transports.
+//! The communication layer of burn-ddp: the process group and its
+//! collectives over pluggable transports, and the gradient reducer.
 //!
-//! It knows nothing of Burn, so the launcher can use it without pulling Burn in,
-//! and any way of feeding gradients (a backend decorator today, a gradient
-//! synchroniser for newer Burn later) can sit on top.
+//! It knows nothing of Burn, nor of training, and keeps no global state: the
+//! layer below is `burn-ddp-rendezvous` (who am I, the job, the store; its
+//! `LaunchEnv`, `Launcher`, `StoreHost`, `JobToken` and `Store` are
+//! re-exported here), the layer above `burn-ddp-training` (the session with
+//! the default group and each model's reducer, the Learner loop) and the
+//! Burn front-ends.
 //!
-//! Layers, each knowing only the one below: [`env`](mod@env) (who am I) and
-//! [`job`] (the job's token, store keys and files) → [`store`] (rendezvous) →
-//! [`ProcessGroup`] (collectives, dispatched to [`transport`] for host
-//! buffers and [`nccl`] for device buffers) → [`reducer`] (a model's
-//! gradients, bucket by bucket, behind the [`GradientSet`] a front-end
-//! implements). [`learner`] holds what a Learner strategy on several
-//! processes needs beyond gradients (agreements, epoch figures, resume), for
-//! both Burn front-ends.
+//! Inside, each part knows only the one below: [`ProcessGroup`] (collectives,
+//! dispatched to the host transports for host buffers and to [`nccl`] for
+//! device buffers) → [`Reducer`] (a model's gradients, bucket by bucket,
+//! behind the [`GradientSet`] a front-end implements).
 //!
 //! ```
 //! use burn_ddp_comm::{ProcessGroup, ReduceOp};
