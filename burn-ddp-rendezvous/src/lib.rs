@@ -1,5 +1,5 @@
 //! The bottom layer of burn-ddp, what the launcher and the process group
-//! share: who a rank is ([`env`]: torchrun, burn-ddp-run, Open MPI and Slurm
+//! share: who a rank is ([`env`](mod@env): torchrun, burn-ddp-run, Open MPI and Slurm
 //! variables), its job ([`job`]: the token, the layout of the job's store
 //! keys, the names of its shared-memory files) and where the ranks meet
 //! ([`store`]: our key/value store, or a client of PyTorch's c10d
