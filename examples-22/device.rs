@@ -1,9 +1,9 @@
 //! The device `--backend` names, for the Burn 0.22 trainers: Flex, or this
 //! rank's GPU (`cuda:LOCAL_RANK`, with the `cuda` feature), with autodiff.
 
-use super::common::cli::BackendChoice;
-use super::common::fail;
 use burn::tensor::Device;
+use burn_ddp_examples_common::cli::BackendChoice;
+use burn_ddp_examples_common::fail;
 
 /// The device for `--backend` (`trainer`: the Burn 0.21 trainer's name, for
 /// the backend only it has).

@@ -6,16 +6,13 @@
 //! peer, ranks with another transport) are in burn-ddp-comm's and
 //! burn-ddp-run's multiprocess tests; docs/reliability.md lists them all.
 
-#[path = "../examples/mnist/idx.rs"]
-#[allow(dead_code)]
-mod idx;
-
 use burn::backend::NdArray;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn_ddp_comm::{
     BucketConfig, DType, GradientSet, ParamInfo, ParamLayout, Placement, ProcessGroup, Reducer,
 };
+use burn_ddp_examples_common::idx;
 use burn_ddp_rendezvous::env::LaunchEnv;
 use burn_ddp_rendezvous::store::StoreServer;
 use burn_ddp_sampler::DistributedSampler;

@@ -56,6 +56,7 @@ fn the_core_crates_depend_on_no_burn() {
         "burn-ddp-comm",
         "burn-ddp-training",
         "burn-ddp-sampler",
+        "burn-ddp-examples-common",
     ] {
         let packages = resolved_features(core);
         let burn: Vec<&String> = packages
@@ -113,12 +114,23 @@ fn each_layer_builds_only_what_is_below_it() {
         (
             "burn-ddp-run",
             &["burn-ddp-rendezvous"],
-            &["burn-ddp-comm", "burn-ddp-training", "burn-ddp-sampler", "burn-ddp", "burn-ddp-22"],
+            &[
+                "burn-ddp-comm",
+                "burn-ddp-training",
+                "burn-ddp-sampler",
+                "burn-ddp",
+                "burn-ddp-22",
+            ],
         ),
         (
             "burn-ddp-comm",
             &["burn-ddp-rendezvous"],
-            &["burn-ddp-training", "burn-ddp-sampler", "burn-ddp", "burn-ddp-22"],
+            &[
+                "burn-ddp-training",
+                "burn-ddp-sampler",
+                "burn-ddp",
+                "burn-ddp-22",
+            ],
         ),
         (
             "burn-ddp-training",
@@ -134,10 +146,19 @@ fn each_layer_builds_only_what_is_below_it() {
     for (package, needs, never) in below {
         let packages = resolved_features(package);
         for need in needs {
-            assert!(packages.contains_key(*need), "{package} lacks {need}: {packages:?}");
+            assert!(
+                packages.contains_key(*need),
+                "{package} lacks {need}: {packages:?}"
+            );
         }
-        let found: Vec<&&str> = never.iter().filter(|p| packages.contains_key(**p)).collect();
-        assert!(found.is_empty(), "{package} builds {found:?}, layers above it");
+        let found: Vec<&&str> = never
+            .iter()
+            .filter(|p| packages.contains_key(**p))
+            .collect();
+        assert!(
+            found.is_empty(),
+            "{package} builds {found:?}, layers above it"
+        );
         if package == "burn-ddp-run" {
             let burn: Vec<&String> = packages
                 .keys()

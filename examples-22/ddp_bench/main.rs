@@ -10,17 +10,15 @@
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench22 --mode share
 //! ```
 
-#[path = "../../examples/ddp_bench/alloc.rs"]
-mod alloc;
-#[path = "../../examples/common/mod.rs"]
-mod common;
 #[path = "../mnist/net.rs"]
 mod net;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{Device, Distribution, Int, Tensor};
+use burn_ddp_examples_common as common;
 use clap::Parser;
+use common::alloc;
 use common::bench::median;
 use common::cli::positive;
 use common::fail;

@@ -3,11 +3,6 @@
 //! example, made multi-process by burn-ddp-22's strategy. The lines marked
 //! `burn-ddp` are all that differ from a single-process Learner program.
 
-use crate::args::{MnistArgs, MnistTrainingConfig, ResumeFrom};
-use crate::common::learner::{
-    announce_resume, last_checkpoint, print_epoch, refuse_another_run, stopped_line,
-};
-use crate::common::{fail, run_config};
 use crate::{load, MnistBatcher, Net};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
@@ -19,6 +14,11 @@ use burn::train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
 use burn_ddp_22::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
+use burn_ddp_examples_common::learner::{
+    announce_resume, last_checkpoint, print_epoch, refuse_another_run, stopped_line,
+};
+use burn_ddp_examples_common::mnist::{MnistArgs, MnistTrainingConfig, ResumeFrom};
+use burn_ddp_examples_common::{fail, run_config};
 
 type MnistBatch = (Tensor<4>, Tensor<1, Int>);
 

@@ -10,19 +10,11 @@
 //!     --epochs 2 --data-dir ../shared/data/mnist
 //! ```
 
-#[macro_use]
-#[path = "../../examples/common/mod.rs"]
-mod common;
-#[path = "../../examples/mnist/args.rs"]
-mod args;
 #[path = "../device.rs"]
 mod device;
-#[path = "../../examples/mnist/idx.rs"]
-mod idx;
 mod learner;
 mod net;
 
-use args::{MnistArgs, MnistTrainingConfig};
 use burn::data::dataloader::{batcher::Batcher, DataLoader, DataLoaderBuilder};
 use burn::data::dataset::{Dataset, DatasetError};
 use burn::module::Module;
@@ -31,7 +23,10 @@ use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_ddp_22::data::DistributedDataset;
 use burn_ddp_22::ReduceOp;
+use burn_ddp_examples_common as common;
 use clap::Parser;
+use common::idx;
+use common::mnist::{MnistArgs, MnistTrainingConfig};
 use common::stopped::Stopped;
 use common::{fail, run_config};
 use net::Net;

@@ -9,15 +9,9 @@
 //! burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/toy22 --epochs 10
 //! ```
 
-#[macro_use]
-#[path = "../../examples/common/mod.rs"]
-mod common;
-#[path = "../../examples/toy/args.rs"]
-mod args;
 #[path = "../device.rs"]
 mod device;
 
-use args::{ToyArgs, ToyTrainingConfig, CONFIG_FILE};
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::{Dataset, DatasetError};
 use burn::module::Module;
@@ -27,13 +21,24 @@ use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_ddp_22::data::DistributedDataset;
 use burn_ddp_22::ReduceOp;
+use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::stopped::Stopped;
+use common::toy::{toy_data, ToyProgram, ToyTrainingConfig, CONFIG_FILE};
 use common::{fail, run_config};
 use std::path::{Path, PathBuf};
 
-/// `--backend`'s default.
-const DEFAULT_BACKEND: &str = "flex";
+/// This program, for its command line: `--backend`'s default is Flex (Burn
+/// 0.22 has no NdArray).
+#[derive(Clone, Debug)]
+struct Burn022Toy;
+
+impl ToyProgram for Burn022Toy {
+    const DEFAULT_BACKEND: &'static str = "flex";
+}
+
+/// The toy trainer's command line, with this program's `--backend` default.
+type ToyArgs = common::toy::ToyArgs<Burn022Toy>;
 
 /// The document's ToyModel.
 #[derive(Module, Debug)]
@@ -53,7 +58,7 @@ impl ToyModel {
     }
 }
 
-/// The document's ToyDataset ([`args::toy_data`]).
+/// The document's ToyDataset ([`toy_data`]).
 struct ToyDataset {
     features: Vec<[f32; 10]>,
     labels: Vec<f32>,
@@ -139,7 +144,7 @@ fn train(args: &ToyArgs, device: Device) {
     let config = ToyTrainingConfig::new(epochs, batch_size, world_size, lr, dataset_size, seed);
 
     // 1. Dataset and sampler: this rank's shard, reshuffled every epoch.
-    let (features, labels) = args::toy_data(dataset_size, seed);
+    let (features, labels) = toy_data(dataset_size, seed);
     let dataset = ToyDataset { features, labels };
     let sampler = burn_ddp_22::distributed_sampler(&group, dataset.len())
         .unwrap_or_else(|e| fail(Some(rank), e));

@@ -21,6 +21,10 @@ impl Split {
         self.labels.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
     pub fn pixels(&self) -> usize {
         self.rows * self.cols
     }

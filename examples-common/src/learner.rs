@@ -3,11 +3,12 @@
 //! `--resume auto`'s check that the folder holds this run's checkpoints, the
 //! newest finished epoch, and what rank 0 says after a stop.
 
-use super::{fail, run_config};
-use burn::config::Config;
+use crate::{fail, run_config};
 use burn_ddp_comm::ProcessGroup;
 use burn_ddp_training::learner::{EpochReport, Split, CHECKPOINT_NAMES};
 use burn_ddp_training::snapshots;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use std::path::Path;
 
 /// The hand-written trainer's epoch line, from the figures summed over the ranks.
@@ -26,11 +27,15 @@ pub fn print_epoch(report: &EpochReport) {
 /// `--resume auto` in a folder another run's configuration (other than its
 /// epochs) was saved in: an error on every rank (rank 0 reads the file and
 /// names what differs), not a resume from its checkpoints. Collective.
-pub fn refuse_another_run<C: Config>(config: &C, saved: &Path, group: &ProcessGroup) {
+pub fn refuse_another_run<C: Serialize + DeserializeOwned>(
+    config: &C,
+    saved: &Path,
+    group: &ProcessGroup,
+) {
     let rank = group.rank();
     let mut changed = Vec::new();
     if group.is_main() && saved.exists() {
-        changed = C::load(saved)
+        changed = run_config::load::<C>(saved)
             .map(|saved| run_config::differences(&saved, config, &["epochs"]))
             .unwrap_or_else(|err| vec![format!("unreadable ({err})")]);
     }
@@ -80,6 +85,6 @@ pub fn stopped_line(signal: i32, finished: Option<usize>) -> String {
     };
     format!(
         "Stopped by {} before the end of training; {resume}",
-        super::stopped::signal_name(signal)
+        crate::stopped::signal_name(signal)
     )
 }

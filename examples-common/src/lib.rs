@@ -1,47 +1,17 @@
-//! Code the example trainers share: command-line helpers, the logger, saved
-//! hyper-parameters, a seeded normal generator and the choice of backend.
+//! The example trainers' shared, Burn-free code (both Burn versions'
+//! programs): command lines, saved settings, resume choice, MNIST files,
+//! benchmark tables, a seeded normal generator.
 
-#![allow(dead_code)]
-
+pub mod alloc;
 pub mod bench;
 pub mod cli;
+pub mod idx;
 pub mod learner;
+pub mod mnist;
 pub mod resume;
 pub mod run_config;
 pub mod stopped;
-
-/// Calls `$train::<B>(&args, device)` with the `Ddp` backend that `--backend`
-/// names: flex, ndarray, or cuda / cuda-fused (one GPU per local rank) with the
-/// cuda feature.
-#[allow(unused_macros)]
-macro_rules! run_on_backend {
-    ($args:expr, $train:ident) => {{
-        use burn::backend::{Autodiff, Flex, NdArray};
-        use burn_ddp::Ddp;
-        use common::cli::BackendChoice;
-        match $args.backend {
-            BackendChoice::Flex => $train::<Ddp<Autodiff<Flex>>>(&$args, Default::default()),
-            BackendChoice::Ndarray => $train::<Ddp<Autodiff<NdArray>>>(&$args, Default::default()),
-            #[cfg(feature = "cuda")]
-            BackendChoice::Cuda | BackendChoice::CudaFused => {
-                // cuda:LOCAL_RANK, as `torch.cuda.set_device(local_rank)`.
-                let env = burn_ddp::LaunchEnv::from_env().unwrap_or_else(|e| common::fail(None, e));
-                let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
-                    .unwrap_or_else(|e| common::fail(Some(env.rank), e));
-                if $args.backend == BackendChoice::Cuda {
-                    $train::<Ddp<Autodiff<burn_ddp::PlainCuda>>>(&$args, device)
-                } else {
-                    $train::<Ddp<Autodiff<burn_ddp::FusedCuda>>>(&$args, device)
-                }
-            }
-            #[cfg(not(feature = "cuda"))]
-            BackendChoice::Cuda | BackendChoice::CudaFused => common::fail(
-                None,
-                "--backend cuda or cuda-fused: this binary was built without CUDA; rebuild with --features cuda",
-            ),
-        }
-    }};
-}
+pub mod toy;
 
 /// A seeded generator of standard normal numbers (SplitMix64 + Box-Muller), so
 /// synthetic data is identical on every rank and every run.

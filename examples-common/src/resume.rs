@@ -3,10 +3,11 @@
 //! to this run, and every rank resumes from that one. The scan and fallback
 //! are burn-ddp-comm's `snapshots`; the trainer says how to try a snapshot.
 
-use super::{fail, run_config};
-use burn::config::Config;
+use crate::{fail, run_config};
 use burn_ddp_comm::ProcessGroup;
 use burn_ddp_training::snapshots::{self, LoadError, Snapshot};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 /// The snapshot file names: `model_epoch_<N>.<extension>`, `N` epochs done
@@ -24,7 +25,7 @@ pub fn snapshot_path(dir: &Path, epochs_done: usize) -> PathBuf {
 /// `config` in more than `ignored` fields is another run's: an error on rank
 /// 0, which ends the job. `try_load` says whether a snapshot loads into this
 /// run's model (corrupt: the one before is tried; refused: an error).
-pub fn newest_snapshot<C: Config>(
+pub fn newest_snapshot<C: Serialize + DeserializeOwned>(
     group: &ProcessGroup,
     dir: &Path,
     extension: &str,
@@ -37,7 +38,7 @@ pub fn newest_snapshot<C: Config>(
     let mut chosen = [-1i64];
     if group.is_main() {
         if saved_config.exists() {
-            let changed = C::load(saved_config)
+            let changed = run_config::load::<C>(saved_config)
                 .map(|saved| run_config::differences(&saved, config, ignored))
                 .unwrap_or_else(|err| vec![format!("unreadable ({err})")]);
             if !changed.is_empty() {

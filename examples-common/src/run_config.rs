@@ -1,15 +1,19 @@
-//! A trainer's hyper-parameters as a Burn `Config`, saved next to its
-//! checkpoints so a resumed run can check that it continues the same run.
+//! A trainer's hyper-parameters (any serde type), saved next to its
+//! checkpoints so a resumed run can check that it continues the same run. The
+//! file is the pretty JSON Burn's `Config::save` writes, and it is read back as
+//! Burn's `Config::load` reads it, with the same errors.
 
-use burn::config::Config;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 /// Saves `config` as JSON at `path`, atomically (a reader sees the old file or
 /// the new one, never half of one).
-pub fn save<C: Config>(config: &C, path: &Path) -> Result<(), String> {
+pub fn save<C: Serialize>(config: &C, path: &Path) -> Result<(), String> {
     let partial = PathBuf::from(format!("{}.partial", path.display()));
-    config
-        .save(&partial)
+    serde_json::to_string_pretty(config)
+        .map_err(std::io::Error::other)
+        .and_then(|json| std::fs::write(&partial, json))
         .and_then(|()| std::fs::rename(&partial, path))
         .map_err(|err| {
             let _ = std::fs::remove_file(&partial);
@@ -21,10 +25,19 @@ pub fn save<C: Config>(config: &C, path: &Path) -> Result<(), String> {
         })
 }
 
+/// Reads a configuration [`save`] wrote; the error reads as Burn's
+/// `ConfigError` does (`Config error => File not found: ...` or
+/// `Config error => Invalid format: ...`).
+pub fn load<C: DeserializeOwned>(path: &Path) -> Result<C, String> {
+    let content = std::fs::read_to_string(path)
+        .map_err(|_| format!("Config error => File not found: {}", path.to_string_lossy()))?;
+    serde_json::from_str(&content).map_err(|err| format!("Config error => Invalid format: {err}"))
+}
+
 /// The fields whose values differ between a saved configuration and this
 /// run's, as `name: saved -> now`, leaving out `ignored` (e.g. `epochs`,
 /// which a resume usually raises).
-pub fn differences<C: Config>(saved: &C, now: &C, ignored: &[&str]) -> Vec<String> {
+pub fn differences<C: Serialize>(saved: &C, now: &C, ignored: &[&str]) -> Vec<String> {
     let (Ok(serde_json::Value::Object(saved)), Ok(serde_json::Value::Object(now))) =
         (serde_json::to_value(saved), serde_json::to_value(now))
     else {
@@ -48,7 +61,11 @@ pub fn differences<C: Config>(saved: &C, now: &C, ignored: &[&str]) -> Vec<Strin
 /// What a resumed run should know about the configuration saved at `path`:
 /// `None` when it matches, otherwise a warning that says what differs (or why
 /// nothing could be compared).
-pub fn resume_warning<C: Config>(now: &C, path: &Path, ignored: &[&str]) -> Option<String> {
+pub fn resume_warning<C: Serialize + DeserializeOwned>(
+    now: &C,
+    path: &Path,
+    ignored: &[&str],
+) -> Option<String> {
     if !path.exists() {
         return Some(format!(
             "no {} beside the checkpoint, so this run cannot check that it continues the \
@@ -56,7 +73,7 @@ pub fn resume_warning<C: Config>(now: &C, path: &Path, ignored: &[&str]) -> Opti
             path.display()
         ));
     }
-    match C::load(path) {
+    match load::<C>(path) {
         Ok(saved) => {
             let changed = differences(&saved, now, ignored);
             (!changed.is_empty()).then(|| {

@@ -1,21 +1,28 @@
 //! The toy trainer's command line, saved hyper-parameters and data, shared by its
-//! Burn 0.21 and Burn 0.22 programs (no Burn tensor API here; the `Config`
-//! derive reads the same in both versions).
+//! Burn 0.21 and Burn 0.22 programs (no Burn here; each program says its own
+//! `--backend` default through [`ToyProgram`]).
 
-use super::common::cli::{positive, BackendChoice};
-use burn::config::Config;
+use crate::cli::{positive, BackendChoice};
 use clap::Parser;
+use std::marker::PhantomData;
 use std::path::PathBuf;
 
+/// What the toy trainer's programs differ in on the command line.
+pub trait ToyProgram {
+    /// `--backend`'s default (a [`BackendChoice`] value: `ndarray` on Burn
+    /// 0.21, `flex` on Burn 0.22, which has no NdArray).
+    const DEFAULT_BACKEND: &'static str;
+}
+
 /// The trainer's command line: the document's argparse flags (dashes or
-/// underscores).
+/// underscores); `P` says the program's `--backend` default.
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "toy",
     version,
     about = "DDP training of the document's ToyModel (Linear 10 -> 1)."
 )]
-pub(crate) struct ToyArgs {
+pub struct ToyArgs<P: ToyProgram> {
     /// Training epochs.
     #[arg(long, default_value_t = 5)]
     pub epochs: usize,
@@ -67,18 +74,21 @@ pub(crate) struct ToyArgs {
     pub loss_precision: usize,
     /// Backend: flex, ndarray (Burn 0.21 only), or cuda when built with the cuda
     /// feature.
-    #[arg(long, value_enum, default_value = super::DEFAULT_BACKEND)]
+    #[arg(long, value_enum, default_value = P::DEFAULT_BACKEND)]
     pub backend: BackendChoice,
+    /// The program these flags are for.
+    #[arg(skip)]
+    pub program: PhantomData<P>,
 }
 
 /// Beside the checkpoints; not `config.json`, which the default folder (the
 /// current one) may already hold.
-pub(crate) const CONFIG_FILE: &str = "toy_config.json";
+pub const CONFIG_FILE: &str = "toy_config.json";
 
 /// The hyper-parameters that define a run, saved as `toy_config.json` next to the
 /// checkpoints; a resume compares them with its own.
-#[derive(Config, Debug)]
-pub(crate) struct ToyTrainingConfig {
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
+pub struct ToyTrainingConfig {
     /// Training epochs (a resume may raise it).
     pub epochs: usize,
     /// Batch size per process.
@@ -93,10 +103,32 @@ pub(crate) struct ToyTrainingConfig {
     pub seed: u64,
 }
 
+impl ToyTrainingConfig {
+    /// A run's hyper-parameters, the arguments in the fields' order (as Burn's
+    /// `Config` derive made `new`).
+    pub fn new(
+        epochs: usize,
+        batch_size: usize,
+        world_size: usize,
+        lr: f64,
+        dataset_size: usize,
+        seed: u64,
+    ) -> Self {
+        Self {
+            epochs,
+            batch_size,
+            world_size,
+            lr,
+            dataset_size,
+            seed,
+        }
+    }
+}
+
 /// The document's ToyDataset: `randn(size, 10)` features and `randn(size, 1)`
 /// labels, drawn from a fixed seed so every rank holds the same data.
-pub(crate) fn toy_data(size: usize, seed: u64) -> (Vec<[f32; 10]>, Vec<f32>) {
-    let mut normal = super::common::Normal::new(seed);
+pub fn toy_data(size: usize, seed: u64) -> (Vec<[f32; 10]>, Vec<f32>) {
+    let mut normal = crate::Normal::new(seed);
     let features = (0..size)
         .map(|_| std::array::from_fn(|_| normal.sample()))
         .collect();

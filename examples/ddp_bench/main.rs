@@ -10,9 +10,6 @@
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode share
 //! ```
 
-mod alloc;
-#[path = "../common/mod.rs"]
-mod common;
 #[path = "../mnist/net.rs"]
 mod net;
 
@@ -24,7 +21,9 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_ddp::{Ddp, DdpConfig};
+use burn_ddp_examples_common as common;
 use clap::Parser;
+use common::alloc;
 use common::bench::median;
 use common::cli::positive;
 use common::fail;

@@ -55,7 +55,7 @@ enum Check {
 }
 
 fn main() {
-    toy::common::cli::init_logger();
+    burn_ddp_examples_common::cli::init_logger();
     let mode = match <Check as clap::Parser>::parse() {
         Check::Overhead => return overhead(),
         Check::Toy(args) => return toy_on_cuda::<burn_ddp::PlainCuda>(&args),

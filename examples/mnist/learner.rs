@@ -3,12 +3,8 @@
 //! multi-process by burn-ddp's strategy. The lines marked `burn-ddp` are all
 //! that differ from a single-process Learner program.
 
-use crate::common::learner::{
-    announce_resume, last_checkpoint, print_epoch, refuse_another_run, stopped_line,
-};
-use crate::common::{fail, run_config};
 use crate::net::Net;
-use crate::{MnistArgs, MnistBatcher, MnistTrainingConfig, ResumeFrom};
+use crate::MnistBatcher;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
 use burn::module::Module;
@@ -22,6 +18,11 @@ use burn::train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
 use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
+use burn_ddp_examples_common::learner::{
+    announce_resume, last_checkpoint, print_epoch, refuse_another_run, stopped_line,
+};
+use burn_ddp_examples_common::mnist::{MnistArgs, MnistTrainingConfig, ResumeFrom};
+use burn_ddp_examples_common::{fail, run_config};
 
 type MnistBatch<B> = (Tensor<B, 4>, Tensor<B, 1, Int>);
 

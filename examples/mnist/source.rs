@@ -1,10 +1,10 @@
 //! Where the trainers' MNIST comes from: IDX files in `--data-dir`, or
 //! burn-dataset's `MnistDataset` (downloaded once into its cache folder).
 
-use crate::idx::{self, burn_dataset_cache, Split};
 use burn::data::dataset::Dataset;
 use burn_dataset::vision::MnistDataset;
 use burn_ddp::ProcessGroup;
+use burn_ddp_examples_common::idx::{self, burn_dataset_cache, Split};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;

@@ -10,16 +10,19 @@
 
 // `pub(crate)` items here are reused by examples/gpu_check (the same trainer,
 // linked into the one binary carried to GPU machines).
-#[macro_use]
-#[path = "../common/mod.rs"]
-pub(crate) mod common;
-#[path = "args.rs"]
-mod args;
-pub(crate) use args::ToyArgs;
-use args::{ToyTrainingConfig, CONFIG_FILE};
+use burn_ddp_examples_common as common;
+use common::toy::{toy_data, ToyProgram, ToyTrainingConfig, CONFIG_FILE};
 
-/// `--backend`'s default.
-const DEFAULT_BACKEND: &str = "ndarray";
+/// This program, for its command line: `--backend`'s default is NdArray.
+#[derive(Clone, Debug)]
+pub(crate) struct Burn021Toy;
+
+impl ToyProgram for Burn021Toy {
+    const DEFAULT_BACKEND: &'static str = "ndarray";
+}
+
+/// The toy trainer's command line, with this program's `--backend` default.
+pub(crate) type ToyArgs = common::toy::ToyArgs<Burn021Toy>;
 
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
@@ -54,7 +57,7 @@ impl<B: Backend> ToyModel<B> {
     }
 }
 
-/// The document's ToyDataset ([`args::toy_data`]).
+/// The document's ToyDataset ([`toy_data`]).
 struct ToyDataset {
     features: Vec<[f32; 10]>,
     labels: Vec<f32>,
@@ -62,7 +65,7 @@ struct ToyDataset {
 
 impl ToyDataset {
     fn new(size: usize, seed: u64) -> Self {
-        let (features, labels) = args::toy_data(size, seed);
+        let (features, labels) = toy_data(size, seed);
         Self { features, labels }
     }
 }
@@ -149,6 +152,39 @@ fn newest_snapshot<B: AutodiffBackend>(
             Ok(())
         },
     )
+}
+
+/// Calls `$train::<B>(&args, device)` with the `Ddp` backend that `--backend`
+/// names: flex, ndarray, or cuda / cuda-fused (one GPU per local rank) with the
+/// cuda feature.
+macro_rules! run_on_backend {
+    ($args:expr, $train:ident) => {{
+        use burn::backend::{Autodiff, Flex, NdArray};
+        use burn_ddp::Ddp;
+        use burn_ddp_examples_common::cli::BackendChoice;
+        match $args.backend {
+            BackendChoice::Flex => $train::<Ddp<Autodiff<Flex>>>(&$args, Default::default()),
+            BackendChoice::Ndarray => $train::<Ddp<Autodiff<NdArray>>>(&$args, Default::default()),
+            #[cfg(feature = "cuda")]
+            BackendChoice::Cuda | BackendChoice::CudaFused => {
+                // cuda:LOCAL_RANK, as `torch.cuda.set_device(local_rank)`.
+                let env = burn_ddp::LaunchEnv::from_env()
+                    .unwrap_or_else(|e| burn_ddp_examples_common::fail(None, e));
+                let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
+                    .unwrap_or_else(|e| burn_ddp_examples_common::fail(Some(env.rank), e));
+                if $args.backend == BackendChoice::Cuda {
+                    $train::<Ddp<Autodiff<burn_ddp::PlainCuda>>>(&$args, device)
+                } else {
+                    $train::<Ddp<Autodiff<burn_ddp::FusedCuda>>>(&$args, device)
+                }
+            }
+            #[cfg(not(feature = "cuda"))]
+            BackendChoice::Cuda | BackendChoice::CudaFused => burn_ddp_examples_common::fail(
+                None,
+                "--backend cuda or cuda-fused: this binary was built without CUDA; rebuild with --features cuda",
+            ),
+        }
+    }};
 }
 
 fn main() {

@@ -6,7 +6,7 @@
 //! the experiment folder, resume, a missing checkpoint, early stopping,
 //! interrupts, gradient accumulation, unequal loaders and a world of one.
 
-use crate::{all_ok, check, run_cases, Case, RankOutcome, World, SCENARIO_VAR};
+use crate::{all_ok, check, Case, RankOutcome, World};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -40,13 +40,6 @@ pub fn run_suite(
     checkpoint_extension: &'static str,
     extra: &[Case],
 ) -> ! {
-    if let Ok(name) = std::env::var(SCENARIO_VAR) {
-        if let Err(message) = program(&name) {
-            eprintln!("ERROR: {message}");
-            std::process::exit(1);
-        }
-        std::process::exit(0);
-    }
     let _ = CHECKPOINT_EXTENSION.set(checkpoint_extension);
     let cases: &[Case] = &[
         (
@@ -75,8 +68,7 @@ pub fn run_suite(
             world_of_one,
         ),
     ];
-    let cases: Vec<Case> = cases.iter().chain(extra).copied().collect();
-    run_cases(&cases)
+    crate::run_program_or_cases(program, cases, extra)
 }
 
 /// A fresh folder for a case.

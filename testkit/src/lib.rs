@@ -9,6 +9,7 @@ pub mod learner;
 mod machines;
 pub mod mnist_learner;
 mod mpirun;
+pub mod multiprocess;
 pub mod numbers;
 pub mod programs;
 mod slurm;
@@ -313,6 +314,51 @@ pub fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), St
 }
 
 pub type Case = (&'static str, fn() -> Result<(), String>);
+
+/// A multi-process test binary's `main`: as a rank (the scenario variable
+/// set), runs `program(scenario)` and exits, 1 with the error on stderr if it
+/// failed; otherwise, the driver, runs `cases` and then `extra`, whose ranks
+/// are this binary again.
+pub fn run_program_or_cases(
+    program: fn(&str) -> Result<(), String>,
+    cases: &[Case],
+    extra: &[Case],
+) -> ! {
+    if let Ok(name) = std::env::var(SCENARIO_VAR) {
+        if let Err(message) = program(&name) {
+            eprintln!("ERROR: {message}");
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+    let cases: Vec<Case> = cases.iter().chain(extra).copied().collect();
+    run_cases(&cases)
+}
+
+/// Every rank failed, with exit code 1 (`code_1`: an error returned) or
+/// another non-zero one (a panic), and its stderr holds every one of `needles`
+/// (`{rank}` in a needle stands for the rank's number).
+pub fn every_rank_failed(
+    outcomes: &[RankOutcome],
+    code_1: bool,
+    needles: &[&str],
+) -> Result<(), String> {
+    for o in outcomes {
+        let failed = if code_1 {
+            o.code == Some(1)
+        } else {
+            o.code.is_some_and(|c| c != 0)
+        };
+        check(failed, || format!("{o:?}"))?;
+        for needle in needles {
+            let needle = needle.replace("{rank}", &o.rank.to_string());
+            check(o.stderr.contains(&needle), || {
+                format!("rank {}'s error lacks {needle:?}:\n{}", o.rank, o.stderr)
+            })?;
+        }
+    }
+    Ok(())
+}
 
 /// Runs the cases whose names contain the first free argument (as libtest
 /// filters), printing libtest-style lines; exits non-zero on any failure.

@@ -40,6 +40,28 @@ pub fn image_rows(items: &[usize]) -> (Vec<f32>, Vec<i64>) {
     (x, y)
 }
 
+/// Features (6 per item, row-major) and classes (3: they depend on the
+/// features, so accuracy moves) of the Learner tests' classification task.
+pub fn point_rows(items: &[usize]) -> (Vec<f32>, Vec<i64>) {
+    let x = items
+        .iter()
+        .flat_map(|&i| (0..6).map(move |f| value(i, f)))
+        .collect();
+    let y = items
+        .iter()
+        .map(|&i| {
+            if value(i, 0) + value(i, 1) > 0.3 {
+                0
+            } else if value(i, 2) > 0.0 {
+                1
+            } else {
+                2
+            }
+        })
+        .collect();
+    (x, y)
+}
+
 /// Largest difference relative to the largest magnitude of `b` (at least 1).
 pub fn max_relative_difference(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

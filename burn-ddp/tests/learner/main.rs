@@ -1,11 +1,12 @@
 //! Burn's Learner under burn-ddp's strategy, across real processes: the
-//! checks are testkit's (shared with burn-ddp-22), the ranks run program.rs.
+//! ranks run the program both front-ends share (front-end-tests/learner,
+//! through this crate's `shim`), the checks are testkit's.
 
-#[allow(dead_code)]
-#[path = "../multiprocess/models.rs"]
-mod models;
-mod program;
+#[path = "../common/mod.rs"]
+mod common;
+mod shared;
+mod shim;
 
 fn main() {
-    burn_ddp_testkit::learner::run_suite(program::run, "mpk", &[])
+    burn_ddp_testkit::learner::run_suite(shared::run, shim::CHECKPOINT_EXTENSION, &[])
 }

@@ -6,16 +6,15 @@
 //! rank 1 only, and rank 1 holds a trainable tensor of no model: neither may
 //! disturb the others.
 
-use crate::models::{flat_params, load_params, max_relative_difference, value};
-use crate::scenarios::{Plain, Wrapped};
+use crate::shared::{e, Res};
+use crate::shim::{flat_params, load_params, Plain, Wrapped};
 use burn::module::{Module, Param, ParamId};
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_ddp::{DdpConfig, ProcessGroup};
-
-type Res<T> = Result<T, String>;
+use burn_ddp_testkit::numbers::{max_relative_difference, value};
 
 const NOISE: usize = 4;
 const SAMPLE: usize = 6;
@@ -110,10 +109,6 @@ fn loss_g<B: burn::tensor::backend::AutodiffBackend>(
 
 fn f32_bytes(values: &[f32]) -> u64 {
     4 * values.len() as u64
-}
-
-fn e<E: std::fmt::Display>(err: E) -> String {
-    err.to_string()
 }
 
 fn expect(what: &str, got: u64, want: u64) -> Res<()> {

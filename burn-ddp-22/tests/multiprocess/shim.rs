@@ -1,10 +1,78 @@
-//! Models, data and parameter helpers shared by the scenarios (Burn 0.22).
+//! Burn 0.22's spelling of what front-end-tests/multiprocess uses: the
+//! models (no backend parameter: the model the ranks train and its
+//! single-process reference are one type), the devices (Flex, with autodiff
+//! for training), the tensors, and a backward pass whose gradients
+//! `sync_gradients` averages.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+pub use crate::common::{floats, Params, Step};
+pub use burn_ddp_22 as ddp;
+
+use crate::shared::contract::DdpModel;
+
+use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, Relu};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::optim::GradientsParams;
+use burn::tensor::{DType, Int, TensorData};
+use burn_ddp_22::{ProcessGroup, SyncStats};
+
+pub use burn::tensor::{Device, Tensor};
+
+/// The traits of this shim the shared sources call methods of.
+pub mod prelude {
+    pub use super::{Params, Step};
+}
+
+/// The device of the trained models and their references.
+pub fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+pub fn seed(device: &Device, seed: u64) {
+    device.seed(seed)
+}
+
+/// The device of the tensor collectives (no autodiff).
+pub fn host_device() -> Device {
+    Device::flex()
+}
+
+/// One type for the model the ranks train and for its reference.
+pub type ReferenceToy = Toy;
+pub type ReferenceSmallConv = SmallConv;
+pub type ReferenceTwoHeads = TwoHeads;
+pub type Loss = Tensor<1>;
+pub type ReferenceLoss = Tensor<1>;
+
+/// Half precision is on Flex too.
+pub type HalfTensor<const D: usize> = Tensor<D>;
+pub type HalfTrainedTensor<const D: usize> = Tensor<D>;
+pub type HalfLinear = Linear;
+
+pub fn half_device() -> Device {
+    Device::flex()
+}
+
+pub fn half_training_device() -> Device {
+    Device::flex().autodiff()
+}
+
+impl<M: Module> DdpModel for M {
+    type Loss = Tensor<1>;
+    fn wrap(self, group: &ProcessGroup) -> Result<Self, String> {
+        burn_ddp_22::wrap(self, group).map_err(|err| err.to_string())
+    }
+    fn local_grads(&self, loss: Tensor<1>) -> GradientsParams {
+        GradientsParams::from_grads(loss.backward(), self)
+    }
+    fn synced_grads(&self, loss: Tensor<1>) -> Result<GradientsParams, String> {
+        burn_ddp_22::sync_gradients(self, self.local_grads(loss)).map_err(|err| err.to_string())
+    }
+    fn sync_stats(&self) -> Option<SyncStats> {
+        burn_ddp_22::sync_stats_of(self)
+    }
+}
 
 /// The document's ToyModel: one Linear(10, 1).
 #[derive(Module, Debug)]
@@ -76,8 +144,6 @@ impl TwoHeads {
     }
 }
 
-pub use burn_ddp_testkit::numbers::max_relative_difference;
-
 /// Features [n, 10] and regression targets [n, 1] of the given items.
 pub fn toy_batch(items: &[usize], device: &Device) -> (Tensor<2>, Tensor<2>) {
     let (x, y) = burn_ddp_testkit::numbers::toy_rows(items);
@@ -96,46 +162,24 @@ pub fn image_batch(items: &[usize], device: &Device) -> (Tensor<4>, Tensor<1, In
     )
 }
 
-struct Collect(Vec<f32>);
+/// Every float parameter cast to `dtype` (a model trained in half precision).
+struct Cast(DType);
 
-impl ModuleVisitor for Collect {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        self.0
-            .extend(param.val().into_data().try_to_vec::<f32>().unwrap());
-    }
-}
-
-/// Every float parameter, flattened in declaration order.
-pub fn flat_params<M: Module>(model: &M) -> Vec<f32> {
-    let mut collect = Collect(Vec::new());
-    model.visit(&mut collect);
-    collect.0
-}
-
-struct Load {
-    values: Vec<f32>,
-    at: usize,
-}
-
-impl ModuleMapper for Load {
+impl ModuleMapper for Cast {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let (id, tensor, mapper) = param.consume();
-        let shape = tensor.shape();
-        let n = shape.num_elements();
-        let data = TensorData::new(self.values[self.at..self.at + n].to_vec(), shape);
-        self.at += n;
-        let value = Tensor::from_data(data, &tensor.device()).require_grad();
-        Param::from_mapped_value(id, value, mapper)
+        Param::from_mapped_value(id, tensor.cast(self.0).detach().require_grad(), mapper)
     }
 }
 
-/// `model` with its float parameters replaced by `values` (as [`flat_params`] gives them).
-pub fn load_params<M: Module>(model: M, values: &[f32]) -> M {
-    let mut load = Load {
-        values: values.to_vec(),
-        at: 0,
-    };
-    let model = model.map(&mut load);
-    assert_eq!(load.at, values.len(), "parameter count mismatch");
-    model
+pub fn cast_params<M: Module>(model: M, dtype: DType) -> M {
+    model.map(&mut Cast(dtype))
+}
+
+/// The gradient of `param` in `grads`.
+pub fn grad_of<const D: usize>(
+    grads: &GradientsParams,
+    param: &Param<Tensor<D>>,
+) -> Option<Tensor<D>> {
+    grads.get::<D>(param.id)
 }

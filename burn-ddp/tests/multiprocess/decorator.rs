@@ -1,0 +1,99 @@
+//! The `Ddp<B>` decorator's own scenarios (Burn 0.21 only): a layout change
+//! of a model that was never wrapped, the parameter registry's size over
+//! 2,000 steps, and a checkpoint writer (burn-ddp's record files) to kill.
+
+use crate::shared::scenarios::{start, Task, ToyTask};
+use crate::shared::{e, Res};
+use crate::shim::{self, Wrapped};
+use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::tensor::Tensor;
+use burn_ddp_testkit::numbers::shards;
+
+/// A model that was never wrapped is synchronised with every other tensor
+/// of the default group (the process-wide behaviour of a program that does
+/// not wrap): after two steps rank 1 alone marks an extra tensor
+/// `require_grad` (a new parameter to `Ddp`), and the next backward must fail
+/// on every rank, not sum misaligned buckets. (A wrapped model ignores such a
+/// tensor: the GAN scenario.)
+pub fn layout_changes_on_one_rank() -> Res<()> {
+    let group = burn_ddp::init_process_group().map_err(e)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    let device = shim::device();
+    let mut model = ToyTask::build(&device);
+    let mut opt = SgdConfig::new().init();
+    let shards = shards(world * 8, world);
+    let mut extra = None;
+    for step in 0..3 {
+        if step == 2 && rank == 1 {
+            extra = Some(Tensor::<Wrapped, 1>::zeros([7], &device).require_grad());
+        }
+        let loss = ToyTask::loss(&model, &shards[rank][2 * step..2 * step + 2], &device);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = opt.step(0.1, model, grads);
+    }
+    drop(extra);
+    Err("a layout change on one rank should have failed the backward".into())
+}
+
+fn resident_kib() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4
+}
+
+/// 2,000 synchronised steps: neither the parameter registry nor the process grows.
+pub fn memory() -> Res<()> {
+    let group = burn_ddp::init_process_group().map_err(e)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    let device = shim::device();
+    let (mut model, _) = start::<ToyTask>(&group)?;
+    let mut opt = SgdConfig::new().init();
+    let b = 2;
+    let shards = shards(world * b * 2000, world);
+    let (mut tracked_early, mut rss_early) = (0, 0);
+    for step in 0..2000 {
+        let loss = ToyTask::loss(&model, &shards[rank][step * b..(step + 1) * b], &device);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = opt.step(0.01, model, grads);
+        if step == 200 {
+            tracked_early = burn_ddp::tracking::tracked_len();
+            rss_early = resident_kib();
+        }
+    }
+    let tracked = burn_ddp::tracking::tracked_len();
+    let rss = resident_kib();
+    println!("tracked {tracked_early} -> {tracked}; rss_kib {rss_early} -> {rss}");
+    if tracked > tracked_early.max(2) * 2 + 64 {
+        return Err(format!(
+            "parameter registry grew from {tracked_early} to {tracked}"
+        ));
+    }
+    if rss > rss_early + 16 * 1024 {
+        return Err(format!(
+            "resident memory grew from {rss_early} KiB to {rss} KiB"
+        ));
+    }
+    burn_ddp::destroy_process_group().map_err(e)
+}
+
+/// Saves checkpoints of a 1024x1024 linear layer at `CHECKPOINT` until killed.
+pub fn save_forever() -> Res<()> {
+    use burn::backend::NdArray;
+    use burn::module::Module;
+    let path = std::env::var("CHECKPOINT").map_err(e)?;
+    let device = Default::default();
+    for round in 0u64.. {
+        let model: burn::nn::Linear<NdArray> =
+            burn::nn::LinearConfig::new(1024, 1024).init(&device);
+        burn_ddp::checkpoint::save_atomic::<NdArray, _>((model.into_record(), round), &path)
+            .map_err(e)?;
+        if round == 0 {
+            println!("saving");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! Burn 0.21's spelling of what front-end-tests/multiprocess uses: the
+//! models (generic over their backend, so the model the ranks train on
+//! `Ddp<Autodiff<NdArray>>` and its single-process reference on
+//! `Autodiff<NdArray>` are two types), the devices, the tensors, and a
+//! backward pass whose gradients `Ddp<B>` averages inside `backward()`
+//! (local ones under `no_sync`).
+
+pub use crate::common::{flat_params, floats, load_params, Params, Step};
+pub use burn_ddp as ddp;
+
+use crate::common::params;
+use crate::shared::contract::DdpModel;
+use burn::backend::ndarray::NdArrayDevice;
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::module::{Module, ModuleMapper, Param};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Int, TensorData};
+use burn_ddp::{Ddp, ProcessGroup, SyncStats};
+
+/// The traits of this shim the shared sources call methods of.
+pub mod prelude {
+    pub use super::{Params, Step};
+}
+
+/// The backend the ranks train on, and the reference's.
+pub type Wrapped = Ddp<Autodiff<NdArray>>;
+pub type Plain = Autodiff<NdArray>;
+
+pub type Device = NdArrayDevice;
+
+/// The device of the trained models, their references and the tensor collectives.
+pub fn device() -> Device {
+    Default::default()
+}
+
+pub fn seed(device: &Device, seed: u64) {
+    Wrapped::seed(device, seed)
+}
+
+/// A tensor of the collectives (NdArray, no autodiff).
+pub type Tensor<const D: usize, K = burn::tensor::Float> = burn::tensor::Tensor<NdArray, D, K>;
+
+pub fn host_device() -> Device {
+    Default::default()
+}
+
+pub type Toy = models::Toy<Wrapped>;
+pub type ReferenceToy = models::Toy<Plain>;
+pub type SmallConv = models::SmallConv<Wrapped>;
+pub type ReferenceSmallConv = models::SmallConv<Plain>;
+pub type TwoHeads = models::TwoHeads<Wrapped>;
+pub type ReferenceTwoHeads = models::TwoHeads<Plain>;
+pub type Loss = burn::tensor::Tensor<Wrapped, 1>;
+pub type ReferenceLoss = burn::tensor::Tensor<Plain, 1>;
+
+/// Half precision is on Flex (its host tensors, and the model `Ddp<B>`
+/// trains).
+pub type HalfTensor<const D: usize> = burn::tensor::Tensor<Flex, D>;
+pub type HalfTrainedTensor<const D: usize> = burn::tensor::Tensor<Ddp<Autodiff<Flex>>, D>;
+pub type HalfLinear = Linear<Ddp<Autodiff<Flex>>>;
+
+pub fn half_device() -> burn::tensor::Device<Flex> {
+    Default::default()
+}
+
+pub fn half_training_device() -> burn::tensor::Device<Flex> {
+    Default::default()
+}
+
+macro_rules! ddp_models {
+    ($($model:ident),*) => {$(
+        params!($model);
+
+        impl<B: AutodiffBackend> DdpModel for $model<B> {
+            type Loss = burn::tensor::Tensor<B, 1>;
+            fn wrap(self, group: &ProcessGroup) -> Result<Self, String> {
+                burn_ddp::wrap(self, group).map_err(|err| err.to_string())
+            }
+            fn local_grads(&self, loss: Self::Loss) -> GradientsParams {
+                let _local = burn_ddp::no_sync();
+                GradientsParams::from_grads(loss.backward(), self)
+            }
+            fn synced_grads(&self, loss: Self::Loss) -> Result<GradientsParams, String> {
+                Ok(GradientsParams::from_grads(loss.backward(), self))
+            }
+            fn sync_stats(&self) -> Option<SyncStats> {
+                burn_ddp::sync_stats_of(self)
+            }
+        }
+    )*};
+}
+
+use models::{SmallConv as SmallConvOf, Toy as ToyOf, TwoHeads as TwoHeadsOf};
+ddp_models!(ToyOf, SmallConvOf, TwoHeadsOf, Linear);
+
+/// The models, generic over their backend.
+pub mod models {
+    use super::*;
+
+    /// The document's ToyModel: one Linear(10, 1).
+    #[derive(Module, Debug)]
+    pub struct Toy<B: Backend> {
+        pub linear: Linear<B>,
+    }
+
+    impl<B: Backend> Toy<B> {
+        pub fn new(device: &B::Device, outputs: usize) -> Self {
+            Self {
+                linear: LinearConfig::new(10, outputs).init(device),
+            }
+        }
+
+        pub fn forward(&self, x: burn::tensor::Tensor<B, 2>) -> burn::tensor::Tensor<B, 2> {
+            self.linear.forward(x)
+        }
+    }
+
+    /// A small conv + linear classifier on 1x8x8 images, 3 classes.
+    #[derive(Module, Debug)]
+    pub struct SmallConv<B: Backend> {
+        conv: Conv2d<B>,
+        pool: MaxPool2d,
+        linear: Linear<B>,
+        relu: Relu,
+    }
+
+    impl<B: Backend> SmallConv<B> {
+        pub fn new(device: &B::Device) -> Self {
+            Self {
+                conv: Conv2dConfig::new([1, 4], [3, 3]).init(device),
+                pool: MaxPool2dConfig::new([2, 2]).init(),
+                linear: LinearConfig::new(4 * 3 * 3, 3).init(device),
+                relu: Relu::new(),
+            }
+        }
+
+        pub fn forward(&self, x: burn::tensor::Tensor<B, 4>) -> burn::tensor::Tensor<B, 2> {
+            let x = self.relu.forward(self.conv.forward(x));
+            self.linear.forward(self.pool.forward(x).flatten(1, 3))
+        }
+    }
+
+    /// A shared trunk with two heads; a rank may use only one of them.
+    #[derive(Module, Debug)]
+    pub struct TwoHeads<B: Backend> {
+        trunk: Linear<B>,
+        head_a: Linear<B>,
+        head_b: Linear<B>,
+    }
+
+    impl<B: Backend> TwoHeads<B> {
+        pub fn new(device: &B::Device) -> Self {
+            Self {
+                trunk: LinearConfig::new(10, 4).init(device),
+                head_a: LinearConfig::new(4, 1).init(device),
+                head_b: LinearConfig::new(4, 1).init(device),
+            }
+        }
+
+        pub fn forward(
+            &self,
+            x: burn::tensor::Tensor<B, 2>,
+            use_b: bool,
+        ) -> burn::tensor::Tensor<B, 2> {
+            let h = self.trunk.forward(x);
+            if use_b {
+                self.head_b.forward(h)
+            } else {
+                self.head_a.forward(h)
+            }
+        }
+    }
+}
+
+/// Features [n, 10] and regression targets [n, 1] of the given items.
+pub fn toy_batch<B: Backend>(
+    items: &[usize],
+    device: &B::Device,
+) -> (burn::tensor::Tensor<B, 2>, burn::tensor::Tensor<B, 2>) {
+    let (x, y) = burn_ddp_testkit::numbers::toy_rows(items);
+    (
+        burn::tensor::Tensor::from_data(TensorData::new(x, [items.len(), 10]), device),
+        burn::tensor::Tensor::from_data(TensorData::new(y, [items.len(), 1]), device),
+    )
+}
+
+/// Images [n, 1, 8, 8] and class labels [n] of the given items.
+pub fn image_batch<B: Backend>(
+    items: &[usize],
+    device: &B::Device,
+) -> (burn::tensor::Tensor<B, 4>, burn::tensor::Tensor<B, 1, Int>) {
+    let (x, y) = burn_ddp_testkit::numbers::image_rows(items);
+    (
+        burn::tensor::Tensor::from_data(TensorData::new(x, [items.len(), 1, 8, 8]), device),
+        burn::tensor::Tensor::from_data(TensorData::new(y, [items.len()]), device),
+    )
+}
+
+/// Every float parameter cast to `dtype` (a model trained in half precision).
+struct Cast(DType);
+
+impl<B: Backend> ModuleMapper<B> for Cast {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: Param<burn::tensor::Tensor<B, D>>,
+    ) -> Param<burn::tensor::Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(id, tensor.cast(self.0).detach().require_grad(), mapper)
+    }
+}
+
+pub fn cast_params<B: Backend, M: Module<B>>(model: M, dtype: DType) -> M {
+    model.map(&mut Cast(dtype))
+}
+
+/// The gradient of `param` in `grads` (on the inner backend).
+pub fn grad_of<B: AutodiffBackend, const D: usize>(
+    grads: &GradientsParams,
+    param: &Param<burn::tensor::Tensor<B, D>>,
+) -> Option<burn::tensor::Tensor<B::InnerBackend, D>> {
+    grads.get::<B::InnerBackend, D>(param.id)
+}

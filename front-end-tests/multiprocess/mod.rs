@@ -1,0 +1,48 @@
+//! The multi-process scenarios both front-ends run, written once against
+//! each crate's test shim (`crate::shim`: its Burn's spelling of the models,
+//! devices, tensors and optimizer steps, and its implementation of
+//! [`contract`]). Each is one rank's part; testkit's
+//! `multiprocess::run_suite` starts the ranks and checks what they print
+//! and how they exit.
+
+mod collectives;
+pub mod contract;
+mod half;
+pub mod scenarios;
+
+use burn::optim::{AdamWConfig, SgdConfig};
+
+pub type Res<T> = Result<T, String>;
+
+pub fn e<E: std::fmt::Display>(err: E) -> String {
+    err.to_string()
+}
+
+/// Runs the shared scenario `name` as this rank.
+pub fn run(name: &str) -> Res<()> {
+    use scenarios::{equivalence, ConvTask, ToyTask};
+    match name {
+        "toy_sgd" => {
+            equivalence::<ToyTask, _, _>(SgdConfig::new().init(), SgdConfig::new().init(), 0.1)
+        }
+        "toy_adamw" => {
+            equivalence::<ToyTask, _, _>(AdamWConfig::new().init(), AdamWConfig::new().init(), 0.01)
+        }
+        "conv_sgd" => {
+            equivalence::<ConvTask, _, _>(SgdConfig::new().init(), SgdConfig::new().init(), 0.1)
+        }
+        "conv_adamw" => equivalence::<ConvTask, _, _>(
+            AdamWConfig::new().init(),
+            AdamWConfig::new().init(),
+            0.01,
+        ),
+        "unused" => scenarios::unused_parameter(),
+        "accumulation" => scenarios::accumulation(),
+        "different_models" => scenarios::different_models(),
+        "replicas" => scenarios::replicas(),
+        "one_step" => scenarios::one_step(),
+        "tensor_collectives" => collectives::run(),
+        "half" => half::run(),
+        other => Err(format!("unknown scenario {other}")),
+    }
+}
