@@ -301,8 +301,15 @@ pub fn free_port() -> u16 {
 }
 
 /// All ranks succeeded.
+/// Every rank exited 0; otherwise every failed rank's output, since the first
+/// one to fail is often only waiting for the one that caused it.
 pub fn all_ok(outcomes: &[RankOutcome]) -> Result<(), String> {
-    outcomes.iter().try_for_each(RankOutcome::ok)
+    let failures: Vec<String> = outcomes.iter().filter_map(|o| o.ok().err()).collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n"))
+    }
 }
 
 pub fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {

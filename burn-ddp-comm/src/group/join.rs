@@ -285,6 +285,16 @@ fn wait_for_join(
     }
 }
 
+/// Whether `err` is rank 0's store closing while more than a quarter of our
+/// wait is left. Every rank waits as long, so a rank 0 that gave up on a
+/// missing rank closes its store near our own deadline, not this early.
+fn store_went_away_early(err: &CommError, env: &LaunchEnv, deadline: Instant) -> bool {
+    env.store_host == StoreHost::RankZero
+        && env.rank != 0
+        && err.store_kind() == Some(StoreErrorKind::ConnectionLost)
+        && deadline.saturating_duration_since(Instant::now()) > env.timeout / 4
+}
+
 /// Announces this rank and waits for all the others, naming any that never come.
 fn join(store: &dyn Store, env: &LaunchEnv, keys: &GroupKeys) -> Result<()> {
     claim_rank(store, env, keys, &claimant())?;
@@ -297,6 +307,10 @@ fn join(store: &dyn Store, env: &LaunchEnv, keys: &GroupKeys) -> Result<()> {
         let cause = match wait_for_join(store, env, keys, key, deadline) {
             Ok(()) => continue,
             Err(err) if err.is_timeout() => String::new(),
+            // Lost long before our deadline: not a host that gave up waiting
+            // too, but rank 0's store of the group before this one, reached in
+            // its last moments; the caller reconnects to the new one.
+            Err(err) if store_went_away_early(&err, env, deadline) => return Err(err),
             // The store's host gave up first and exited: the key was still unset.
             Err(err @ CommError::Store { .. }) => format!("; then {err}"),
             Err(err) => return Err(err),
@@ -469,5 +483,44 @@ mod tests {
             next_group_keys(&env).prefix(),
             format!("burn-ddp/{}/1/0/", env.job_id)
         );
+    }
+
+    /// The race behind a flaky two-machine test: rank 1 starts its next group
+    /// while rank 0's store of the group before still answers, joins it, and
+    /// loses it a moment later; it must join rank 0's new store, not wait out
+    /// the timeout on a store that is gone.
+    #[test]
+    fn a_rank_that_joined_the_previous_store_joins_the_next_one() {
+        let old = StoreServer::bind_master("127.0.0.1", 0, None).unwrap();
+        let port = old.addr().port();
+        let keys = GroupKeys::under("t/");
+        let mut rank1 = env(1, 2, 8000);
+        rank1.master_port = port;
+        let joining = {
+            let keys = keys.clone();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                connect_and_join("127.0.0.1", &rank1, &keys).map(|_| started.elapsed())
+            })
+        };
+        // Rank 1 has announced itself in the old store; then it goes away.
+        let probe =
+            TcpStoreClient::connect("127.0.0.1", port, None, Duration::from_secs(5)).unwrap();
+        probe
+            .wait(&[&keys.join(1)], Duration::from_secs(5))
+            .unwrap();
+        drop(probe);
+        drop(old);
+        let new = StoreServer::bind_master("127.0.0.1", port, None).unwrap();
+        let mut rank0 = env(0, 2, 8000);
+        rank0.master_port = port;
+        let (store, _) = connect_and_join("127.0.0.1", &rank0, &keys).unwrap();
+        let took = joining.join().unwrap().unwrap();
+        assert!(
+            took < Duration::from_secs(4),
+            "rank 1 joined after {took:?}"
+        );
+        assert!(store.check(&[&keys.join(1)]).unwrap());
+        drop(new);
     }
 }
