@@ -27,6 +27,11 @@ pub const LAUNCHER_STORE_VAR: &str = "BURN_DDP_LAUNCHER_STORE";
 /// Overrides the timeout, in seconds.
 pub const TIMEOUT_VAR: &str = "BURN_DDP_TIMEOUT_SECS";
 
+/// How long after a first stop signal (Ctrl-C, SIGTERM) another one means
+/// "stop now", for the launcher and its workers alike: the terminal's Ctrl-C
+/// reaches both, and a double tap is one request, not two.
+pub const FORCE_STOP_AFTER: Duration = Duration::from_secs(1);
+
 /// The job id when neither burn-ddp-run nor another launcher names one.
 pub const DEFAULT_JOB_ID: &str = "default";
 

@@ -4,7 +4,7 @@ use crate::cli::LaunchConfig;
 use crate::output::LineSink;
 use crate::rounds::{Failure, Peers, Policy, Verdict};
 use crate::signals;
-use burn_ddp_rendezvous::env::LAUNCHER_STORE_VAR;
+use burn_ddp_rendezvous::env::{FORCE_STOP_AFTER, LAUNCHER_STORE_VAR};
 use burn_ddp_rendezvous::job::keys::{follow_blames, JobKeys};
 use burn_ddp_rendezvous::job::{
     generate_job_id, segments, valid_job_id, JobToken, JOB_ID_VAR, JOB_TOKEN_VAR,
@@ -460,6 +460,7 @@ fn supervise(
 ) -> Supervised {
     let mut first_failure: Option<usize> = None;
     let mut interrupted: Option<i32> = None;
+    let mut first_signal_at: Option<Instant> = None;
     let mut kill_at: Option<Instant> = None;
     let mut term_again_at: Option<Instant> = None;
     let mut peer_failure: Option<String> = None;
@@ -467,7 +468,17 @@ fn supervise(
     let mut next_peer_poll = Instant::now() + PEER_POLL;
     loop {
         if let Some(signal) = signals::take() {
-            if interrupted.is_none() {
+            if first_signal_at.is_some_and(|at| at.elapsed() < FORCE_STOP_AFTER) {
+                // A double tap (the workers count it as one too): killing now
+                // would cut short the save the first one asked for.
+                log::info!(
+                    "received {} again within {}s of the first: one request; press Ctrl-C \
+                     again later to kill the workers at once",
+                    signals::name(signal),
+                    FORCE_STOP_AFTER.as_secs_f64()
+                );
+            } else if interrupted.is_none() {
+                first_signal_at = Some(Instant::now());
                 log::info!(
                     "received {}, passing it to the workers (a program that catches it stops \
                      after its current step; another one kills the workers at once)",
@@ -481,7 +492,9 @@ fn supervise(
             } else {
                 // The user insists: do not wait for a graceful stop.
                 log::warn!(
-                    "received {} again: killing the workers",
+                    "received {} again: killing the workers (a file one was saving is left \
+                     unfinished: the file it replaces stays as it was, and a temporary one \
+                     may remain beside it)",
                     signals::name(signal)
                 );
                 kill_at = Some(Instant::now());

@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 use std::time::Duration;
 
-/// How long after the first signal another one means "stop now".
-pub const FORCE_AFTER: Duration = Duration::from_secs(1);
+/// How long after the first signal another one means "stop now" (as for
+/// burn-ddp-run: one rule for the launcher and its workers).
+pub const FORCE_AFTER: Duration = burn_ddp_comm::FORCE_STOP_AFTER;
 
 /// The first stop signal received and when, in one word so a handler never
 /// sees one without the other: `ms_of_monotonic_clock << 8 | signal` (0: none).

@@ -137,6 +137,21 @@ pub fn train(args: &MnistArgs, device: Device) {
     if let Some(error) = &result.error {
         fail(Some(rank), format!("training failed: {error}"));
     }
+    // burn-ddp: a Ctrl-C or SIGTERM on any rank stopped every rank at the same
+    // iteration (unless it came after the last one: then the run is complete).
+    // Stop here: the model in hand is half-trained, and must not replace a
+    // finished one; the checkpoints are what to go on from.
+    let finished = last_checkpoint(directory);
+    let stopped = burn_ddp_22::stop_requested(&group)
+        .unwrap_or_else(|e| fail(None, e))
+        .filter(|_| finished.is_none_or(|epoch| epoch < args.epochs));
+    if let Some(signal) = stopped {
+        if group.is_main() {
+            println!("{}", stopped_line(signal, finished));
+        }
+        burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+        std::process::exit(128 + signal);
+    }
     // burn-ddp: every rank holds rank 0's parameters (a digest per tensor).
     let compared =
         burn_ddp_22::check_replicas(&result.model, &group).unwrap_or_else(|e| fail(None, e));
@@ -160,17 +175,6 @@ pub fn train(args: &MnistArgs, device: Device) {
         .unwrap_or_else(|e| fail(Some(rank), e));
         println!("saved {}", path.display());
     }
-    // A Ctrl-C or SIGTERM on any rank stopped every rank at the same iteration
-    // (unless it came after the last one: then the run is complete).
-    let finished = last_checkpoint(directory);
-    let stopped = burn_ddp_22::stop_requested(&group)
-        .unwrap_or_else(|e| fail(None, e))
-        .filter(|_| finished.is_none_or(|epoch| epoch < args.epochs));
-    if let (Some(signal), true) = (stopped, group.is_main()) {
-        println!("{}", stopped_line(signal, finished));
-    }
-    burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e)); // burn-ddp
-    if let Some(signal) = stopped {
-        std::process::exit(128 + signal);
-    }
+    burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
+    // burn-ddp
 }

@@ -119,10 +119,12 @@ pub fn writes_one_experiment(trainer: &MnistLearner) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Ctrl-C during `mnist --learner`'s second epoch: every rank stops at the
-/// same iteration through the Learner's own interrupt path (no worker is
-/// killed), epoch 1's checkpoint is complete, rank 0 says how to go on, the
-/// launcher exits 130, and the resume finishes the next epoch.
+/// Ctrl-C during `mnist --learner`'s second epoch, tapped twice 50 ms apart
+/// (one request, for the launcher as for the workers): every rank stops at
+/// the same iteration through the Learner's own interrupt path (no worker is
+/// killed), epoch 1's checkpoint is complete, the half-trained model is not
+/// saved as the model, rank 0 says how to go on, the launcher exits 130, and
+/// the resume finishes the next epoch.
 pub fn ctrl_c_stops_cleanly_and_resumes(trainer: &MnistLearner) {
     let dir = scratch(&format!("{}-learner-ctrl-c", trainer.name()));
     let data = &trainer.data;
@@ -148,10 +150,20 @@ pub fn ctrl_c_stops_cleanly_and_resumes(trainer: &MnistLearner) {
     let mut job = Interactive::start(learner(&["--epochs", "50"]), &dir);
     job.wait_for("[rank 0] epoch=1 ", Duration::from_secs(300));
     job.ctrl_c();
+    std::thread::sleep(Duration::from_millis(50));
+    job.ctrl_c();
     let (out, elapsed) = job.wait(Duration::from_secs(120));
     let text = stdout(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{text}\n{stderr}");
+    assert!(
+        stderr.contains("received SIGINT again within 1s of the first: one request"),
+        "{stderr}"
+    );
+    // What follows training (the replica check, saving the model) is skipped.
+    let model = dir.join("art").join(&trainer.model_file);
+    assert!(!model.exists(), "{} was written:\n{text}", model.display());
+    assert!(!text.contains("replicas identical"), "{text}");
     assert!(
         elapsed < Duration::from_secs(30),
         "{elapsed:?} from Ctrl-C to the end"

@@ -47,7 +47,7 @@ fn main() {
             sigterm_is_forwarded,
         ),
         (
-            "a_second_ctrl_c_kills_workers_that_keep_running",
+            "a_double_tap_is_one_ctrl_c_and_a_later_one_kills_the_workers",
             second_interrupt_kills,
         ),
         ("log_dir_keeps_one_file_per_rank", log_dir),
@@ -460,8 +460,9 @@ fn sigterm_is_forwarded() -> Result<(), String> {
 }
 
 /// Workers that catch SIGINT and carry on: the first Ctrl-C reaches them
-/// (each says so), the second one, 1.5 s later, kills them at once instead of
-/// after the 30 s shutdown timeout; the launcher exits 130.
+/// (each says so), one 50 ms after it is the same request (a double tap: the
+/// job goes on), and one 1.5 s later kills them at once instead of after the
+/// 30 s shutdown timeout; the launcher exits 130.
 fn second_interrupt_kills() -> Result<(), String> {
     let script = "trap 'echo rank $RANK got INT' INT; echo rank $RANK ready; \
                   while :; do sleep 0.2; done";
@@ -492,6 +493,8 @@ fn second_interrupt_kills() -> Result<(), String> {
     };
     let waited = read_until("ready", 2, &mut seen).and_then(|()| {
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        std::thread::sleep(Duration::from_millis(50));
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
         read_until("got INT", 2, &mut seen)
     });
     if let Err(err) = waited {
@@ -499,6 +502,9 @@ fn second_interrupt_kills() -> Result<(), String> {
         return Err(err);
     }
     std::thread::sleep(Duration::from_millis(1500));
+    if let Ok(Some(status)) = child.try_wait() {
+        return Err(format!("a double tap ended the job: {status:?}"));
+    }
     let second = Instant::now();
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
     let status = child.wait().map_err(|e| e.to_string())?;
@@ -514,7 +520,8 @@ fn second_interrupt_kills() -> Result<(), String> {
         )
     })?;
     check(
-        stderr.contains("received SIGINT again: killing the workers"),
+        stderr.contains("received SIGINT again within 1s of the first: one request")
+            && stderr.contains("received SIGINT again: killing the workers"),
         || stderr.clone(),
     )
 }
