@@ -492,9 +492,9 @@ fn supervise(
             } else {
                 // The user insists: do not wait for a graceful stop.
                 log::warn!(
-                    "received {} again: killing the workers (a file one was saving is left \
-                     unfinished: the file it replaces stays as it was, and a temporary one \
-                     may remain beside it)",
+                    "received {} again: killing the workers (a save under way is cut short: \
+                     a file written in place is left incomplete; one written to a temporary \
+                     file and renamed, as burn-ddp saves, is left as it was)",
                     signals::name(signal)
                 );
                 kill_at = Some(Instant::now());

@@ -4,9 +4,9 @@
 //! newest finished epoch, and what rank 0 says after a stop.
 
 use crate::{fail, run_config};
-use burn_ddp_comm::ProcessGroup;
+use burn_ddp_comm::{ProcessGroup, ReduceOp};
 use burn_ddp_training::learner::{EpochReport, Split, CHECKPOINT_NAMES};
-use burn_ddp_training::snapshots;
+use burn_ddp_training::{snapshots, stop};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::Path;
@@ -75,6 +75,29 @@ pub fn last_checkpoint(directory: &Path) -> Option<usize> {
         .ok()?
         .first()
         .map(|snapshot| snapshot.number)
+}
+
+/// Whether a Ctrl-C or SIGTERM on any rank stopped training before its last
+/// epoch, and which; rank 0 then says what to go on from. Collective, and
+/// decided alike on every rank: a rank whose folder lacks the last epoch's
+/// checkpoint (another machine's disk, a save still landing) counts for all.
+/// A signal after the last iteration leaves a complete run: `None`.
+pub fn stopped_before_the_end(
+    group: &ProcessGroup,
+    directory: &Path,
+    epochs: usize,
+) -> Option<i32> {
+    let signal = stop::stop_requested(group).unwrap_or_else(|e| fail(None, e));
+    let finished = last_checkpoint(directory);
+    let mut incomplete = [i64::from(finished.is_none_or(|epoch| epoch < epochs))];
+    group
+        .all_reduce(&mut incomplete, ReduceOp::Max)
+        .unwrap_or_else(|e| fail(None, e));
+    let signal = signal.filter(|_| incomplete[0] == 1)?;
+    if group.is_main() {
+        println!("{}", stopped_line(signal, finished));
+    }
+    Some(signal)
 }
 
 /// Rank 0's line after a Ctrl-C or SIGTERM stopped training.

@@ -19,7 +19,7 @@ use burn::train::{
 };
 use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
 use burn_ddp_examples_common::learner::{
-    announce_resume, last_checkpoint, print_epoch, refuse_another_run, stopped_line,
+    announce_resume, print_epoch, refuse_another_run, stopped_before_the_end,
 };
 use burn_ddp_examples_common::mnist::{MnistArgs, MnistTrainingConfig, ResumeFrom};
 use burn_ddp_examples_common::{fail, run_config};
@@ -141,14 +141,7 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     // iteration (unless it came after the last one: then the run is complete).
     // Stop here: the model in hand is half-trained, and must not replace a
     // finished one; the checkpoints are what to go on from.
-    let finished = last_checkpoint(directory);
-    let stopped = burn_ddp::stop_requested(&group)
-        .unwrap_or_else(|e| fail(None, e))
-        .filter(|_| finished.is_none_or(|epoch| epoch < args.epochs));
-    if let Some(signal) = stopped {
-        if group.is_main() {
-            println!("{}", stopped_line(signal, finished));
-        }
+    if let Some(signal) = stopped_before_the_end(&group, directory, args.epochs) {
         burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
         std::process::exit(128 + signal);
     }
