@@ -44,10 +44,10 @@ mod wire_properties;
 pub use backend::{CollectiveBackend, BACKEND_VAR};
 pub use element::{finish_reduce, reduce_into, BufferMut, DType, DeviceBuffer, Element, ReduceOp};
 // The layer below, under the paths this crate has always used for it.
+pub use burn_ddp_rendezvous::env::FORCE_STOP_AFTER;
 pub use burn_ddp_rendezvous::store::Store;
 pub use burn_ddp_rendezvous::JobToken;
 use burn_ddp_rendezvous::{env, job, store};
-pub use burn_ddp_rendezvous::env::FORCE_STOP_AFTER;
 pub use burn_ddp_rendezvous::{LaunchEnv, Launcher, RendezvousError, StoreHost};
 pub use error::{CommError, Result, StoreErrorKind};
 pub use group::settings::{Algorithm, TransportChoice, ALGORITHM_VAR, DEBUG_VAR, TRANSPORT_VAR};
