@@ -42,6 +42,7 @@
 
 #![deny(missing_docs)]
 
+mod autograd;
 mod backend;
 pub mod checkpoint;
 mod collective;
@@ -60,6 +61,7 @@ pub(crate) mod wrap;
 // The shared sources, where the crate's own modules name them.
 use shared::dtype;
 
+pub use autograd::{all_reduce_sum_tracked, AutodiffCollectives};
 pub use backend::Ddp;
 #[cfg(feature = "cuda")]
 pub use burn_ddp_comm::nccl;

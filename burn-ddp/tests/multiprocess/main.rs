@@ -6,6 +6,7 @@
 //! wrapped separately (a GAN), a stray gradient, memory over 2,000 steps,
 //! and a killed checkpoint writer.
 
+mod autograd;
 #[path = "../common/mod.rs"]
 mod common;
 mod decorator;
@@ -34,6 +35,10 @@ fn main() {
             ),
             ("two_thousand_steps_do_not_grow_memory", memory),
             (
+                "a_tracked_sum_over_ranks_gets_every_ranks_gradient",
+                tracked_sum,
+            ),
+            (
                 "a_killed_checkpoint_writer_leaves_a_whole_checkpoint",
                 killed_checkpoint_writer,
             ),
@@ -48,6 +53,7 @@ fn program(name: &str) -> Result<(), String> {
         "memory" => decorator::memory(),
         "save_forever" => decorator::save_forever(),
         "gan" => gan::run(),
+        "tracked_sum" => autograd::run(),
         "stray_gradient" => gan::stray_gradient(),
         other => shared::run(other),
     }
@@ -91,6 +97,32 @@ fn stray_gradient() -> Result<(), String> {
             "burn_ddp::wrap",
         ],
     )
+}
+
+/// `all_reduce_sum_tracked` at 2 and 3 ranks: the sum forward, the sum of
+/// every rank's output gradient backward (autograd.rs).
+fn tracked_sum() -> Result<(), String> {
+    for world in [2usize, 3] {
+        let outcomes = World::new(world).run("tracked_sum");
+        all_ok(&outcomes)?;
+        let s = (1..=world).sum::<usize>() as f32;
+        let want_sum = format!("{:?}", vec![s, 2.0 * s]);
+        let want_grad = format!("{:?}", vec![s, world as f32]);
+        for o in &outcomes {
+            check(
+                o.value("sum") == Some(want_sum.as_str())
+                    && o.value("untracked") == Some(want_sum.as_str())
+                    && o.value("grad") == Some(want_grad.as_str()),
+                || {
+                    format!(
+                        "world {world}, rank {}: want sum {want_sum}, grad {want_grad}:\n{}",
+                        o.rank, o.stdout
+                    )
+                },
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn memory() -> Result<(), String> {
