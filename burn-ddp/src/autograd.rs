@@ -18,6 +18,8 @@ use burn_autodiff::Autodiff;
 use burn_backend::backend::{AutodiffBackend, Backend};
 use burn_backend::tensor::FloatTensor;
 use burn_backend::{Shape, TensorMetadata};
+use std::any::{Any, TypeId};
+use std::sync::RwLock;
 
 /// An autodiff backend with a differentiable sum over the ranks.
 pub trait AutodiffCollectives: AutodiffBackend {
@@ -101,4 +103,56 @@ pub fn all_reduce_sum_tracked<B: AutodiffCollectives, const D: usize>(
     let primitive = tensor.into_primitive().tensor();
     let summed = B::all_reduce_sum_tracked(primitive, group)?;
     Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+}
+
+/// A backend's tracked sum behind type erasure, for code generic over any
+/// `Backend` (a `SyncBatchNorm<B>` cannot name `AutodiffCollectives`).
+type ErasedSum = fn(Box<dyn Any>, &ProcessGroup) -> Result<Box<dyn Any>>;
+
+/// The tracked sum of each autodiff backend seen so far, by type: facts
+/// about types, registered by `Ddp<B>` as its parameters are marked.
+static TRACKED_SUMS: RwLock<Vec<(TypeId, ErasedSum)>> = RwLock::new(Vec::new());
+
+fn erased_sum<B: AutodiffCollectives>(
+    tensor: Box<dyn Any>,
+    group: &ProcessGroup,
+) -> Result<Box<dyn Any>> {
+    let tensor = *tensor
+        .downcast::<FloatTensor<B>>()
+        .expect("registered under its own type");
+    B::all_reduce_sum_tracked(tensor, group).map(|sum| Box::new(sum) as Box<dyn Any>)
+}
+
+/// Makes `B`'s tracked sum reachable from code generic over any backend.
+pub(crate) fn register<B: AutodiffCollectives>() {
+    let id = TypeId::of::<B>();
+    let known = |sums: &Vec<(TypeId, ErasedSum)>| sums.iter().any(|(t, _)| *t == id);
+    if known(&TRACKED_SUMS.read().unwrap_or_else(|e| e.into_inner())) {
+        return;
+    }
+    let mut sums = TRACKED_SUMS.write().unwrap_or_else(|e| e.into_inner());
+    if !known(&sums) {
+        sums.push((id, erased_sum::<B>));
+    }
+}
+
+/// `tensor` summed over the ranks through `B`'s tracked sum, for a backend
+/// known only as `Backend`; `None` when `B` registered none (not `Ddp<..>`).
+pub(crate) fn tracked_sum_of<B: burn::tensor::backend::Backend>(
+    group: &ProcessGroup,
+    tensor: Tensor<B, 1>,
+) -> Option<Result<Tensor<B, 1>>> {
+    let id = TypeId::of::<B>();
+    let sum = TRACKED_SUMS
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find_map(|(t, sum)| (*t == id).then_some(*sum))?;
+    let primitive: Box<dyn Any> = Box::new(tensor.into_primitive().tensor());
+    Some(sum(primitive, group).map(|summed| {
+        let summed = *summed
+            .downcast::<FloatTensor<B>>()
+            .expect("the registered sum returns its own type");
+        Tensor::from_primitive(TensorPrimitive::Float(summed))
+    }))
 }

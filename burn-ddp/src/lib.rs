@@ -53,6 +53,7 @@ mod replicas;
 mod shared;
 mod shim;
 pub(crate) mod sync;
+pub mod sync_batch_norm;
 pub mod tracking;
 #[cfg(feature = "train")]
 pub mod train;
@@ -86,6 +87,7 @@ pub use shared::session::{
     default_group, destroy_process_group, init_process_group, reset_sync_stats, sync_stats,
 };
 pub use sync::{no_sync, no_sync_for, sync_enabled, sync_gradients, sync_stats_of, NoSyncGuard};
+pub use sync_batch_norm::{sync_batch_norm, SyncBatchNorm, SyncBatchNormConfig};
 pub use tracking::TrackedAutodiff;
 pub use wrap::wrap;
 

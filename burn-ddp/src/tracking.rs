@@ -45,7 +45,7 @@ pub struct ParamSlot<B: AutodiffBackend> {
 }
 
 /// An autodiff backend whose parameters burn-ddp can follow.
-pub trait TrackedAutodiff: AutodiffBackend {
+pub trait TrackedAutodiff: crate::autograd::AutodiffCollectives {
     /// The slot of a leaf tensor that requires gradients, `None` for any other tensor.
     fn param_slot(tensor: &FloatTensor<Self>) -> Option<ParamSlot<Self>>;
 

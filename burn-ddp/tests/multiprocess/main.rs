@@ -13,6 +13,7 @@ mod decorator;
 mod gan;
 mod shared;
 mod shim;
+mod sync_bn;
 
 use burn_ddp_testkit::{all_ok, check, every_rank_failed, World, SCENARIO_VAR};
 
@@ -39,6 +40,10 @@ fn main() {
                 tracked_sum,
             ),
             (
+                "sync_batch_norm_on_n_ranks_equals_batch_norm_on_one_big_batch",
+                sync_batch_norm,
+            ),
+            (
                 "a_killed_checkpoint_writer_leaves_a_whole_checkpoint",
                 killed_checkpoint_writer,
             ),
@@ -54,6 +59,7 @@ fn program(name: &str) -> Result<(), String> {
         "save_forever" => decorator::save_forever(),
         "gan" => gan::run(),
         "tracked_sum" => autograd::run(),
+        "sync_bn" => sync_bn::run(),
         "stray_gradient" => gan::stray_gradient(),
         other => shared::run(other),
     }
@@ -119,6 +125,30 @@ fn tracked_sum() -> Result<(), String> {
                         o.rank, o.stdout
                     )
                 },
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// SyncBatchNorm at 2 and 3 ranks against Burn's BatchNorm on one process
+/// with the combined batch (sync_bn.rs): equal to 1e-5, every rank the same;
+/// Burn's BatchNorm under DDP is not (so the test cannot pass by accident).
+fn sync_batch_norm() -> Result<(), String> {
+    for world in [2usize, 3] {
+        let outcomes = World::new(world).run("sync_bn");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            let number = |tag| {
+                o.value(tag)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(f64::NAN)
+            };
+            check(
+                number("sync_diff") <= 1e-5
+                    && number("plain_diff") > 1e-3
+                    && o.value("replicas_identical") == Some("true"),
+                || format!("world {world}, rank {}:\n{}", o.rank, o.stdout),
             )?;
         }
     }
