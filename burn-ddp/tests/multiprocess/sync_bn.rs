@@ -74,11 +74,14 @@ impl<B: Backend, N: Norm<B>> Net<B, N> {
         }
     }
 
-    fn loss(&self, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
+    /// The squared error summed over the samples, times `scale`: 1 / the global
+    /// batch in one process, world / the global batch on a rank (DDP averages
+    /// the ranks' gradients), so uneven batches weigh every sample alike.
+    fn loss(&self, x: Tensor<B, 2>, y: Tensor<B, 2>, scale: f32) -> Tensor<B, 1> {
         let batch = x.dims()[0];
         let h = self.first.forward(x).reshape([batch, 3, 4]);
         let h = self.norm.apply(h).reshape([batch, 12]);
-        (self.last.forward(h) - y).square().mean()
+        (self.last.forward(h) - y).square().sum().mul_scalar(scale)
     }
 }
 
@@ -114,11 +117,13 @@ fn collect<B: Backend, M: Module<B>>(module: &M, out: &mut Vec<f32>) {
     module.visit(&mut Collector(out));
 }
 
-/// Trains `Net<B, N>` for STEPS steps on samples `[from, to)` of each step's global batch.
+/// Trains `Net<B, N>` for STEPS steps on samples `[from, to)` of each step's
+/// global batch of `global`, the loss scaled by `scale`.
 fn train<B: AutodiffBackend, N: Norm<B> + burn::module::AutodiffModule<B>>(
     mut net: Net<B, N>,
     global: usize,
     slice: (usize, usize),
+    scale: f32,
     device: &B::Device,
 ) -> Net<B, N>
 where
@@ -128,7 +133,7 @@ where
     for step in 0..STEPS {
         let base = step * global;
         let (x, y) = batch::<B>(base + slice.0, base + slice.1, device);
-        let grads = net.loss(x, y).backward();
+        let grads = net.loss(x, y, scale).backward();
         let grads = GradientsParams::from_grads(grads, &net);
         net = optim.step(0.1, net, grads);
     }
@@ -143,28 +148,44 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-pub fn run() -> Res<()> {
+/// `uneven`: rank r trains on PER_RANK + r samples per step.
+pub fn run(uneven: bool) -> Res<()> {
     let group = burn_ddp::init_process_group().map_err(e)?;
     let (rank, world) = (group.rank(), group.world_size());
     let device = Default::default();
-    let global = PER_RANK * world;
-    let mine = (rank * PER_RANK, (rank + 1) * PER_RANK);
+    let size = |r: usize| PER_RANK + if uneven { r } else { 0 };
+    let global: usize = (0..world).map(size).sum();
+    let start: usize = (0..rank).map(size).sum();
+    let mine = (start, start + size(rank));
+    let scale = world as f32 / global as f32;
     // One process, the whole global batch, Burn's BatchNorm.
-    let reference = train(
-        Net::<Plain, BatchNorm<Plain>>::new(&device),
+    let reference = Net::<Plain, BatchNorm<Plain>>::new(&device);
+    let reference = values(&train(
+        reference,
         global,
         (0, global),
+        1.0 / global as f32,
         &device,
-    );
-    let reference = values(&reference);
+    ));
     // N ranks, SyncBatchNorm.
     let net =
         burn_ddp::wrap(Net::<Wrapped, SyncBatchNorm<Wrapped>>::new(&device), &group).map_err(e)?;
-    let synced = values(&train(net, global, mine, &device));
+    let net = train(net, global, mine, scale, &device);
+    let synced = values(&net);
+    // Eval: the running statistics, no collective.
+    let before = group.collective_bytes();
+    let _ = net
+        .norm
+        .valid()
+        .forward(Tensor::<NdArray, 3>::ones([2, 3, 4], &device));
+    println!(
+        "eval_collective_bytes {}",
+        group.collective_bytes() - before
+    );
     // N ranks, Burn's BatchNorm: each rank normalises by its own batch.
     let net =
         burn_ddp::wrap(Net::<Wrapped, BatchNorm<Wrapped>>::new(&device), &group).map_err(e)?;
-    let local = values(&train(net, global, mine, &device));
+    let local = values(&train(net, global, mine, scale, &device));
     println!("sync_diff {:e}", max_diff(&synced, &reference));
     println!("plain_diff {:e}", max_diff(&local, &reference));
     let gathered = burn_ddp::all_gather(
