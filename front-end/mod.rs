@@ -22,6 +22,7 @@ pub(crate) mod layout;
 pub(crate) mod replicas;
 pub(crate) mod session;
 pub(crate) mod sync;
+pub(crate) mod sync_batch_norm;
 #[cfg(feature = "train")]
 pub(crate) mod train;
 pub(crate) mod walk;

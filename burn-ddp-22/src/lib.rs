@@ -45,6 +45,7 @@
 
 #![deny(missing_docs)]
 
+mod autograd;
 pub mod checkpoint;
 mod collective;
 pub mod data;
@@ -53,6 +54,7 @@ mod replicas;
 mod shared;
 mod shim;
 mod sync;
+pub mod sync_batch_norm;
 #[cfg(feature = "train")]
 pub mod train;
 mod wrap;
@@ -60,6 +62,7 @@ mod wrap;
 // The shared sources, where the crate's own modules name them.
 use shared::dtype;
 
+pub use autograd::all_reduce_sum_tracked;
 pub use burn_ddp_comm::{
     CollectiveBackend, CommError, Element, LaunchEnv, Launcher, ParamLayout, ProcessGroup,
     ProcessGroupBuilder, ReduceOp, Reducer, Result, SyncStats, WeakProcessGroup, BACKEND_VAR,
@@ -82,6 +85,7 @@ pub use shared::session::{
     default_group, destroy_process_group, init_process_group, reset_sync_stats, sync_stats,
 };
 pub use sync::{sync_gradients, sync_stats_of};
+pub use sync_batch_norm::{sync_batch_norm, SyncBatchNorm, SyncBatchNormConfig};
 pub use wrap::wrap;
 
 /// docs/burn-0.22.md's code blocks, compiled as doctests.

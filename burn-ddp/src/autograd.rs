@@ -123,8 +123,17 @@ fn erased_sum<B: AutodiffCollectives>(
     B::all_reduce_sum_tracked(tensor, group).map(|sum| Box::new(sum) as Box<dyn Any>)
 }
 
-/// Makes `B`'s tracked sum reachable from code generic over any backend.
-pub(crate) fn register<B: AutodiffCollectives>() {
+/// Makes `B`'s tracked sum reachable from layers generic over any backend
+/// (SyncBatchNorm). `Ddp<..>` does it itself; a program training on a plain
+/// `Autodiff<..>` backend (the Learner, a loop with `sync_gradients`) calls
+/// it once, with its concrete backend, before the first training forward
+/// pass. (Burn 0.21's programs are generic over `B: AutodiffBackend`, which
+/// cannot name this op: only the program knows the concrete type.)
+pub fn enable_sync_batch_norm<B: AutodiffCollectives>() {
+    register::<B>()
+}
+
+fn register<B: AutodiffCollectives>() {
     let id = TypeId::of::<B>();
     let known = |sums: &Vec<(TypeId, ErasedSum)>| sums.iter().any(|(t, _)| *t == id);
     if known(&TRACKED_SUMS.read().unwrap_or_else(|e| e.into_inner())) {

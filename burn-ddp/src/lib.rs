@@ -62,7 +62,7 @@ pub(crate) mod wrap;
 // The shared sources, where the crate's own modules name them.
 use shared::dtype;
 
-pub use autograd::{all_reduce_sum_tracked, AutodiffCollectives};
+pub use autograd::{all_reduce_sum_tracked, enable_sync_batch_norm, AutodiffCollectives};
 pub use backend::Ddp;
 #[cfg(feature = "cuda")]
 pub use burn_ddp_comm::nccl;

@@ -10,7 +10,8 @@
 //! The fields, their names and the `Config` are `BatchNorm`'s, so records
 //! load from one into the other.
 
-use crate::shared::session::default_group;
+use crate::shared::sync_batch_norm::{normalise_over_ranks, statistics_group};
+use crate::{CommError, ProcessGroup, Result};
 use burn::module::{Module, Param, RunningState};
 use burn::nn::{BatchNorm, BatchNormConfig};
 use burn::tensor::backend::Backend;
@@ -75,75 +76,35 @@ impl<B: Backend> SyncBatchNorm<B> {
     ///
     /// # Panics
     ///
-    /// In training with a process group of several ranks, if the backend is
-    /// not burn-ddp's (`Ddp<..>`), or a collective fails (naming the rank).
+    /// In training with a process group of several ranks: if the backend is
+    /// not burn-ddp's (`Ddp<..>`), if the ranks' statistics cannot be summed
+    /// (naming the rank and the layer), or if the launcher started several
+    /// ranks and `init_process_group` was not called.
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
-        let group = default_group().filter(|group| group.world_size() > 1);
-        match group {
-            Some(group) if B::ad_enabled(&input.device()) => {
-                self.forward_synchronised(input, &group)
+        if B::ad_enabled(&input.device()) {
+            if let Some(group) = statistics_group() {
+                return normalise_over_ranks!(self, input, &group, tracked_sum::<B>, D);
             }
-            // Running statistics are shared (RunningState clones share storage).
-            _ => BatchNorm::from(self.clone()).forward(input),
         }
+        // Running statistics are shared (RunningState clones share storage).
+        BatchNorm::from(self.clone()).forward(input)
     }
+}
 
-    fn forward_synchronised<const D: usize>(
-        &self,
-        input: Tensor<B, D>,
-        group: &crate::ProcessGroup,
-    ) -> Tensor<B, D> {
-        assert!(
-            D >= 2,
-            "SyncBatchNorm needs [batch, channels, ...], got {D} dimensions"
-        );
-        let device = input.device();
-        let dims = input.dims();
-        let channels = dims[1];
-        let per_channel = dims.iter().product::<usize>() / channels.max(1);
-        let mut unsqueezed = [1; D];
-        unsqueezed[1] = channels;
-        // Sums around the running mean, a value close to the batch mean: the
-        // one-pass variance then loses little to cancellation.
-        let shift = self.running_mean.value().to_device(&device).detach();
-        let centred = input
-            .clone()
-            .swap_dims(0, 1)
-            .reshape([channels, per_channel])
-            - shift.clone().reshape([channels, 1]);
-        let sum = centred.clone().sum_dim(1).reshape([channels]);
-        let squares = centred.square().sum_dim(1).reshape([channels]);
-        let count = Tensor::<B, 1>::from_floats([per_channel as f32], &device);
-        let local = Tensor::cat(vec![sum, squares, count], 0);
-        let global = crate::autograd::tracked_sum_of(group, local)
-            .unwrap_or_else(|| {
-                panic!(
-                    "rank {}: SyncBatchNorm trains on burn-ddp's backend (`Ddp<Autodiff<..>>`); \
-                     this backend has no sum over the ranks that autodiff goes through",
-                    group.rank()
-                )
-            })
-            .unwrap_or_else(|err| panic!("SyncBatchNorm's statistics: {err}"));
-        let total = global.clone().narrow(0, 2 * channels, 1);
-        let mean_offset = global.clone().narrow(0, 0, channels) / total.clone();
-        let mean = shift + mean_offset.clone();
-        let var =
-            (global.narrow(0, channels, channels) / total - mean_offset.square()).clamp_min(0.0);
-
-        let momentum = self.momentum;
-        let running_mean = self.running_mean.value_sync().to_device(&device);
-        let running_var = self.running_var.value_sync().to_device(&device);
-        self.running_mean.update(
-            (running_mean.mul_scalar(1.0 - momentum) + mean.clone().detach().mul_scalar(momentum))
-                .detach(),
-        );
-        self.running_var.update(
-            (running_var.mul_scalar(1.0 - momentum) + var.clone().detach().mul_scalar(momentum))
-                .detach(),
-        );
-
-        let std = var.add_scalar(self.epsilon).sqrt().reshape(unsqueezed);
-        let normalised = (input - mean.reshape(unsqueezed)) / std;
-        normalised * self.gamma.val().reshape(unsqueezed) + self.beta.val().reshape(unsqueezed)
-    }
+/// The tracked sum over the ranks of `B`, registered for it by `Ddp<..>` or
+/// [`enable_sync_batch_norm`](crate::enable_sync_batch_norm).
+fn tracked_sum<B: Backend>(group: &ProcessGroup, tensor: Tensor<B, 1>) -> Result<Tensor<B, 1>> {
+    crate::autograd::tracked_sum_of(group, tensor).unwrap_or_else(|| {
+        Err(CommError::config(
+            Some(group.rank()),
+            "the backend",
+            format!(
+                "SyncBatchNorm in training needs a sum over the ranks that autodiff goes \
+                 through, which {} has not registered: train on burn-ddp's `Ddp<..>` backend, \
+                 or call `burn_ddp::enable_sync_batch_norm::<YourAutodiffBackend>()` once \
+                 before training (the Learner, or a loop with `sync_gradients`)",
+                std::any::type_name::<B>()
+            ),
+        ))
+    })
 }

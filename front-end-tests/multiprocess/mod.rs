@@ -9,6 +9,7 @@ mod collectives;
 pub mod contract;
 mod half;
 pub mod scenarios;
+mod sync_batch_norm;
 
 use burn::optim::{AdamWConfig, SgdConfig};
 
@@ -43,6 +44,12 @@ pub fn run(name: &str) -> Res<()> {
         "one_step" => scenarios::one_step(),
         "tensor_collectives" => collectives::run(),
         "half" => half::run(),
+        "sync_bn" => sync_batch_norm::equivalence("even"),
+        "sync_bn_uneven" => sync_batch_norm::equivalence("uneven"),
+        "sync_bn_empty" => sync_batch_norm::equivalence("empty"),
+        "tracked_sum" => sync_batch_norm::tracked_sum(),
+        "sync_bn_channels_differ" => sync_batch_norm::channels_differ(),
+        "sync_bn_before_init" => sync_batch_norm::before_init(),
         other => Err(format!("unknown scenario {other}")),
     }
 }

@@ -54,6 +54,26 @@ pub fn run_suite(
             replicas,
         ),
         ("burn_ddp_backend_on_cpu_tensors", backend_choice),
+        (
+            "a_tracked_sum_over_ranks_gets_every_ranks_gradient",
+            tracked_sum,
+        ),
+        (
+            "sync_batch_norm_on_n_ranks_equals_batch_norm_on_one_big_batch",
+            sync_batch_norm,
+        ),
+        (
+            "sync_batch_norm_with_uneven_and_empty_ranks_is_exact",
+            sync_batch_norm_uneven,
+        ),
+        (
+            "sync_batch_norm_channels_differing_between_ranks_fail_every_rank",
+            sync_batch_norm_channels_differ,
+        ),
+        (
+            "sync_batch_norm_before_init_process_group_fails_every_rank",
+            sync_batch_norm_before_init,
+        ),
     ];
     crate::run_program_or_cases(program, cases, extra)
 }
@@ -183,4 +203,123 @@ fn backend_choice() -> Result<(), String> {
         )?;
     }
     Ok(())
+}
+
+/// `all_reduce_sum_tracked` at 2 and 3 ranks: the sum forward, the sum of
+/// every rank's output gradient backward.
+fn tracked_sum() -> Result<(), String> {
+    for world in [2usize, 3] {
+        let outcomes = World::new(world).run("tracked_sum");
+        all_ok(&outcomes)?;
+        let s = (1..=world).sum::<usize>() as f32;
+        let want_sum = format!("{:?}", vec![s, 2.0 * s]);
+        let want_grad = format!("{:?}", vec![s, world as f32]);
+        for o in &outcomes {
+            check(
+                o.value("sum") == Some(want_sum.as_str())
+                    && o.value("untracked") == Some(want_sum.as_str())
+                    && o.value("grad") == Some(want_grad.as_str()),
+                || {
+                    format!(
+                        "world {world}, rank {}: want sum {want_sum}, grad {want_grad}:\n{}",
+                        o.rank, o.stdout
+                    )
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The SyncBatchNorm scenario's checks: equal to one process with the
+/// combined batch and Burn's BatchNorm to 1e-5 (bit for bit in a world of
+/// one), Burn's BatchNorm under DDP not (above 1e-4, and 100 times the
+/// synchronised gap), one collective of the
+/// 4 channels' sums, squares and counts (48 bytes) per direction, none in
+/// eval or in a world of one.
+fn sync_batch_norm_worlds(cases: &[(usize, &str)]) -> Result<(), String> {
+    for &(world, scenario) in cases {
+        let outcomes = World::new(world).run(scenario);
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            let number = |tag| {
+                o.value(tag)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(f64::NAN)
+            };
+            let (exact, bytes) = if world == 1 {
+                (number("sync_diff") == 0.0, "0")
+            } else {
+                // Burn's BatchNorm cannot normalise an empty batch: the
+                // uneven scenario shows it differing.
+                let degenerate = scenario == "sync_bn_empty";
+                (
+                    number("sync_diff") <= 1e-5
+                        && (degenerate
+                            || number("plain_diff") > f64::max(1e-4, 100.0 * number("sync_diff"))),
+                    "48",
+                )
+            };
+            check(
+                exact
+                    && o.value("replicas_identical") == Some("true")
+                    && o.value("forward_bytes") == Some(bytes)
+                    && o.value("backward_bytes") == Some(bytes)
+                    && o.value("eval_collective_bytes") == Some("0"),
+                || format!("{scenario}, world {world}, rank {}:\n{}", o.rank, o.stdout),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// 1 x 128, 2 x 64 and 3 x 32.
+fn sync_batch_norm() -> Result<(), String> {
+    sync_batch_norm_worlds(&[(1, "sync_bn"), (2, "sync_bn"), (3, "sync_bn")])
+}
+
+/// Rank r with 2r more samples than rank 0; rank 0 with none.
+fn sync_batch_norm_uneven() -> Result<(), String> {
+    sync_batch_norm_worlds(&[
+        (2, "sync_bn_uneven"),
+        (3, "sync_bn_uneven"),
+        (2, "sync_bn_empty"),
+        (3, "sync_bn_empty"),
+    ])
+}
+
+/// Rank 1's layer has 5 channels, rank 0's 4: wrapping it fails on both,
+/// naming the shapes; the lone layer's forward pass (debug check on) fails
+/// both within the timeout, naming their rank and the layer.
+fn sync_batch_norm_channels_differ() -> Result<(), String> {
+    let mut world = World::new(2).env("BURN_DDP_DEBUG", "detail");
+    world.timeout_secs = 10.0;
+    world.deadline = std::time::Duration::from_secs(60);
+    let outcomes = world.run("sync_bn_channels_differ");
+    for o in &outcomes {
+        let wrap_error = o.value("wrap_error").unwrap_or_default();
+        check(
+            wrap_error.contains("[4] F32 on rank") && wrap_error.contains("[5] F32 on rank"),
+            || format!("rank {}: {}", o.rank, o.stdout),
+        )?;
+    }
+    every_rank_failed(
+        &outcomes,
+        false,
+        &["rank {rank}: SyncBatchNorm with", "same channel counts"],
+    )
+}
+
+/// Launched as 2 ranks, no `init_process_group`: both fail at the first
+/// training forward pass, naming the fix.
+fn sync_batch_norm_before_init() -> Result<(), String> {
+    let outcomes = World::new(2).run("sync_bn_before_init");
+    every_rank_failed(
+        &outcomes,
+        false,
+        &[
+            "rank {rank}: SyncBatchNorm ran in training before init_process_group",
+            "call init_process_group() first",
+        ],
+    )
 }

@@ -63,7 +63,9 @@ impl ModuleMapper for Load {
         let n = shape.num_elements();
         let data = TensorData::new(self.values[self.at..self.at + n].to_vec(), shape);
         self.at += n;
-        let value = Tensor::from_data(data, &tensor.device()).require_grad();
+        // Trained parameters stay trained; buffers (running statistics) stay buffers.
+        let value =
+            Tensor::from_data(data, &tensor.device()).set_require_grad(tensor.is_require_grad());
         Param::from_mapped_value(id, value, mapper)
     }
 }
@@ -71,4 +73,30 @@ impl ModuleMapper for Load {
 /// A tensor's values as `f32`.
 pub fn floats(data: TensorData) -> Vec<f32> {
     data.try_to_vec::<f32>().unwrap()
+}
+
+/// A normalisation layer: Burn's BatchNorm, or burn-ddp-22's SyncBatchNorm
+/// (which the models under test use where their single-process references
+/// use Burn's).
+pub trait Norm: Module + burn::module::ModuleDisplay {
+    fn create(channels: usize, device: &burn::tensor::Device) -> Self;
+    fn apply<const D: usize>(&self, x: Tensor<D>) -> Tensor<D>;
+}
+
+impl Norm for burn::nn::BatchNorm {
+    fn create(channels: usize, device: &burn::tensor::Device) -> Self {
+        burn::nn::BatchNormConfig::new(channels).init(device)
+    }
+    fn apply<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        self.forward(x)
+    }
+}
+
+impl Norm for burn_ddp_22::SyncBatchNorm {
+    fn create(channels: usize, device: &burn::tensor::Device) -> Self {
+        burn_ddp_22::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
+    }
+    fn apply<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        self.forward(x)
+    }
 }

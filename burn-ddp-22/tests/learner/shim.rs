@@ -6,13 +6,14 @@
 pub use crate::common::{Params, Step};
 pub use burn_ddp_22 as ddp;
 
+use crate::common::Norm;
 use crate::shared::contract::{Learned, Loader, Training};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig, Relu};
+use burn::nn::{BatchNorm, Linear, LinearConfig, Relu};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Int, Tensor, TensorData};
 
@@ -23,6 +24,7 @@ use burn::train::{
     TrainStep,
 };
 use burn_ddp_22::train::DdpTraining;
+use burn_ddp_22::SyncBatchNorm;
 use std::sync::Arc;
 
 /// The traits of this shim the shared sources call methods of.
@@ -41,9 +43,12 @@ pub const STEPS_ON_LEFTOVER_MICRO_BATCHES: bool = true;
 
 /// One classifier type for what the Learner trains and validates and for
 /// the accumulation scenario.
-pub type Model = Classifier;
-pub type ValidModel = Classifier;
-pub type AccumulationModel = Classifier;
+pub type Model = Classifier<SyncBatchNorm>;
+pub type ValidModel = Classifier<SyncBatchNorm>;
+pub type AccumulationModel = Classifier<SyncBatchNorm>;
+/// The single-process reference: Burn's BatchNorm where the model has
+/// SyncBatchNorm.
+pub type Reference = Classifier<BatchNorm>;
 
 pub fn device() -> Device {
     Device::flex().autodiff()
@@ -57,32 +62,49 @@ pub fn seed(device: &Device, seed: u64) {
     device.seed(seed)
 }
 
+/// Nothing to register on Burn 0.22 (the crate's `flex` feature routes
+/// SyncBatchNorm's sum over the ranks).
+pub fn enable_sync_batch_norm() {}
+
 pub fn valid(model: &Model) -> ValidModel {
     model.valid()
+}
+
+/// The reference's parameters and running statistics, its last update
+/// included (`valid()` settles the running statistics, as the Learner does
+/// with the model it returns).
+pub fn reference_params(reference: &Reference) -> Vec<f32> {
+    reference.valid().flat_params()
 }
 
 pub fn int_scalar(tensor: Tensor<1, Int>) -> i64 {
     tensor.into_scalar()
 }
 
+/// Linear(6 -> 16), a normalisation, ReLU, Linear(16 -> 3).
 #[derive(Module, Debug)]
-pub struct Classifier {
+pub struct Classifier<N: Norm> {
     hidden: Linear,
+    norm: N,
     out: Linear,
     relu: Relu,
 }
 
-impl Classifier {
+impl<N: Norm> Classifier<N> {
     pub fn new(device: &Device) -> Self {
         Self {
-            hidden: LinearConfig::new(6, 16).init(device),
+            // No bias before a normalisation (its gradient is zero: AdamW would
+            // step on rounding noise).
+            hidden: LinearConfig::new(6, 16).with_bias(false).init(device),
+            norm: N::create(16, device),
             out: LinearConfig::new(16, 3).init(device),
             relu: Relu::new(),
         }
     }
 
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        self.out.forward(self.relu.forward(self.hidden.forward(x)))
+        let hidden = self.norm.apply(self.hidden.forward(x));
+        self.out.forward(self.relu.forward(hidden))
     }
 
     pub fn classify(&self, (x, targets): Batch) -> ClassificationOutput {
@@ -96,7 +118,7 @@ impl Classifier {
 
 pub type Batch = (Tensor<2>, Tensor<1, Int>);
 
-impl TrainStep for Classifier {
+impl<N: Norm> TrainStep for Classifier<N> {
     type Input = Batch;
     type Output = ClassificationOutput;
     fn step(&self, batch: Batch) -> TrainOutput<ClassificationOutput> {
@@ -105,7 +127,7 @@ impl TrainStep for Classifier {
     }
 }
 
-impl InferenceStep for Classifier {
+impl<N: Norm> InferenceStep for Classifier<N> {
     type Input = Batch;
     type Output = ClassificationOutput;
     fn step(&self, batch: Batch) -> ClassificationOutput {
@@ -141,7 +163,7 @@ impl Loader for Arc<dyn DataLoader<Batch>> {
     }
 }
 
-impl Learned for Classifier {
+impl<N: Norm> Learned for Classifier<N> {
     type TrainLoader = Arc<dyn DataLoader<Batch>>;
     type ValidLoader = Arc<dyn DataLoader<Batch>>;
 }

@@ -183,3 +183,61 @@ pub fn grad_of<const D: usize>(
 ) -> Option<Tensor<D>> {
     grads.get::<D>(param.id)
 }
+
+/// SyncBatchNorm's scenarios train on the same device as the others.
+pub fn bn_device() -> Device {
+    device()
+}
+
+/// The tensors of the model the ranks train.
+pub type Trained<const D: usize> = Tensor<D>;
+
+/// The small CNN with a normalisation after its convolution: SyncBatchNorm
+/// on the ranks, Burn's BatchNorm under DDP, and the single-process
+/// reference with Burn's BatchNorm.
+pub type SyncBnConv = bn::BnConv<burn_ddp_22::SyncBatchNorm>;
+pub type LocalBnConv = bn::BnConv<burn::nn::BatchNorm>;
+pub type ReferenceBnConv = bn::BnConv<burn::nn::BatchNorm>;
+
+/// A lone SyncBatchNorm.
+pub type SyncNorm = burn_ddp_22::SyncBatchNorm;
+
+pub fn sync_norm(channels: usize, device: &Device) -> SyncNorm {
+    burn_ddp_22::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
+}
+
+/// BatchNorm models, generic over their normalisation.
+pub mod bn {
+    use super::*;
+    use crate::common::Norm;
+    use burn::tensor::activation::relu;
+
+    /// Conv(1 -> 4, 3x3), the normalisation, ReLU, Linear(4·6·6 -> 3) on
+    /// 1x8x8 images.
+    #[derive(Module, Debug)]
+    pub struct BnConv<N: Norm> {
+        conv: Conv2d,
+        pub norm: N,
+        linear: Linear,
+    }
+
+    impl<N: Norm> BnConv<N> {
+        pub fn new(device: &Device) -> Self {
+            Self {
+                conv: Conv2dConfig::new([1, 4], [3, 3]).init(device),
+                norm: N::create(4, device),
+                linear: LinearConfig::new(4 * 6 * 6, 3).init(device),
+            }
+        }
+
+        pub fn forward(&self, x: Tensor<4>) -> Tensor<2> {
+            let h = relu(self.norm.apply(self.conv.forward(x)));
+            self.linear.forward(h.flatten(1, 3))
+        }
+
+        /// The eval model's outputs (running statistics, no autodiff) on `x`.
+        pub fn evaluate(&self, x: Tensor<4>) -> Vec<f32> {
+            floats(self.valid().forward(x.inner()).into_data())
+        }
+    }
+}

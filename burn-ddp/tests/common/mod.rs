@@ -18,7 +18,9 @@ pub trait Params: Sized {
     fn load_params(self, values: &[f32]) -> Self;
 }
 
-/// Implements [`Params`] for model types generic over their backend.
+/// Implements [`Params`] for model types generic over their backend (the
+/// learner binary's classifier, generic over its norm too, does it by hand).
+#[allow(unused_macros)]
 macro_rules! params {
     ($($model:ident),* $(,)?) => {$(
         impl<B: burn::tensor::backend::Backend> $crate::common::Params for $model<B> {
@@ -31,6 +33,7 @@ macro_rules! params {
         }
     )*};
 }
+#[allow(unused_imports)]
 pub(crate) use params;
 
 /// An optimizer's step on a model `M` (Burn 0.21's `Optimizer<M, B>`).
@@ -76,7 +79,9 @@ impl<B: Backend> ModuleMapper<B> for Load {
         let n = shape.num_elements();
         let data = TensorData::new(self.values[self.at..self.at + n].to_vec(), shape);
         self.at += n;
-        let value = Tensor::from_data(data, &tensor.device()).require_grad();
+        // Trained parameters stay trained; buffers (running statistics) stay buffers.
+        let value =
+            Tensor::from_data(data, &tensor.device()).set_require_grad(tensor.is_require_grad());
         Param::from_mapped_value(id, value, mapper)
     }
 }
@@ -95,4 +100,30 @@ pub fn load_params<B: Backend, M: Module<B>>(model: M, values: &[f32]) -> M {
 /// A tensor's values as `f32`.
 pub fn floats(data: TensorData) -> Vec<f32> {
     data.to_vec::<f32>().unwrap()
+}
+
+/// A normalisation layer: Burn's BatchNorm, or burn-ddp's SyncBatchNorm
+/// (which the models under test use where their single-process references
+/// use Burn's).
+pub trait Norm<B: Backend>: Module<B> + burn::module::ModuleDisplay {
+    fn create(channels: usize, device: &B::Device) -> Self;
+    fn apply<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D>;
+}
+
+impl<B: Backend> Norm<B> for burn::nn::BatchNorm<B> {
+    fn create(channels: usize, device: &B::Device) -> Self {
+        burn::nn::BatchNormConfig::new(channels).init(device)
+    }
+    fn apply<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.forward(x)
+    }
+}
+
+impl<B: Backend> Norm<B> for burn_ddp::SyncBatchNorm<B> {
+    fn create(channels: usize, device: &B::Device) -> Self {
+        burn_ddp::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
+    }
+    fn apply<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.forward(x)
+    }
 }

@@ -7,7 +7,7 @@
 pub use crate::common::{Params, Step};
 pub use burn_ddp as ddp;
 
-use crate::common::params;
+use crate::common::Norm;
 use crate::shared::contract::{Learned, Loader, Training};
 use burn::backend::ndarray::NdArrayDevice;
 use burn::backend::{Autodiff, NdArray};
@@ -16,7 +16,7 @@ use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
 use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig, Relu};
+use burn::nn::{BatchNorm, Linear, LinearConfig, Relu};
 use burn::optim::Optimizer;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -27,6 +27,7 @@ use burn::train::{
     LearningComponentsTypes, SupervisedTraining, TrainOutput, TrainStep,
 };
 use burn_ddp::train::DdpTraining;
+use burn_ddp::SyncBatchNorm;
 use std::sync::Arc;
 
 /// The traits of this shim the shared sources call methods of.
@@ -47,9 +48,12 @@ pub type Plain = Autodiff<NdArray>;
 /// The classifier the Learner trains, the one it validates, and the one the
 /// accumulation scenario trains on `Ddp<B>` (rank 0's asynchronous
 /// checkpointer holds clones of its parameters).
-pub type Model = Classifier<Plain>;
-pub type ValidModel = Classifier<NdArray>;
-pub type AccumulationModel = Classifier<burn_ddp::Ddp<Plain>>;
+pub type Model = Classifier<Plain, SyncBatchNorm<Plain>>;
+pub type ValidModel = Classifier<NdArray, SyncBatchNorm<NdArray>>;
+pub type AccumulationModel = Classifier<burn_ddp::Ddp<Plain>, SyncBatchNorm<burn_ddp::Ddp<Plain>>>;
+/// The single-process reference: Burn's BatchNorm where the model has
+/// SyncBatchNorm.
+pub type Reference = Classifier<Plain, BatchNorm<Plain>>;
 
 pub type Device = NdArrayDevice;
 
@@ -65,34 +69,60 @@ pub fn seed(device: &Device, seed: u64) {
     Plain::seed(device, seed)
 }
 
+/// The Learner trains on a plain `Autodiff<NdArray>` (not `Ddp<..>`): the
+/// program registers its sum over the ranks for the model's SyncBatchNorm.
+pub fn enable_sync_batch_norm() {
+    burn_ddp::enable_sync_batch_norm::<Plain>();
+}
+
 pub fn valid(model: &Model) -> ValidModel {
     model.valid()
+}
+
+/// The reference's parameters and running statistics, its last update
+/// included (`valid()` settles the running statistics, as the Learner does
+/// with the model it returns).
+pub fn reference_params(reference: &Reference) -> Vec<f32> {
+    reference.valid().flat_params()
 }
 
 pub fn int_scalar<B: Backend>(tensor: Tensor<B, 1, Int>) -> i64 {
     tensor.into_scalar().elem::<i64>()
 }
 
+/// Linear(6 -> 16), a normalisation, ReLU, Linear(16 -> 3).
 #[derive(Module, Debug)]
-pub struct Classifier<B: Backend> {
+pub struct Classifier<B: Backend, N> {
     hidden: Linear<B>,
+    norm: N,
     out: Linear<B>,
     relu: Relu,
 }
 
-params!(Classifier);
+impl<B: Backend, N: Norm<B>> Params for Classifier<B, N> {
+    fn flat_params(&self) -> Vec<f32> {
+        crate::common::flat_params(self)
+    }
+    fn load_params(self, values: &[f32]) -> Self {
+        crate::common::load_params(self, values)
+    }
+}
 
-impl<B: Backend> Classifier<B> {
+impl<B: Backend, N: Norm<B>> Classifier<B, N> {
     pub fn new(device: &B::Device) -> Self {
         Self {
-            hidden: LinearConfig::new(6, 16).init(device),
+            // No bias before a normalisation (its gradient is zero: AdamW would
+            // step on rounding noise).
+            hidden: LinearConfig::new(6, 16).with_bias(false).init(device),
+            norm: N::create(16, device),
             out: LinearConfig::new(16, 3).init(device),
             relu: Relu::new(),
         }
     }
 
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.out.forward(self.relu.forward(self.hidden.forward(x)))
+        let hidden = self.norm.apply(self.hidden.forward(x));
+        self.out.forward(self.relu.forward(hidden))
     }
 
     pub fn classify(&self, (x, targets): Batch<B>) -> ClassificationOutput<B> {
@@ -106,7 +136,10 @@ impl<B: Backend> Classifier<B> {
 
 pub type Batch<B> = (Tensor<B, 2>, Tensor<B, 1, Int>);
 
-impl<B: AutodiffBackend> TrainStep for Classifier<B> {
+impl<B: AutodiffBackend, N: Norm<B> + AutodiffModule<B>> TrainStep for Classifier<B, N>
+where
+    N::InnerModule: Norm<B::InnerBackend>,
+{
     type Input = Batch<B>;
     type Output = ClassificationOutput<B>;
     fn step(&self, batch: Batch<B>) -> TrainOutput<ClassificationOutput<B>> {
@@ -115,7 +148,7 @@ impl<B: AutodiffBackend> TrainStep for Classifier<B> {
     }
 }
 
-impl<B: Backend> InferenceStep for Classifier<B> {
+impl<B: Backend, N: Norm<B>> InferenceStep for Classifier<B, N> {
     type Input = Batch<B>;
     type Output = ClassificationOutput<B>;
     fn step(&self, batch: Batch<B>) -> ClassificationOutput<B> {
@@ -152,7 +185,10 @@ impl<B: Backend> Loader for Arc<dyn DataLoader<B, Batch<B>>> {
 }
 
 /// Trained on its backend, validated on the inner one.
-impl<B: AutodiffBackend> Learned for Classifier<B> {
+impl<B: AutodiffBackend, N: Norm<B> + AutodiffModule<B>> Learned for Classifier<B, N>
+where
+    N::InnerModule: Norm<B::InnerBackend>,
+{
     type TrainLoader = Arc<dyn DataLoader<B, Batch<B>>>;
     type ValidLoader = Arc<dyn DataLoader<B::InnerBackend, Batch<B::InnerBackend>>>;
 }

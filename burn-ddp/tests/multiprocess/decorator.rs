@@ -97,3 +97,14 @@ pub fn save_forever() -> Res<()> {
     }
     Ok(())
 }
+
+/// A SyncBatchNorm training on `Autodiff<Flex>`, whose tracked sum no one
+/// registered (no `Ddp<..>`, no `enable_sync_batch_norm`): must fail.
+pub fn sync_batch_norm_unregistered() -> Res<()> {
+    type Plain = burn::backend::Autodiff<burn::backend::Flex>;
+    burn_ddp::init_process_group().map_err(e)?;
+    let device = Default::default();
+    let norm = burn_ddp::sync_batch_norm::<Plain>(&burn::nn::BatchNormConfig::new(3), &device);
+    let _ = norm.forward(Tensor::<Plain, 3>::ones([2, 3, 4], &device));
+    Err("the forward pass went through".into())
+}

@@ -4,16 +4,15 @@
 //! references, ...), whose checks are testkit's, and the `Ddp<B>`
 //! decorator's own: a layout change of a model never wrapped, two models
 //! wrapped separately (a GAN), a stray gradient, memory over 2,000 steps,
-//! and a killed checkpoint writer.
+//! a killed checkpoint writer, and SyncBatchNorm on a plain `Autodiff<..>`
+//! backend whose sum over the ranks no one registered.
 
-mod autograd;
 #[path = "../common/mod.rs"]
 mod common;
 mod decorator;
 mod gan;
 mod shared;
 mod shim;
-mod sync_bn;
 
 use burn_ddp_testkit::{all_ok, check, every_rank_failed, World, SCENARIO_VAR};
 
@@ -36,16 +35,12 @@ fn main() {
             ),
             ("two_thousand_steps_do_not_grow_memory", memory),
             (
-                "a_tracked_sum_over_ranks_gets_every_ranks_gradient",
-                tracked_sum,
-            ),
-            (
-                "sync_batch_norm_on_n_ranks_equals_batch_norm_on_one_big_batch",
-                sync_batch_norm,
-            ),
-            (
                 "a_killed_checkpoint_writer_leaves_a_whole_checkpoint",
                 killed_checkpoint_writer,
+            ),
+            (
+                "sync_batch_norm_on_an_unregistered_backend_names_the_fix",
+                sync_batch_norm_unregistered,
             ),
         ],
     )
@@ -58,10 +53,8 @@ fn program(name: &str) -> Result<(), String> {
         "memory" => decorator::memory(),
         "save_forever" => decorator::save_forever(),
         "gan" => gan::run(),
-        "tracked_sum" => autograd::run(),
-        "sync_bn" => sync_bn::run(false),
-        "sync_bn_uneven" => sync_bn::run(true),
         "stray_gradient" => gan::stray_gradient(),
+        "sync_bn_unregistered" => decorator::sync_batch_norm_unregistered(),
         other => shared::run(other),
     }
 }
@@ -76,6 +69,21 @@ fn layout_change() -> Result<(), String> {
             "gradient synchronisation failed",
             "parameters differ between rank",
             "[7]",
+        ],
+    )
+}
+
+/// SyncBatchNorm training on `Autodiff<Flex>` (not `Ddp<..>`) without
+/// `enable_sync_batch_norm`: every rank fails, naming the backend and the fix.
+fn sync_batch_norm_unregistered() -> Result<(), String> {
+    let outcomes = World::new(2).run("sync_bn_unregistered");
+    every_rank_failed(
+        &outcomes,
+        false,
+        &[
+            "rank {rank}: SyncBatchNorm with 3 channels",
+            "Autodiff<burn_flex",
+            "burn_ddp::enable_sync_batch_norm::<YourAutodiffBackend>()",
         ],
     )
 }
@@ -104,69 +112,6 @@ fn stray_gradient() -> Result<(), String> {
             "burn_ddp::wrap",
         ],
     )
-}
-
-/// `all_reduce_sum_tracked` at 2 and 3 ranks: the sum forward, the sum of
-/// every rank's output gradient backward (autograd.rs).
-fn tracked_sum() -> Result<(), String> {
-    for world in [2usize, 3] {
-        let outcomes = World::new(world).run("tracked_sum");
-        all_ok(&outcomes)?;
-        let s = (1..=world).sum::<usize>() as f32;
-        let want_sum = format!("{:?}", vec![s, 2.0 * s]);
-        let want_grad = format!("{:?}", vec![s, world as f32]);
-        for o in &outcomes {
-            check(
-                o.value("sum") == Some(want_sum.as_str())
-                    && o.value("untracked") == Some(want_sum.as_str())
-                    && o.value("grad") == Some(want_grad.as_str()),
-                || {
-                    format!(
-                        "world {world}, rank {}: want sum {want_sum}, grad {want_grad}:\n{}",
-                        o.rank, o.stdout
-                    )
-                },
-            )?;
-        }
-    }
-    Ok(())
-}
-
-/// SyncBatchNorm at 1, 2 and 3 ranks, with even and uneven batches (rank r
-/// with 4 + r samples), against Burn's BatchNorm on one process with the
-/// combined batch (sync_bn.rs): equal to 1e-5 (bit for bit in a world of
-/// one), every rank the same, no collective in eval; Burn's BatchNorm under
-/// DDP is not equal (so the test cannot pass by accident).
-fn sync_batch_norm() -> Result<(), String> {
-    for (world, scenario) in [
-        (1usize, "sync_bn"),
-        (2, "sync_bn"),
-        (3, "sync_bn"),
-        (2, "sync_bn_uneven"),
-        (3, "sync_bn_uneven"),
-    ] {
-        let outcomes = World::new(world).run(scenario);
-        all_ok(&outcomes)?;
-        for o in &outcomes {
-            let number = |tag| {
-                o.value(tag)
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .unwrap_or(f64::NAN)
-            };
-            let exact = if world == 1 {
-                number("sync_diff") == 0.0
-            } else {
-                number("sync_diff") <= 1e-5 && number("plain_diff") > 1e-3
-            };
-            check(
-                exact
-                    && o.value("replicas_identical") == Some("true")
-                    && o.value("eval_collective_bytes") == Some("0"),
-                || format!("{scenario}, world {world}, rank {}:\n{}", o.rank, o.stdout),
-            )?;
-        }
-    }
-    Ok(())
 }
 
 fn memory() -> Result<(), String> {

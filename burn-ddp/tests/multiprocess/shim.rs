@@ -224,3 +224,101 @@ pub fn grad_of<B: AutodiffBackend, const D: usize>(
 ) -> Option<burn::tensor::Tensor<B::InnerBackend, D>> {
     grads.get::<B::InnerBackend, D>(param.id)
 }
+
+/// SyncBatchNorm's scenarios train on Flex: Burn 0.21's NdArray cannot
+/// multiply matrices with no rows (`burn-ndarray` 0.21.0's matmul divides by
+/// zero), which a rank without samples does in its Linear layer's backward.
+pub type BnWrapped = Ddp<Autodiff<Flex>>;
+pub type BnPlain = Autodiff<Flex>;
+
+pub fn bn_device() -> burn::tensor::Device<Flex> {
+    Default::default()
+}
+
+/// The tensors of the model the ranks train in SyncBatchNorm's scenarios.
+pub type Trained<const D: usize> = burn::tensor::Tensor<BnWrapped, D>;
+
+/// The small CNN with a normalisation after its convolution: SyncBatchNorm
+/// on the ranks, Burn's BatchNorm under DDP, and the single-process
+/// reference with Burn's BatchNorm.
+pub type SyncBnConv = bn::BnConv<BnWrapped, burn_ddp::SyncBatchNorm<BnWrapped>>;
+pub type LocalBnConv = bn::BnConv<BnWrapped, burn::nn::BatchNorm<BnWrapped>>;
+pub type ReferenceBnConv = bn::BnConv<BnPlain, burn::nn::BatchNorm<BnPlain>>;
+
+/// A lone SyncBatchNorm of the ranks' backend.
+pub type SyncNorm = burn_ddp::SyncBatchNorm<BnWrapped>;
+
+pub fn sync_norm(channels: usize, device: &burn::tensor::Device<Flex>) -> SyncNorm {
+    burn_ddp::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
+}
+
+/// BatchNorm models, generic over their backend and their normalisation.
+pub mod bn {
+    use super::*;
+    use crate::common::Norm;
+    use burn::module::AutodiffModule;
+    use burn::tensor::activation::relu;
+
+    /// Conv(1 -> 4, 3x3), the normalisation, ReLU, Linear(4·6·6 -> 3) on
+    /// 1x8x8 images.
+    #[derive(Module, Debug)]
+    pub struct BnConv<B: Backend, N> {
+        conv: Conv2d<B>,
+        pub norm: N,
+        linear: Linear<B>,
+    }
+
+    impl<B: Backend, N: Norm<B>> BnConv<B, N> {
+        pub fn new(device: &B::Device) -> Self {
+            Self {
+                conv: Conv2dConfig::new([1, 4], [3, 3]).init(device),
+                norm: N::create(4, device),
+                linear: LinearConfig::new(4 * 6 * 6, 3).init(device),
+            }
+        }
+
+        pub fn forward(&self, x: burn::tensor::Tensor<B, 4>) -> burn::tensor::Tensor<B, 2> {
+            let h = relu(self.norm.apply(self.conv.forward(x)));
+            self.linear.forward(h.flatten(1, 3))
+        }
+    }
+
+    impl<B: AutodiffBackend, N: Norm<B> + AutodiffModule<B>> BnConv<B, N>
+    where
+        N::InnerModule: Norm<B::InnerBackend>,
+    {
+        /// The eval model's outputs (running statistics, no autodiff) on `x`.
+        pub fn evaluate(&self, x: burn::tensor::Tensor<B, 4>) -> Vec<f32> {
+            floats(self.valid().forward(x.inner()).into_data())
+        }
+    }
+
+    impl<B: AutodiffBackend, N: Norm<B> + AutodiffModule<B>> DdpModel for BnConv<B, N>
+    where
+        N::InnerModule: Norm<B::InnerBackend>,
+    {
+        type Loss = burn::tensor::Tensor<B, 1>;
+        fn wrap(self, group: &ProcessGroup) -> Result<Self, String> {
+            burn_ddp::wrap(self, group).map_err(|err| err.to_string())
+        }
+        fn local_grads(&self, loss: Self::Loss) -> GradientsParams {
+            let _local = burn_ddp::no_sync();
+            GradientsParams::from_grads(loss.backward(), self)
+        }
+        fn synced_grads(&self, loss: Self::Loss) -> Result<GradientsParams, String> {
+            Ok(GradientsParams::from_grads(loss.backward(), self))
+        }
+        fn sync_stats(&self) -> Option<SyncStats> {
+            burn_ddp::sync_stats_of(self)
+        }
+    }
+
+    impl<B: Backend, N: Norm<B>> Params for BnConv<B, N> {
+        fn flat_params(&self) -> Vec<f32> {
+            flat_params(self)
+        }
+        fn load_params(self, values: &[f32]) -> Self {
+            load_params(self, values)
+        }
+    }
+}

@@ -344,7 +344,7 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
 
     fn float_set_require_grad(tensor: FloatTensor<Self>, require_grad: bool) -> FloatTensor<Self> {
         // Layers generic over any backend (SyncBatchNorm) reach the tracked sum by type.
-        crate::autograd::register::<Self>();
+        crate::autograd::enable_sync_batch_norm::<Self>();
         crate::tracking::set_require_grad::<B>(tensor, require_grad)
     }
 

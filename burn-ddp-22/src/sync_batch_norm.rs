@@ -1,0 +1,98 @@
+//! Batch normalisation over the whole global batch (PyTorch's
+//! `SyncBatchNorm`): in training, each layer's per-channel sums, sums of
+//! squares and counts are summed over the ranks in one collective, so every
+//! rank normalises by the statistics of all ranks' samples and updates the
+//! same running statistics; the sum is one autodiff goes through (its
+//! backward sums the gradient over the ranks), so the input gradient is the
+//! one-big-batch gradient. In eval (`valid()`, or `training` off), in a
+//! world of one, or without a process group it is Burn's `BatchNorm`, bit
+//! for bit, with no collective.
+//!
+//! The fields, their names and the `Config` are `BatchNorm`'s, so records
+//! load from one into the other. Training needs this crate's feature for the
+//! backend (`flex`, `ndarray` or `cuda`).
+
+use crate::shared::sync_batch_norm::{normalise_over_ranks, statistics_group};
+use crate::{ProcessGroup, Result};
+use burn::module::{Flag, Module, Param, RunningState};
+use burn::nn::{BatchNorm, BatchNormConfig};
+use burn::tensor::{Device, Tensor};
+
+/// [`SyncBatchNorm`]'s settings: `BatchNorm`'s.
+pub type SyncBatchNormConfig = BatchNormConfig;
+
+/// `BatchNorm` whose training statistics are those of the global batch.
+#[derive(Module, Debug)]
+pub struct SyncBatchNorm {
+    /// The learned scale, per channel.
+    pub gamma: Param<Tensor<1>>,
+    /// The learned shift, per channel.
+    pub beta: Param<Tensor<1>>,
+    /// Whether training behaviour is on for this layer (`BatchNorm`'s flag).
+    pub training: Param<Flag>,
+    /// The global batches' mean, averaged over steps, for eval.
+    pub running_mean: RunningState<Tensor<1>>,
+    /// The global batches' (biased) variance, averaged over steps, for eval.
+    pub running_var: RunningState<Tensor<1>>,
+    /// Weight of a new batch in the running statistics.
+    pub momentum: f64,
+    /// Added to the variance before its square root.
+    pub epsilon: f64,
+}
+
+impl From<BatchNorm> for SyncBatchNorm {
+    fn from(norm: BatchNorm) -> Self {
+        Self {
+            gamma: norm.gamma,
+            beta: norm.beta,
+            training: norm.training,
+            running_mean: norm.running_mean,
+            running_var: norm.running_var,
+            momentum: norm.momentum,
+            epsilon: norm.epsilon,
+        }
+    }
+}
+
+impl From<SyncBatchNorm> for BatchNorm {
+    fn from(norm: SyncBatchNorm) -> Self {
+        Self {
+            gamma: norm.gamma,
+            beta: norm.beta,
+            training: norm.training,
+            running_mean: norm.running_mean,
+            running_var: norm.running_var,
+            momentum: norm.momentum,
+            epsilon: norm.epsilon,
+        }
+    }
+}
+
+/// `config.init` as a [`SyncBatchNorm`].
+pub fn sync_batch_norm(config: &SyncBatchNormConfig, device: &Device) -> SyncBatchNorm {
+    config.init(device).into()
+}
+
+impl SyncBatchNorm {
+    /// Normalises `input` (`[batch, channels, ...]`); see the module documentation.
+    ///
+    /// # Panics
+    ///
+    /// In training with a process group of several ranks: if this crate was
+    /// built without the feature for the input's backend, if the ranks'
+    /// statistics cannot be summed (naming the rank and the layer), or if the
+    /// launcher started several ranks and `init_process_group` was not called.
+    pub fn forward<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
+        if input.device().is_autodiff() && self.training.is_enabled() {
+            if let Some(group) = statistics_group() {
+                return normalise_over_ranks!(self, input, &group, tracked_sum, D);
+            }
+        }
+        // Running statistics are shared (RunningState clones share storage).
+        BatchNorm::from(self.clone()).forward(input)
+    }
+}
+
+fn tracked_sum(group: &ProcessGroup, tensor: Tensor<1>) -> Result<Tensor<1>> {
+    crate::autograd::all_reduce_sum_tracked(group, tensor)
+}

@@ -1,0 +1,128 @@
+//! SyncBatchNorm's training pass, written once for both Burns: which group
+//! the statistics are combined over, the statistics themselves (one
+//! collective per layer), the running statistics, the normalisation, and the
+//! errors.
+//!
+//! Per channel, each rank sums `x - K`, `(x - K)²` and its sample count,
+//! where `K` is the running mean (the same on every rank, detached): sums
+//! around a value close to the batch mean lose little to cancellation in the
+//! one-pass variance. One sum over the ranks that autodiff goes through
+//! (its backward sums the gradient over the ranks) gives every rank the
+//! global batch's mean and biased variance; normalising by them, every
+//! rank's input gets the gradient of one process holding the whole batch
+//! (the statistics' gradients, PyTorch's `sum(dy)` and `sum(dy·x̂)`, are what
+//! that backward sums). Counts are summed, not assumed equal: uneven batches
+//! and a rank with no samples (it contributes zeros and still joins both
+//! collectives) are exact.
+
+use super::session::default_group;
+use crate::{CommError, LaunchEnv, ProcessGroup};
+
+/// The group a SyncBatchNorm in training combines its statistics over: the
+/// default group when it has several ranks; `None` in a world of one (then
+/// it is Burn's BatchNorm).
+///
+/// # Panics
+///
+/// When the launcher started several ranks but `init_process_group` has not
+/// been called: each rank would otherwise normalise by its own batch alone.
+pub(crate) fn statistics_group() -> Option<ProcessGroup> {
+    if let Some(group) = default_group() {
+        return (group.world_size() > 1).then_some(group);
+    }
+    match LaunchEnv::from_env() {
+        Ok(env) if env.world_size > 1 => panic!(
+            "rank {}: SyncBatchNorm ran in training before init_process_group: the launcher \
+             started {} ranks, and without the process group each rank would normalise by its \
+             own batch alone; call init_process_group() first",
+            env.rank, env.world_size
+        ),
+        _ => None,
+    }
+}
+
+/// The statistics could not be combined: names the rank, the layer and the
+/// likeliest cause.
+pub(crate) fn combine_failed(group: &ProcessGroup, channels: usize, err: CommError) -> ! {
+    if let CommError::Config { .. } = err {
+        panic!(
+            "rank {}: SyncBatchNorm with {channels} channels: {err}",
+            group.rank()
+        )
+    }
+    panic!(
+        "rank {}: SyncBatchNorm with {channels} channels: its statistics could not be summed \
+         over the ranks ({err}); every rank must run the same SyncBatchNorm layers, with the \
+         same channel counts, in the same order",
+        group.rank()
+    )
+}
+
+/// `input`'s channel count (its second axis) must be the layer's.
+pub(crate) fn check_channels(dims: &[usize], channels: usize) {
+    assert!(
+        dims.len() >= 2 && dims[1] == channels,
+        "SyncBatchNorm with {channels} channels got an input of shape {dims:?}; it needs \
+         [batch, {channels}, ...]"
+    );
+}
+
+/// The training pass over the ranks of `$group`, for a layer `$norm` with
+/// BatchNorm's fields and a `$sum` (the crate's tracked sum over the ranks,
+/// `fn(&ProcessGroup, 1-d tensor) -> Result<1-d tensor>`): the normalised
+/// `$input`, the running statistics updated alike on every rank. A macro
+/// because the two Burns spell the tensor type differently (`Tensor<B, D>`,
+/// `Tensor<D>`) while every operation on it is the same.
+macro_rules! normalise_over_ranks {
+    ($norm:expr, $input:expr, $group:expr, $sum:path, $dims:expr) => {{
+        let norm = $norm;
+        let input = $input;
+        let group: &$crate::ProcessGroup = $group;
+        let device = input.device();
+        let dims = input.dims();
+        let channels = norm.gamma.val().dims()[0];
+        $crate::shared::sync_batch_norm::check_channels(&dims, channels);
+        let per_channel = dims.iter().product::<usize>() / channels;
+        let mut unsqueezed = [1; $dims];
+        unsqueezed[1] = channels;
+        let shift = norm.running_mean.value().to_device(&device).detach();
+        let centred = input
+            .clone()
+            .swap_dims(0, 1)
+            .reshape([channels, per_channel])
+            - shift.clone().reshape([channels, 1]);
+        let sums = centred.clone().sum_dim(1).reshape([channels]);
+        let squares = centred.square().sum_dim(1).reshape([channels]);
+        let counts = sums.zeros_like().detach().add_scalar(per_channel as f64);
+        let global =
+            $sum(group, Tensor::cat(vec![sums, squares, counts], 0)).unwrap_or_else(|err| {
+                $crate::shared::sync_batch_norm::combine_failed(group, channels, err)
+            });
+        // An empty global batch (every rank without samples) divides by one:
+        // zero offsets, and the output (no elements) is empty anyway.
+        let total = global
+            .clone()
+            .narrow(0, 2 * channels, channels)
+            .clamp_min(1.0);
+        let offset = global.clone().narrow(0, 0, channels) / total.clone();
+        let mean = shift + offset.clone();
+        let var = (global.narrow(0, channels, channels) / total - offset.square()).clamp_min(0.0);
+
+        let momentum = norm.momentum;
+        let running_mean = norm.running_mean.value_sync().to_device(&device);
+        let running_var = norm.running_var.value_sync().to_device(&device);
+        norm.running_mean.update(
+            (running_mean.mul_scalar(1.0 - momentum) + mean.clone().detach().mul_scalar(momentum))
+                .detach(),
+        );
+        norm.running_var.update(
+            (running_var.mul_scalar(1.0 - momentum) + var.clone().detach().mul_scalar(momentum))
+                .detach(),
+        );
+
+        let std = var.add_scalar(norm.epsilon).sqrt().reshape(unsqueezed);
+        let normalised = (input - mean.reshape(unsqueezed)) / std;
+        normalised * norm.gamma.val().reshape(unsqueezed) + norm.beta.val().reshape(unsqueezed)
+    }};
+}
+pub(crate) use normalise_over_ranks;
