@@ -96,3 +96,92 @@ impl SyncBatchNorm {
 fn tracked_sum(group: &ProcessGroup, tensor: Tensor<1>) -> Result<Tensor<1>> {
     crate::autograd::all_reduce_sum_tracked(group, tensor)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::module::ModuleVisitor;
+    use burn::store::ModuleRecord;
+    use burn::tensor::Bytes;
+
+    fn values<M: Module>(module: &M) -> Vec<f32> {
+        struct Collect(Vec<f32>);
+        impl ModuleVisitor for Collect {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                self.0
+                    .extend(param.val().into_data().to_vec::<f32>().unwrap());
+            }
+        }
+        let mut collect = Collect(Vec::new());
+        module.visit(&mut collect);
+        collect.0
+    }
+
+    fn input(device: &Device) -> Tensor<3> {
+        let values: Vec<f32> = (0..24).map(|i| ((i * 7 % 11) as f32) / 3.0).collect();
+        Tensor::<1>::from_floats(values.as_slice(), device).reshape([2, 3, 4])
+    }
+
+    /// Without a process group (a world of one) it is Burn's BatchNorm bit
+    /// for bit: the output, the input's gradient, the running statistics,
+    /// and in eval.
+    #[test]
+    fn without_a_group_it_is_batch_norm_bit_for_bit() {
+        let device = Device::flex().autodiff();
+        let config = SyncBatchNormConfig::new(3);
+        let plain = config.init(&device);
+        let synced = sync_batch_norm(&config, &device);
+        let run = |forward: &dyn Fn(Tensor<3>) -> Tensor<3>| {
+            let x = input(&device).require_grad();
+            let y = forward(x.clone());
+            let grads = (y.clone() * y.clone()).sum().backward();
+            let grad = x.grad(&grads).unwrap();
+            (y.into_data(), grad.into_data())
+        };
+        assert_eq!(
+            run(&|x| plain.forward(x)),
+            run(&|x| synced.forward(x)),
+            "training"
+        );
+        assert_eq!(values(&plain), values(&synced), "running statistics");
+        let x = input(&device).inner();
+        assert_eq!(
+            plain.valid().forward(x.clone()).into_data(),
+            synced.valid().forward(x).into_data(),
+            "eval"
+        );
+    }
+
+    /// A BatchNorm's saved record loads into a SyncBatchNorm and back: the
+    /// fields are the same, by name.
+    #[test]
+    fn records_load_from_batch_norm_and_back() {
+        let device = Device::flex().autodiff();
+        let save = |module: ModuleRecord| {
+            let bytes = module.into_bytes().unwrap();
+            ModuleRecord::from_bytes(Bytes::from_bytes_vec(bytes.to_vec())).unwrap()
+        };
+        let trained = SyncBatchNormConfig::new(3).init(&device);
+        let _ = trained.forward(input(&device));
+        // `valid()` settles the running statistics' last update (Burn keeps
+        // it pending until then).
+        let trained = trained.valid();
+        let record = save(trained.clone().into_record());
+        let synced = sync_batch_norm(&SyncBatchNormConfig::new(3), &device)
+            .try_load_record(record)
+            .unwrap();
+        assert_eq!(values(&trained), values(&synced.valid()));
+
+        let record = save(synced.clone().into_record());
+        let back = SyncBatchNormConfig::new(3)
+            .init(&device)
+            .try_load_record(record)
+            .unwrap();
+        assert_eq!(values(&synced.valid()), values(&back.valid()));
+        assert_ne!(
+            values(&back.valid()),
+            values(&SyncBatchNormConfig::new(3).init(&device)),
+            "the running statistics moved"
+        );
+    }
+}

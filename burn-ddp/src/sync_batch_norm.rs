@@ -108,3 +108,88 @@ fn tracked_sum<B: Backend>(group: &ProcessGroup, tensor: Tensor<B, 1>) -> Result
         ))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, NdArray};
+    use burn::module::AutodiffModule;
+    use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+
+    type B = Autodiff<NdArray>;
+
+    fn values<M: Module<B>>(module: &M) -> Vec<f32> {
+        struct Collect(Vec<f32>);
+        impl burn::module::ModuleVisitor<B> for Collect {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                self.0
+                    .extend(param.val().into_data().to_vec::<f32>().unwrap());
+            }
+        }
+        let mut collect = Collect(Vec::new());
+        module.visit(&mut collect);
+        collect.0
+    }
+
+    fn input(device: &burn::tensor::Device<B>) -> Tensor<B, 3> {
+        let values: Vec<f32> = (0..24).map(|i| ((i * 7 % 11) as f32) / 3.0).collect();
+        Tensor::<B, 1>::from_floats(values.as_slice(), device).reshape([2, 3, 4])
+    }
+
+    /// Without a process group (a world of one) it is Burn's BatchNorm bit
+    /// for bit: the output, the input's gradient, the running statistics,
+    /// and in eval.
+    #[test]
+    fn without_a_group_it_is_batch_norm_bit_for_bit() {
+        let device = Default::default();
+        let config = SyncBatchNormConfig::new(3);
+        let plain = config.init::<B>(&device);
+        let synced = sync_batch_norm::<B>(&config, &device);
+        let run = |forward: &dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>| {
+            let x = input(&device).require_grad();
+            let y = forward(x.clone());
+            let grads = (y.clone() * y.clone()).sum().backward();
+            let grad = x.grad(&grads).unwrap();
+            (y.into_data(), grad.into_data())
+        };
+        assert_eq!(
+            run(&|x| plain.forward(x)),
+            run(&|x| synced.forward(x)),
+            "training"
+        );
+        assert_eq!(values(&plain), values(&synced), "running statistics");
+        let x = input(&device).inner();
+        assert_eq!(
+            plain.valid().forward(x.clone()).into_data(),
+            synced.valid().forward(x).into_data(),
+            "eval"
+        );
+    }
+
+    /// A BatchNorm's saved record loads into a SyncBatchNorm and back: the
+    /// fields are the same, by name.
+    #[test]
+    fn records_load_from_batch_norm_and_back() {
+        let device = Default::default();
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        let trained = SyncBatchNormConfig::new(3).init::<B>(&device);
+        let _ = trained.forward(input(&device));
+        let bytes = recorder.record(trained.clone().into_record(), ()).unwrap();
+        let record = recorder.load(bytes, &device).unwrap();
+        let synced =
+            sync_batch_norm::<B>(&SyncBatchNormConfig::new(3), &device).load_record(record);
+        assert_eq!(values(&trained), values(&synced));
+
+        let bytes = recorder.record(synced.clone().into_record(), ()).unwrap();
+        let record = recorder.load(bytes, &device).unwrap();
+        let back = SyncBatchNormConfig::new(3)
+            .init::<B>(&device)
+            .load_record(record);
+        assert_eq!(values(&synced), values(&back));
+        assert_ne!(
+            values(&back),
+            values(&SyncBatchNormConfig::new(3).init::<B>(&device)),
+            "the running statistics moved"
+        );
+    }
+}
