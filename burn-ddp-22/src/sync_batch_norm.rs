@@ -109,7 +109,7 @@ mod tests {
         impl ModuleVisitor for Collect {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
                 self.0
-                    .extend(param.val().into_data().to_vec::<f32>().unwrap());
+                    .extend(param.val().into_data().try_to_vec::<f32>().unwrap());
             }
         }
         let mut collect = Collect(Vec::new());

@@ -34,6 +34,10 @@
 //! Training through Burn's Learner instead of a hand-written loop: enable the
 //! `train` feature and see the `train` module (`.ddp(&ddp)` on `SupervisedTraining`).
 //!
+//! A model with batch norm: [`SyncBatchNorm`] in place of Burn's `BatchNorm`
+//! normalises by the whole global batch (one small all-reduce per layer and
+//! direction), so N ranks x b still equal one process x N·b.
+//!
 //! Layers: `burn-ddp-comm` (environment, store, transports, process group,
 //! reducer) knows nothing of Burn; this crate is the Burn 0.21 front-end: it
 //! moves Burn tensors in and out of the reducer's buckets, finds the

@@ -8,12 +8,17 @@
 //! target/release/examples/ddp_bench22 --mode overhead
 //! # share of a 2-rank MNIST CNN step spent synchronising gradients:
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench22 --mode share
+//! # SyncBatchNorm against BatchNorm in a 2-rank CNN step:
+//! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench22 --mode sync-bn
 //! ```
 
+mod bn_net;
 #[path = "../mnist/net.rs"]
 mod net;
 
+use bn_net::{BnNet, Norm};
 use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::BatchNorm;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use burn_ddp_examples_common as common;
@@ -35,6 +40,8 @@ enum Mode {
     Overhead,
     /// Share of a training step spent synchronising gradients.
     Share,
+    /// SyncBatchNorm's cost: a CNN step with it against one with BatchNorm.
+    SyncBn,
 }
 
 #[derive(Parser, Debug)]
@@ -155,6 +162,61 @@ fn share(group: &burn_ddp_22::ProcessGroup, iters: usize, batch: usize, device: 
     }
 }
 
+/// One training step of the normalised CNN (gradients synchronised): the
+/// model and the step's seconds.
+fn bn_step<N: Norm>(model: BnNet<N>, batch: usize, device: &Device) -> (BnNet<N>, f64) {
+    let images = Tensor::<4>::random([batch, 1, 28, 28], Distribution::Normal(0.0, 1.0), device);
+    let labels = Tensor::<1, Int>::random([batch], Distribution::Uniform(0.0, 10.0), device);
+    let started = Instant::now();
+    let loss = CrossEntropyLossConfig::new()
+        .init(device)
+        .forward(model.forward(images), labels);
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let grads = burn_ddp_22::sync_gradients(&model, grads).unwrap_or_else(|e| fail(None, e));
+    let model = SgdConfig::new().init().step(0.01, model, grads);
+    (model, started.elapsed().as_secs_f64())
+}
+
+fn sync_bn(group: &burn_ddp_22::ProcessGroup, iters: usize, batch: usize, device: &Device) {
+    let rank = Some(group.rank());
+    let mut local =
+        burn_ddp_22::wrap(BnNet::<BatchNorm>::new(device), group).unwrap_or_else(|e| fail(rank, e));
+    let mut synced = burn_ddp_22::wrap(BnNet::<burn_ddp_22::SyncBatchNorm>::new(device), group)
+        .unwrap_or_else(|e| fail(rank, e));
+    let (mut local_times, mut synced_times, mut extra_bytes) = (Vec::new(), Vec::new(), 0);
+    for i in 0..iters + 2 {
+        // Interleaved, every step started together.
+        group.barrier().unwrap_or_else(|e| fail(rank, e));
+        let before = group.collective_bytes();
+        let (m, t) = bn_step(local, batch, device);
+        local = m;
+        let local_bytes = group.collective_bytes() - before;
+        group.barrier().unwrap_or_else(|e| fail(rank, e));
+        let before = group.collective_bytes();
+        let (m, u) = bn_step(synced, batch, device);
+        synced = m;
+        // The same parameters, so the same gradient sync: the rest is
+        // SyncBatchNorm's statistics.
+        extra_bytes = group.collective_bytes() - before - local_bytes;
+        if i >= 2 {
+            local_times.push(t);
+            synced_times.push(u);
+        }
+    }
+    if group.is_main() {
+        common::bench::print_sync_bn(&common::bench::SyncBnReport {
+            batch,
+            world_size: group.world_size(),
+            transport: group.transport_name(),
+            iters,
+            local: median(local_times),
+            synced: median(synced_times),
+            layers: 2,
+            extra_bytes,
+        });
+    }
+}
+
 fn main() {
     common::cli::init_logger();
     let args = BenchArgs::parse();
@@ -168,6 +230,7 @@ fn main() {
             "--mode overhead runs at world size 1 (no launcher)",
         ),
         Mode::Share => share(&group, iters, batch, &device),
+        Mode::SyncBn => sync_bn(&group, iters, batch, &device),
     }
     burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(group.rank()), e));
 }

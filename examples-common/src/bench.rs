@@ -69,3 +69,41 @@ pub fn print_share(report: &ShareReport) {
         report.sync_allocated / 1024.0
     );
 }
+
+/// What `ddp_bench --mode sync-bn` measured (either Burn's front-end).
+pub struct SyncBnReport<'a> {
+    pub batch: usize,
+    pub world_size: usize,
+    pub transport: &'a str,
+    pub iters: usize,
+    /// Median step with Burn's BatchNorm (each rank's own statistics), in seconds.
+    pub local: f64,
+    /// Median step with SyncBatchNorm.
+    pub synced: f64,
+    /// Normalisation layers in the model.
+    pub layers: usize,
+    /// Bytes SyncBatchNorm's collectives carried in one step.
+    pub extra_bytes: u64,
+}
+
+/// The table of docs/benchmarks.md's SyncBatchNorm section.
+pub fn print_sync_bn(report: &SyncBnReport) {
+    let (local, synced) = (report.local * 1e3, report.synced * 1e3);
+    println!(
+        "CNN with {} normalisations, batch {} per rank, world size {}, transport {}, {} steps each (median)",
+        report.layers, report.batch, report.world_size, report.transport, report.iters
+    );
+    println!("| normalisation | step | ratio |");
+    println!("| --- | ---: | ---: |");
+    println!("| BatchNorm (each rank's own batch) | {local:.2} ms | 1.000 |");
+    println!("| SyncBatchNorm | {synced:.2} ms | {:.3} |", synced / local);
+    println!(
+        "SyncBatchNorm's collectives: {} per step ({} layers x forward and backward), {} bytes; \
+         extra time {:.2} ms = {:.1}% of the step",
+        2 * report.layers,
+        report.layers,
+        report.extra_bytes,
+        synced - local,
+        100.0 * (synced - local) / synced
+    );
+}

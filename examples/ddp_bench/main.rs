@@ -8,19 +8,24 @@
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode buckets
 //! # share of a 2-rank MNIST CNN step spent synchronising gradients:
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode share
+//! # SyncBatchNorm against BatchNorm in a 2-rank CNN step:
+//! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode sync-bn
 //! ```
 
+mod bn_net;
 #[path = "../mnist/net.rs"]
 mod net;
 
+use bn_net::{BnNet, Norm};
 use burn::backend::{Autodiff, Flex};
+use burn::module::AutodiffModule;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::{BatchNorm, Linear, LinearConfig};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
-use burn_ddp::{Ddp, DdpConfig};
+use burn_ddp::{Ddp, DdpConfig, SyncBatchNorm};
 use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::alloc;
@@ -45,6 +50,8 @@ enum Mode {
     Buckets,
     /// Share of a training step spent synchronising gradients.
     Share,
+    /// SyncBatchNorm's cost: a CNN step with it against one with BatchNorm.
+    SyncBn,
 }
 
 #[derive(Parser, Debug)]
@@ -242,6 +249,71 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     }
 }
 
+/// One training step of the normalised CNN (gradients synchronised): the
+/// model and the step's seconds.
+fn bn_step<N>(model: BnNet<Wrapped, N>, batch: usize) -> (BnNet<Wrapped, N>, f64)
+where
+    N: Norm<Wrapped> + AutodiffModule<Wrapped>,
+    N::InnerModule: Norm<Flex>,
+{
+    let device = Default::default();
+    let images =
+        Tensor::<Wrapped, 4>::random([batch, 1, 28, 28], Distribution::Normal(0.0, 1.0), &device);
+    let labels =
+        Tensor::<Wrapped, 1, Int>::random([batch], Distribution::Uniform(0.0, 10.0), &device);
+    let started = Instant::now();
+    let loss = CrossEntropyLossConfig::new()
+        .init(&device)
+        .forward(model.forward(images), labels);
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let model = SgdConfig::new().init().step(0.01, model, grads);
+    (model, started.elapsed().as_secs_f64())
+}
+
+fn sync_bn(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
+    let device = Default::default();
+    let rank = Some(group.rank());
+    let mut local = burn_ddp::wrap(BnNet::<Wrapped, BatchNorm<Wrapped>>::new(&device), group)
+        .unwrap_or_else(|e| fail(rank, e));
+    let mut synced = burn_ddp::wrap(
+        BnNet::<Wrapped, SyncBatchNorm<Wrapped>>::new(&device),
+        group,
+    )
+    .unwrap_or_else(|e| fail(rank, e));
+    let (mut local_times, mut synced_times, mut extra_bytes) = (Vec::new(), Vec::new(), 0);
+    for i in 0..iters + 2 {
+        // Interleaved, every step started together.
+        group.barrier().unwrap_or_else(|e| fail(rank, e));
+        let before = group.collective_bytes();
+        let (m, t) = bn_step(local, batch);
+        local = m;
+        let local_bytes = group.collective_bytes() - before;
+        group.barrier().unwrap_or_else(|e| fail(rank, e));
+        let before = group.collective_bytes();
+        let (m, u) = bn_step(synced, batch);
+        synced = m;
+        // The same parameters, so the same gradient sync: the rest is
+        // SyncBatchNorm's statistics.
+        extra_bytes = group.collective_bytes() - before - local_bytes;
+        if i >= 2 {
+            local_times.push(t);
+            synced_times.push(u);
+        }
+    }
+    if group.is_main() {
+        common::bench::print_sync_bn(&common::bench::SyncBnReport {
+            batch,
+            world_size: group.world_size(),
+            transport: group.transport_name(),
+            iters,
+            local: median(local_times),
+            synced: median(synced_times),
+            layers: 2,
+            extra_bytes,
+        });
+    }
+}
+
 fn main() {
     common::cli::init_logger();
     let args = BenchArgs::parse();
@@ -255,6 +327,7 @@ fn main() {
         ),
         Mode::Buckets => buckets(&group, iters),
         Mode::Share => share(&group, iters, batch),
+        Mode::SyncBn => sync_bn(&group, iters, batch),
     }
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(group.rank()), e));
 }

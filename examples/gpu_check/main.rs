@@ -317,6 +317,8 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{:?}", gathered.err()),
     );
 
+    all &= sync_batch_norm_on_cuda(group, device);
+
     let barrier = comm.barrier();
     all &= report(
         group,
@@ -325,6 +327,67 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{barrier:?}"),
     );
     all
+}
+
+/// SyncBatchNorm on `Ddp<Autodiff<Cuda>>` (its statistics summed over NCCL,
+/// forward and backward) against Burn's BatchNorm on the whole global batch
+/// in this process: this rank's rows of the output and of the input's
+/// gradient, and the running mean, must agree.
+fn sync_batch_norm_on_cuda(group: &ProcessGroup, device: &CudaDevice) -> bool {
+    type Synced = burn_ddp::Ddp<Autodiff<Cuda>>;
+    type Plain = Autodiff<Cuda>;
+    let (rank, world) = (group.rank(), group.world_size());
+    let rows = |r: usize| -> Vec<f32> {
+        (0..3 * 4 * 5)
+            .map(|i| ((i * 7 + r * 13) % 17) as f32 / 4.0 - 2.0)
+            .collect()
+    };
+    let config = burn::nn::BatchNormConfig::new(4);
+    // Wrapped: `Ddp<..>` refuses gradients of parameters outside a wrapped model.
+    let norm = match burn_ddp::wrap(burn_ddp::sync_batch_norm::<Synced>(&config, device), group) {
+        Ok(norm) => norm,
+        Err(err) => return report(group, "sync_batch_norm_cuda", false, err.to_string()),
+    };
+    let mine = Tensor::<Synced, 1>::from_floats(rows(rank).as_slice(), device)
+        .reshape([3, 4, 5])
+        .require_grad();
+    let out = norm.forward(mine.clone());
+    let grads = (out.clone() * out.clone()).sum().backward();
+    let grad = mine.grad(&grads).map(|g| g.into_data());
+
+    let reference = config.init::<Plain>(device);
+    let all: Vec<f32> = (0..world).flat_map(rows).collect();
+    let whole = Tensor::<Plain, 1>::from_floats(all.as_slice(), device)
+        .reshape([3 * world, 4, 5])
+        .require_grad();
+    let want = reference.forward(whole.clone());
+    // The sum over the ranks of every rank's loss: each rank's loss is its
+    // own rows' squares.
+    let want_grads = (want.clone() * want.clone()).sum().backward();
+    let want_grad = whole
+        .grad(&want_grads)
+        .map(|g| g.slice([3 * rank..3 * rank + 3]).into_data());
+    let close = |a: &TensorData, b: &TensorData, tol: f32| {
+        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= tol)
+    };
+    let out_ok = close(
+        &out.into_data(),
+        &want.slice([3 * rank..3 * rank + 3]).into_data(),
+        1e-5,
+    );
+    let grad_ok = matches!((&grad, &want_grad), (Some(a), Some(b)) if close(a, b, 1e-4));
+    let mean_ok = close(
+        &norm.running_mean.value_sync().into_data(),
+        &reference.running_mean.value_sync().into_data(),
+        1e-6,
+    );
+    report(
+        group,
+        "sync_batch_norm_cuda",
+        out_ok && grad_ok && mean_ok,
+        format!("output {out_ok}, input gradient {grad_ok}, running mean {mean_ok}"),
+    )
 }
 
 /// Whether a summed result holds `index * factor` at every index.
