@@ -82,18 +82,16 @@ macro_rules! normalise_over_ranks {
         let dims = input.dims();
         let channels = norm.gamma.val().dims()[0];
         $crate::shared::sync_batch_norm::check_channels(&dims, channels);
-        let per_channel = dims.iter().product::<usize>() / channels;
+        let (batch, rest) = (dims[0], dims[2..].iter().product::<usize>());
         let mut unsqueezed = [1; $dims];
         unsqueezed[1] = channels;
         let shift = norm.running_mean.value().to_device(&device).detach();
-        let centred = input
-            .clone()
-            .swap_dims(0, 1)
-            .reshape([channels, per_channel])
-            - shift.clone().reshape([channels, 1]);
-        let sums = centred.clone().sum_dim(1).reshape([channels]);
-        let squares = centred.square().sum_dim(1).reshape([channels]);
-        let counts = sums.zeros_like().detach().add_scalar(per_channel as f64);
+        // [batch, channels, rest] is a view, not a copy: no transposition.
+        let centred = input.clone().reshape([batch, channels, rest])
+            - shift.clone().reshape([1, channels, 1]);
+        let sums = centred.clone().sum_dim(2).sum_dim(0).reshape([channels]);
+        let squares = centred.square().sum_dim(2).sum_dim(0).reshape([channels]);
+        let counts = sums.zeros_like().detach().add_scalar((batch * rest) as f64);
         let global =
             $sum(group, Tensor::cat(vec![sums, squares, counts], 0)).unwrap_or_else(|err| {
                 $crate::shared::sync_batch_norm::combine_failed(group, channels, err)
@@ -120,9 +118,11 @@ macro_rules! normalise_over_ranks {
                 .detach(),
         );
 
-        let std = var.add_scalar(norm.epsilon).sqrt().reshape(unsqueezed);
-        let normalised = (input - mean.reshape(unsqueezed)) / std;
-        normalised * norm.gamma.val().reshape(unsqueezed) + norm.beta.val().reshape(unsqueezed)
+        // (x - mean) / std * gamma + beta as x * scale + offset: two passes
+        // over the input instead of four.
+        let scale = norm.gamma.val() / var.add_scalar(norm.epsilon).sqrt();
+        let offset = norm.beta.val() - mean * scale.clone();
+        input * scale.reshape(unsqueezed) + offset.reshape(unsqueezed)
     }};
 }
 pub(crate) use normalise_over_ranks;

@@ -203,6 +203,19 @@ fn sync_bn(group: &burn_ddp_22::ProcessGroup, iters: usize, batch: usize, device
             synced_times.push(u);
         }
     }
+    // The same collectives alone: a tensor all-reduce per layer and direction
+    // of its 3 x channels statistics.
+    let mut alone = Vec::new();
+    for _ in 0..iters {
+        group.barrier().unwrap_or_else(|e| fail(rank, e));
+        let started = Instant::now();
+        for n in [3 * 8, 3 * 16, 3 * 16, 3 * 8] {
+            let stats = Tensor::<1>::zeros([n], &Device::flex());
+            burn_ddp_22::all_reduce(group, stats, burn_ddp_22::ReduceOp::Sum)
+                .unwrap_or_else(|e| fail(rank, e));
+        }
+        alone.push(started.elapsed().as_secs_f64());
+    }
     if group.is_main() {
         common::bench::print_sync_bn(&common::bench::SyncBnReport {
             batch,
@@ -213,6 +226,7 @@ fn sync_bn(group: &burn_ddp_22::ProcessGroup, iters: usize, batch: usize, device
             synced: median(synced_times),
             layers: 2,
             extra_bytes,
+            collectives: median(alone),
         });
     }
 }

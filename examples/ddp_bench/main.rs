@@ -25,7 +25,7 @@ use burn::nn::{BatchNorm, Linear, LinearConfig};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
-use burn_ddp::{Ddp, DdpConfig, SyncBatchNorm};
+use burn_ddp::{Ddp, DdpConfig, ReduceOp, SyncBatchNorm};
 use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::alloc;
@@ -300,6 +300,18 @@ fn sync_bn(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
             synced_times.push(u);
         }
     }
+    // The same collectives alone: a tensor all-reduce per layer and direction
+    // of its 3 x channels statistics.
+    let mut alone = Vec::new();
+    for _ in 0..iters {
+        group.barrier().unwrap_or_else(|e| fail(rank, e));
+        let started = Instant::now();
+        for n in [3 * 8, 3 * 16, 3 * 16, 3 * 8] {
+            let stats = Tensor::<Flex, 1>::zeros([n], &Default::default());
+            burn_ddp::all_reduce(group, stats, ReduceOp::Sum).unwrap_or_else(|e| fail(rank, e));
+        }
+        alone.push(started.elapsed().as_secs_f64());
+    }
     if group.is_main() {
         common::bench::print_sync_bn(&common::bench::SyncBnReport {
             batch,
@@ -310,6 +322,7 @@ fn sync_bn(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
             synced: median(synced_times),
             layers: 2,
             extra_bytes,
+            collectives: median(alone),
         });
     }
 }
