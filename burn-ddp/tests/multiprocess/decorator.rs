@@ -108,3 +108,48 @@ pub fn sync_batch_norm_unregistered() -> Res<()> {
     let _ = norm.forward(Tensor::<Plain, 3>::ones([2, 3, 4], &device));
     Err("the forward pass went through".into())
 }
+
+/// SyncBatchNorm under gradient checkpointing (`BalancedCheckpointing`
+/// recomputes memory-bound operations in the backward pass; the sum over the
+/// ranks is compute-bound, so it is never run again out of step): the same
+/// input gradient as without, and the same number of collectives.
+pub fn sync_batch_norm_checkpointing() -> Res<()> {
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    use burn::backend::{Autodiff, Flex};
+
+    // A plain autodiff backend (its sum registered by the program): the input
+    // is a leaf that requires gradients, which `Ddp<..>` would count as a
+    // parameter outside every wrapped model.
+    fn input_gradient<B: crate::shim::ddp::AutodiffCollectives>(
+        group: &burn_ddp::ProcessGroup,
+    ) -> Res<(Vec<f32>, u64)> {
+        burn_ddp::enable_sync_batch_norm::<B>();
+        let device = Default::default();
+        let norm = burn_ddp::sync_batch_norm::<B>(&burn::nn::BatchNormConfig::new(3), &device);
+        let r = group.rank() as f32;
+        let values: Vec<f32> = (0..24).map(|i| ((i * 5) % 7) as f32 + r).collect();
+        let x = Tensor::<B, 1>::from_floats(values.as_slice(), &device)
+            .reshape([2, 3, 4])
+            .require_grad();
+        let before = group.collective_bytes();
+        // Memory-bound work on both sides of the norm, which the balanced
+        // strategy recomputes.
+        let y = norm.forward(x.clone().exp().div_scalar(10.0)).tanh();
+        let grads = (y.clone() * y).sum().backward();
+        let grad = x.grad(&grads).ok_or("no gradient")?;
+        Ok((
+            grad.into_data()
+                .to_vec::<f32>()
+                .map_err(|e| format!("{e:?}"))?,
+            group.collective_bytes() - before,
+        ))
+    }
+
+    let group = burn_ddp::init_process_group().map_err(e)?;
+    let (plain, plain_bytes) = input_gradient::<Autodiff<Flex>>(&group)?;
+    let (balanced, balanced_bytes) =
+        input_gradient::<Autodiff<Flex, BalancedCheckpointing>>(&group)?;
+    println!("same_gradient {}", plain == balanced);
+    println!("same_bytes {}", plain_bytes == balanced_bytes);
+    burn_ddp::destroy_process_group().map_err(e)
+}

@@ -42,6 +42,10 @@ fn main() {
                 "sync_batch_norm_on_an_unregistered_backend_names_the_fix",
                 sync_batch_norm_unregistered,
             ),
+            (
+                "sync_batch_norm_under_gradient_checkpointing_is_unchanged",
+                sync_batch_norm_checkpointing,
+            ),
         ],
     )
 }
@@ -55,6 +59,7 @@ fn program(name: &str) -> Result<(), String> {
         "gan" => gan::run(),
         "stray_gradient" => gan::stray_gradient(),
         "sync_bn_unregistered" => decorator::sync_batch_norm_unregistered(),
+        "sync_bn_checkpointing" => decorator::sync_batch_norm_checkpointing(),
         other => shared::run(other),
     }
 }
@@ -86,6 +91,23 @@ fn sync_batch_norm_unregistered() -> Result<(), String> {
             "burn_ddp::enable_sync_batch_norm::<YourAutodiffBackend>()",
         ],
     )
+}
+
+/// SyncBatchNorm on `Ddp<Autodiff<Flex, BalancedCheckpointing>>` at 2 and 3
+/// ranks: the input gradient and the collectives' bytes of the run without
+/// checkpointing.
+fn sync_batch_norm_checkpointing() -> Result<(), String> {
+    for world in [2, 3] {
+        let outcomes = World::new(world).run("sync_bn_checkpointing");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(
+                o.value("same_gradient") == Some("true") && o.value("same_bytes") == Some("true"),
+                || format!("world {world}, rank {}:\n{}", o.rank, o.stdout),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// The GAN of `gan.rs` at 2 and 3 ranks.
