@@ -96,27 +96,29 @@ macro_rules! normalise_over_ranks {
             $sum(group, Tensor::cat(vec![sums, squares, counts], 0)).unwrap_or_else(|err| {
                 $crate::shared::sync_batch_norm::combine_failed(group, channels, err)
             });
-        // An empty global batch (every rank without samples) divides by one:
-        // zero offsets, and the output (no elements) is empty anyway.
-        let total = global
-            .clone()
-            .narrow(0, 2 * channels, channels)
-            .clamp_min(1.0);
+        let total = global.clone().narrow(0, 2 * channels, channels);
+        // 1, or 0 when no rank has a sample (all-empty global batch): then
+        // the sums divide by one (zero offsets; the output has no elements)
+        // and the running statistics stay as they are.
+        let present = total.clone().clamp_max(1.0).detach();
+        let absent = present.clone().neg().add_scalar(1.0);
+        let total = total.clamp_min(1.0);
         let offset = global.clone().narrow(0, 0, channels) / total.clone();
         let mean = shift + offset.clone();
         let var = (global.narrow(0, channels, channels) / total - offset.square()).clamp_min(0.0);
 
+        // Burn's update, kept exactly (x * 1 + old * 0 is x) unless absent.
         let momentum = norm.momentum;
         let running_mean = norm.running_mean.value_sync().to_device(&device);
         let running_var = norm.running_var.value_sync().to_device(&device);
-        norm.running_mean.update(
-            (running_mean.mul_scalar(1.0 - momentum) + mean.clone().detach().mul_scalar(momentum))
-                .detach(),
-        );
-        norm.running_var.update(
-            (running_var.mul_scalar(1.0 - momentum) + var.clone().detach().mul_scalar(momentum))
-                .detach(),
-        );
+        let new_mean = running_mean.clone().mul_scalar(1.0 - momentum)
+            + mean.clone().detach().mul_scalar(momentum);
+        let new_var = running_var.clone().mul_scalar(1.0 - momentum)
+            + var.clone().detach().mul_scalar(momentum);
+        norm.running_mean
+            .update((new_mean * present.clone() + running_mean * absent.clone()).detach());
+        norm.running_var
+            .update((new_var * present + running_var * absent).detach());
 
         // (x - mean) / std * gamma + beta as x * scale + offset: two passes
         // over the input instead of four.

@@ -4,7 +4,8 @@
 # 0.22 build) with burn-ddp-22's src/ (its shared/ front-end sources copied
 # in, not linked), tests/ and guide, the shared core by
 # path, Burn pinned to the pre-release, and the `train` feature on (the
-# Learner strategy and its multi-process tests). CI runs it (.ci/run) with
+# Learner strategy and its multi-process tests) with `flex` (SyncBatchNorm
+# on the tests' backend). CI runs it (.ci/run) with
 # the workspace's target dir, so Burn 0.23 is supported the week it is out.
 #
 #   scripts/burn-023-check.sh [SCRATCH_DIR]     (default /tmp/burn-ddp-023-check)
@@ -33,10 +34,13 @@ path = "src/lib.rs"
 
 [features]
 train = ["burn/train"]
-default = ["train"]
+# SyncBatchNorm's backend extension routed to Flex, the tests' backend.
+# (Burn 0.23 has no NdArray backend: no `ndarray` feature here.)
+flex = ["burn/flex"]
+default = ["train", "flex"]
 
 [dependencies]
-burn = { version = "$version", default-features = false, features = ["std", "optim", "dataset"] }
+burn = { version = "$version", default-features = false, features = ["std", "optim", "dataset", "autodiff", "extension"] }
 burn-ddp-comm = { path = "$repo/burn-ddp-comm" }
 burn-ddp-training = { path = "$repo/burn-ddp-training" }
 burn-ddp-sampler = { path = "$repo/burn-ddp-sampler", features = ["group"] }
@@ -62,7 +66,7 @@ harness = false
 # The few Learner events and progress loggers Burn 0.23 changed are
 # cfg(burn_023) in the sources (src/train/burn_version.rs).
 [lints.rust]
-unexpected_cfgs = { level = "warn", check-cfg = ["cfg(burn_023)", 'cfg(feature, values("cuda"))'] }
+unexpected_cfgs = { level = "warn", check-cfg = ["cfg(burn_023)", 'cfg(feature, values("cuda", "ndarray"))'] }
 
 [workspace]
 TOML

@@ -11,6 +11,10 @@
 //! and the backward pass is written here, on `Autodiff<B, C>`. The forward
 //! sum runs before it, where its error can be returned.
 
+// NdArray is deprecated in Burn 0.22 (Flex replaces it), still a backend
+// programs train on; the routing generated for it names it.
+#![cfg_attr(feature = "ndarray", allow(deprecated))]
+
 use crate::{CommError, ProcessGroup, ReduceOp, Result};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -48,11 +52,19 @@ where
 /// forward sum is computed before (where its error can be returned) and
 /// attached here as the output of `tensor`, whose gradient is summed over
 /// the ranks.
-#[backend_extension(
-    Autodiff,
-    Flex: cfg(feature = "flex"),
-    NdArray: cfg(feature = "ndarray"),
-    Cube: cfg(feature = "cuda")
+#[cfg_attr(
+    not(burn_023),
+    backend_extension(
+        Autodiff,
+        Flex: cfg(feature = "flex"),
+        NdArray: cfg(feature = "ndarray"),
+        Cube: cfg(feature = "cuda")
+    )
+)]
+// Burn 0.23 has no NdArray backend.
+#[cfg_attr(
+    burn_023,
+    backend_extension(Autodiff, Flex: cfg(feature = "flex"), Cube: cfg(feature = "cuda"))
 )]
 pub(crate) trait SumOverRanks: Backend {
     /// `summed` (the sum of `tensor` over the ranks of `group`), tracked on

@@ -89,6 +89,14 @@ pub fn equivalence(layout: &str) -> Res<()> {
     identical_across_ranks(&group, &synced, "after training")?;
     println!("replicas_identical true");
 
+    if layout == "empty" {
+        // No rank with a sample: the running statistics stay as they are.
+        let before = model.settled_params();
+        let nothing: &[usize] = &[];
+        let _ = loss!(model, nothing, &device, scale);
+        println!("all_empty_unchanged {}", model.settled_params() == before);
+    }
+
     // One collective per layer and direction, also when the gradients stay
     // local (`no_sync` on Burn 0.21; no `sync_gradients` on 0.22).
     let before = group.collective_bytes();

@@ -235,6 +235,12 @@ pub mod bn {
             self.linear.forward(h.flatten(1, 3))
         }
 
+        /// Its parameters and running statistics, the last update included
+        /// (`valid()` settles them).
+        pub fn settled_params(&self) -> Vec<f32> {
+            self.valid().flat_params()
+        }
+
         /// The eval model's outputs (running statistics, no autodiff) on `x`.
         pub fn evaluate(&self, x: Tensor<4>) -> Vec<f32> {
             floats(self.valid().forward(x.inner()).into_data())

@@ -287,6 +287,12 @@ pub mod bn {
     where
         N::InnerModule: Norm<B::InnerBackend>,
     {
+        /// Its parameters and running statistics, the last update included
+        /// (`valid()` settles them).
+        pub fn settled_params(&self) -> Vec<f32> {
+            self.valid().flat_params()
+        }
+
         /// The eval model's outputs (running statistics, no autodiff) on `x`.
         pub fn evaluate(&self, x: burn::tensor::Tensor<B, 4>) -> Vec<f32> {
             floats(self.valid().forward(x.inner()).into_data())
