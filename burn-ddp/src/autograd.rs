@@ -6,8 +6,6 @@
 //! would give it: each rank's output feeds every rank's loss, so the
 //! gradient of its input is the sum of every rank's output gradient.
 
-use crate::backend::Ddp;
-use crate::tracking::TrackedAutodiff;
 use crate::{ProcessGroup, ReduceOp, Result};
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -81,15 +79,6 @@ impl<B: Backend, C: CheckpointStrategy> AutodiffCollectives for Autodiff<B, C> {
                 OpsKind::UnTracked(prep) => prep.finish(output),
             },
         )
-    }
-}
-
-impl<B: TrackedAutodiff + AutodiffCollectives> AutodiffCollectives for Ddp<B> {
-    fn all_reduce_sum_tracked(
-        tensor: FloatTensor<Self>,
-        group: &ProcessGroup,
-    ) -> Result<FloatTensor<Self>> {
-        B::all_reduce_sum_tracked(tensor, group)
     }
 }
 

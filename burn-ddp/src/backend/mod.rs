@@ -11,6 +11,7 @@
 
 mod ops;
 
+use crate::autograd::AutodiffCollectives;
 use crate::tracking::TrackedAutodiff;
 use burn_backend::backend::{AutodiffBackend, Backend, BackendTypes, ExecutionError};
 use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor, QuantizedTensor};
@@ -99,6 +100,16 @@ impl<B: TrackedAutodiff> Backend for Ddp<B> {
 
     fn device_count(type_id: u16) -> usize {
         B::device_count(type_id)
+    }
+}
+
+/// `B`'s sum over the ranks that autodiff goes through (SyncBatchNorm's).
+impl<B: TrackedAutodiff> AutodiffCollectives for Ddp<B> {
+    fn all_reduce_sum_tracked(
+        tensor: FloatTensor<Self>,
+        group: &crate::ProcessGroup,
+    ) -> crate::Result<FloatTensor<Self>> {
+        B::all_reduce_sum_tracked(tensor, group)
     }
 }
 
