@@ -58,6 +58,28 @@ pub(crate) fn combine_failed(group: &ProcessGroup, channels: usize, err: CommErr
     )
 }
 
+/// A layer's first training pass on `group`: every rank's layer at this
+/// place has `channels` channels (one small all-gather per layer and
+/// process), so ranks that built different layers fail naming it, before
+/// their statistics (of different lengths) would mix.
+pub(crate) fn check_ranks_agree(group: &ProcessGroup, layer: u64, channels: usize) {
+    let gathered = group
+        .gather_once(layer, channels as i64)
+        .unwrap_or_else(|err| combine_failed(group, channels, err));
+    let Some((place, all)) = gathered else {
+        return;
+    };
+    if let Some((rank, theirs)) = all.iter().enumerate().find(|(_, c)| **c != channels as i64) {
+        panic!(
+            "rank {}: SyncBatchNorm with {channels} channels (the #{} this rank trained): rank \
+             {rank}'s layer there has {theirs} channels; every rank must run the same \
+             SyncBatchNorm layers, with the same channel counts, in the same order",
+            group.rank(),
+            place + 1
+        );
+    }
+}
+
 /// `input`'s channel count (its second axis) must be the layer's.
 pub(crate) fn check_channels(dims: &[usize], channels: usize) {
     assert!(
@@ -82,6 +104,7 @@ macro_rules! normalise_over_ranks {
         let dims = input.dims();
         let channels = norm.gamma.val().dims()[0];
         $crate::shared::sync_batch_norm::check_channels(&dims, channels);
+        $crate::shared::sync_batch_norm::check_ranks_agree(group, norm.gamma.id.val(), channels);
         let (batch, rest) = (dims[0], dims[2..].iter().product::<usize>());
         let mut unsqueezed = [1; $dims];
         unsqueezed[1] = channels;

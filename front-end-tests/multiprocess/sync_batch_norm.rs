@@ -160,9 +160,9 @@ pub fn tracked_sum() -> Res<()> {
 
 /// Rank 1's layer has one channel more than rank 0's. Wrapped (the usual
 /// case: the layer inside a wrapped model), the layout check fails every
-/// rank naming the parameter's shapes; a lone layer, with the group's debug
-/// check on (`BURN_DDP_DEBUG=detail`), fails every rank naming its rank and
-/// the layer, instead of mixing channels.
+/// rank naming the parameter's shapes; a lone layer fails every rank at its
+/// first training pass, naming its rank and the layer, instead of mixing
+/// channels.
 pub fn channels_differ() -> Res<()> {
     let group = ddp::init_process_group().map_err(e)?;
     let device = shim::bn_device();

@@ -71,6 +71,8 @@ struct GroupInner {
     spans_machines: bool,
     /// Bytes of the buffers this rank handed to host collectives.
     collective_bytes: AtomicU64,
+    /// The keys [`ProcessGroup::gather_once`] has gathered, in first-use order.
+    gathered_once: Mutex<Vec<u64>>,
     failures: Failures,
     device: DeviceBackend,
     // Dropped last: peers may still be reading from it while we tear down.
@@ -290,6 +292,26 @@ impl ProcessGroup {
         self.inner.collective_bytes.load(Ordering::Relaxed)
     }
 
+    /// The first time this rank calls it with `key` (its own name for
+    /// something, not shared with the other ranks) on this group: every
+    /// rank's `value`, in rank order, from one small all-gather, and the
+    /// key's place in the order this rank first used keys (0, 1, ...); later
+    /// calls with the same key return `None` at once. A check that a layer
+    /// agrees across ranks (its width, say) then costs one collective per
+    /// layer and process, not one per call. Every rank must make its first
+    /// calls in the same order.
+    pub fn gather_once(&self, key: u64, value: i64) -> Result<Option<(usize, Vec<i64>)>> {
+        let place = {
+            let mut seen = self.inner.gathered_once.lock().unwrap();
+            if seen.contains(&key) {
+                return Ok(None);
+            }
+            seen.push(key);
+            seen.len() - 1
+        };
+        Ok(Some((place, self.all_gather(&[value])?)))
+    }
+
     /// The rendezvous store (for exchanging small values at start-up).
     pub fn store(&self) -> &dyn Store {
         self.inner.store.as_ref()
@@ -420,6 +442,7 @@ impl GroupInner {
             transport: Mutex::new(transport),
             spans_machines,
             collective_bytes: AtomicU64::new(0),
+            gathered_once: Mutex::new(Vec::new()),
             failures,
             device: DeviceBackend::new(settings.device_backend),
             _store_server: server,
@@ -483,6 +506,15 @@ impl GroupInner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gather_once_gathers_a_key_the_first_time_only() {
+        let group = ProcessGroup::builder(0, 1).build().unwrap();
+        assert_eq!(group.gather_once(7, 4).unwrap(), Some((0, vec![4])));
+        assert_eq!(group.gather_once(7, 5).unwrap(), None);
+        assert_eq!(group.gather_once(9, 8).unwrap(), Some((1, vec![8])));
+        assert_eq!(group.collective_bytes(), 16);
+    }
 
     #[test]
     fn a_world_of_one_runs_every_collective_locally() {
