@@ -183,3 +183,28 @@ pub fn all_reduce_sum_tracked<const D: usize>(
         <burn::backend::Dispatch as SumOverRanks>::attach_sum_over_ranks(tensor, summed, group);
     Ok(Tensor::from_dispatch(attached))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Device;
+
+    /// The extension routes Flex tensors, tracked and plain: in a world of
+    /// one the sum is the tensor itself and the gradient passes through.
+    #[test]
+    fn flex_tensors_are_routed_tracked_and_plain() {
+        let group = ProcessGroup::builder(0, 1).build().unwrap();
+        let device = Device::flex().autodiff();
+        let x = Tensor::<1>::from_floats([1.0, 2.0], &device).require_grad();
+        let w = Tensor::<1>::from_floats([3.0, 5.0], &device);
+        let sum = all_reduce_sum_tracked(&group, x.clone()).unwrap();
+        assert_eq!(sum.to_data().try_to_vec::<f32>().unwrap(), [1.0, 2.0]);
+        let grads = (sum * w).sum().backward();
+        let grad = x.grad(&grads).expect("the sum is tracked");
+        assert_eq!(grad.into_data().try_to_vec::<f32>().unwrap(), [3.0, 5.0]);
+
+        let plain = Tensor::<1>::from_floats([4.0], &Device::flex());
+        let sum = all_reduce_sum_tracked(&group, plain).unwrap();
+        assert_eq!(sum.into_data().try_to_vec::<f32>().unwrap(), [4.0]);
+    }
+}
