@@ -26,15 +26,15 @@ use crate::{CommError, LaunchEnv, ProcessGroup};
 ///
 /// When the launcher started several ranks but `init_process_group` has not
 /// been called: each rank would otherwise normalise by its own batch alone.
-pub(crate) fn statistics_group() -> Option<ProcessGroup> {
+pub(crate) fn statistics_group(channels: usize) -> Option<ProcessGroup> {
     if let Some(group) = default_group() {
         return (group.world_size() > 1).then_some(group);
     }
     match LaunchEnv::from_env() {
         Ok(env) if env.world_size > 1 => panic!(
-            "rank {}: SyncBatchNorm ran in training before init_process_group: the launcher \
-             started {} ranks, and without the process group each rank would normalise by its \
-             own batch alone; call init_process_group() first",
+            "rank {}: SyncBatchNorm with {channels} channels ran in training before \
+             init_process_group: the launcher started {} ranks, and without the process group \
+             each rank would normalise by its own batch alone; call init_process_group() first",
             env.rank, env.world_size
         ),
         _ => None,

@@ -84,7 +84,7 @@ impl SyncBatchNorm {
     /// launcher started several ranks and `init_process_group` was not called.
     pub fn forward<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
         if input.device().is_autodiff() && self.training.is_enabled() {
-            if let Some(group) = statistics_group() {
+            if let Some(group) = statistics_group(self.gamma.val().dims()[0]) {
                 return normalise_over_ranks!(self, input, &group, tracked_sum, D);
             }
         }

@@ -82,7 +82,7 @@ impl<B: Backend> SyncBatchNorm<B> {
     /// ranks and `init_process_group` was not called.
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
         if B::ad_enabled(&input.device()) {
-            if let Some(group) = statistics_group() {
+            if let Some(group) = statistics_group(self.gamma.val().dims()[0]) {
                 return normalise_over_ranks!(self, input, &group, tracked_sum::<B>, D);
             }
         }

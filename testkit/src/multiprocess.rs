@@ -326,7 +326,7 @@ fn sync_batch_norm_before_init() -> Result<(), String> {
         &outcomes,
         false,
         &[
-            "rank {rank}: SyncBatchNorm ran in training before init_process_group",
+            "rank {rank}: SyncBatchNorm with 4 channels ran in training before init_process_group",
             "call init_process_group() first",
         ],
     )
