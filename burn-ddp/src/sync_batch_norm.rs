@@ -8,7 +8,7 @@
 //! group, it is Burn's `BatchNorm`, bit for bit, with no collective.
 //!
 //! The fields, their names and the `Config` are `BatchNorm`'s, so records
-//! load from one into the other.
+//! load from one into the other. docs/training.md has the whole story.
 
 use crate::shared::sync_batch_norm::{normalise_over_ranks, statistics_group};
 use crate::{CommError, ProcessGroup, Result};
@@ -76,8 +76,10 @@ impl<B: Backend> SyncBatchNorm<B> {
     ///
     /// # Panics
     ///
-    /// In training with a process group of several ranks: if the backend is
-    /// not burn-ddp's (`Ddp<..>`), if the ranks' statistics cannot be summed
+    /// In training with a process group of several ranks: if the backend's
+    /// sum over the ranks is not registered (`Ddp<..>` registers its own; a
+    /// plain `Autodiff<..>` needs [`enable_sync_batch_norm`](crate::enable_sync_batch_norm)),
+    /// if the ranks' layers differ or their statistics cannot be summed
     /// (naming the rank and the layer), or if the launcher started several
     /// ranks and `init_process_group` was not called.
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
