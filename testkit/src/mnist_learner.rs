@@ -156,8 +156,12 @@ pub fn ctrl_c_stops_cleanly_and_resumes(trainer: &MnistLearner) {
     let text = stdout(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{text}\n{stderr}");
+    // Two taps are two deliveries only if the launcher ran between them: on
+    // a loaded machine the kernel merges a second SIGINT into the pending
+    // first (burn-ddp-run's own test checks the rule with taps it spaces).
     assert!(
-        stderr.contains("received SIGINT again within 1s of the first: one request"),
+        stderr.contains("received SIGINT again within 1s of the first: one request")
+            || stderr.matches("received SIGINT").count() == 1,
         "{stderr}"
     );
     // What follows training (the replica check, saving the model) is skipped.
