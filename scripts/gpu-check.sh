@@ -7,8 +7,9 @@
 # BIN_DIR (default target/release) must hold burn-ddp-run and
 # examples/gpu_check built with `--features cuda`; gpu_check links the toy
 # trainer's own code (`gpu_check toy` is examples/toy on Ddp<Autodiff<Cuda>>).
-# With examples/toy22 there too (burn-ddp-22's toy trainer, `--features cuda`),
-# the same run also checks Burn 0.22's NCCL path; without it, a SKIP row.
+# With examples/gpu_check22 and examples/toy22 there too (Burn 0.22's, built
+# with `--features cuda` by scripts/build-gpu-bins.sh), the same run also
+# checks Burn 0.22's NCCL path; without them, SKIP rows.
 # The script never builds: a GPU machine without Rust runs binaries carried
 # from a build machine (docs/gpu.md). Nothing here needs network access.
 #
@@ -317,10 +318,10 @@ if [ "$GPUS" -gt 0 ]; then
 fi
 
 # --- Burn 0.22 (burn-ddp-22) ------------------------------------------------
-# toy22 built with --features cuda: the toy trainer on Burn 0.22's CUDA
-# device, its gradients averaged by sync_gradients over NCCL in place. Its
-# build downloads Burn 0.22's LLVM bundle, so it is there only when it was
-# built on a machine with network.
+# gpu_check22 and toy22 built with --features cuda (scripts/build-gpu-bins.sh
+# builds them with LLVM 23.1 from PyPI, which Burn 0.22's CUDA backend links):
+# Burn 0.22's CUDA tensors through NCCL, and the toy trainer on Burn 0.22's
+# CUDA device, its gradients averaged by sync_gradients over NCCL in place.
 toy22() { # log backend ranks extra...: toy22 --backend cuda through the launcher
   local log=$1 backend=$2 ranks=$3; shift 3
   BURN_DDP_BACKEND=$backend run "$log" 60 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$ranks" \
@@ -328,8 +329,16 @@ toy22() { # log backend ranks extra...: toy22 --backend cuda through the launche
 }
 final_loss() { grep -o 'Avg Loss: [0-9.e+-]*' "$WORK/$1.log" 2>/dev/null | tail -1 | cut -d' ' -f3; }
 relative_gap() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; s = (b < 0 ? -b : b); if (s < 1e-12) s = 1e-12; printf "%.2e", d / s }'; }
+if [ "$GPUS" -gt 0 ] && ! [ -x "$BIN/examples/gpu_check22" ]; then
+  row "burn 0.22: nccl world=1 collectives" SKIP "no $BIN/examples/gpu_check22: scripts/build-gpu-bins.sh builds it"
+elif [ "$GPUS" -gt 0 ] && fits "burn 0.22: nccl world=1 collectives"; then
+  code=$(BURN_DDP_BACKEND=nccl run nccl22 40 "$BIN/examples/gpu_check22")
+  read -r verdict detail <<<"$(results_of "$WORK/nccl22.log")"
+  [ "$code" -ne 0 ] && verdict=FAIL
+  row "burn 0.22: nccl world=1 collectives" "$verdict" "$detail"
+fi
 if [ "$GPUS" -gt 0 ] && ! [ -x "$BIN/examples/toy22" ]; then
-  row "burn 0.22: toy22 on cuda" SKIP "no $BIN/examples/toy22 (its CUDA build needs network for Burn 0.22's LLVM bundle): cargo build --release --features cuda -p burn-ddp-22-examples --example toy22"
+  row "burn 0.22: toy22 on cuda" SKIP "no $BIN/examples/toy22: scripts/build-gpu-bins.sh builds it"
 elif [ "$GPUS" -gt 0 ]; then
   if fits "burn 0.22: toy22 cuda world=1 over nccl"; then
   code=$(toy22 toy22nccl nccl 1)

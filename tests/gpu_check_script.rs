@@ -8,7 +8,7 @@ use std::process::Command;
 
 /// A directory with stand-ins for `nvidia-smi` (`gpus` GPUs) and the
 /// binaries the script runs, where `gpu_check` behaves as `script` says and
-/// Burn 0.22's toy22 as [`TOY22`].
+/// Burn 0.22's gpu_check22 and toy22 as [`GPU_CHECK22`] and [`TOY22`].
 fn stand_ins(name: &str, gpus: usize, gpu_check: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gpu-check-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -32,8 +32,17 @@ fn stand_ins(name: &str, gpus: usize, gpu_check: &str) -> PathBuf {
     );
     write(&dir.join("bin/examples/gpu_check"), gpu_check);
     write(&dir.join("bin/examples/toy22"), TOY22);
+    write(&dir.join("bin/examples/gpu_check22"), GPU_CHECK22);
     dir
 }
+
+/// gpu_check22 as the real one reports when everything passes (and only
+/// with NCCL chosen).
+const GPU_CHECK22: &str = r#"#!/bin/bash
+[ "$BURN_DDP_BACKEND" = nccl ] || { echo "RESULT setup FAIL run with BURN_DDP_BACKEND=nccl"; exit 1; }
+echo "RESULT tensor_all_reduce_sum PASS 4096 f32"
+echo "RESULT sync_batch_norm_cuda PASS output true, input gradient true, running mean true"
+"#;
 
 /// toy22 as the real one reports (its buckets over NCCL unless
 /// BURN_DDP_BACKEND=tcp), with the same loss on every path.
@@ -133,6 +142,7 @@ fn two_gpus_run_every_row_and_judge_the_goals() {
         "ddp overhead world=1",
         "bucket all-reduce timings",
         "bucket busbw >= 90% of NCCL from 25 MiB",
+        "burn 0.22: nccl world=1 collectives",
         "burn 0.22: toy22 cuda world=1 over nccl",
         "burn 0.22: toy22 over nccl = host path",
         "burn 0.22: toy22 world=2 = world 1, twice the batch",
@@ -188,22 +198,48 @@ fn failures_and_misses_are_told_apart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Without toy22 (its CUDA build needs network) the Burn 0.22 rows are one
-/// SKIP that says how to build it; a toy22 whose NCCL run trains otherwise
-/// than its host path, or keeps buckets off the GPU, fails.
+/// Without Burn 0.22's binaries the Burn 0.22 rows are SKIPs that say how to
+/// build them; a gpu_check22 with a failing check fails its row, naming it;
+/// a toy22 whose NCCL run trains otherwise than its host path, or keeps
+/// buckets off the GPU, fails.
 #[test]
 fn burn_022_rows_skip_without_toy22_and_fail_on_a_wrong_one() {
     let dir = stand_ins("no-toy22", 1, HEALTHY);
     std::fs::remove_file(dir.join("bin/examples/toy22")).unwrap();
+    std::fs::remove_file(dir.join("bin/examples/gpu_check22")).unwrap();
     let (_, rows, text) = run_script(&dir);
     assert_eq!(verdict(&rows, "burn 0.22: toy22 on cuda"), "SKIP", "{text}");
+    assert_eq!(
+        verdict(&rows, "burn 0.22: nccl world=1 collectives"),
+        "SKIP",
+        "{text}"
+    );
     assert_eq!(
         verdict(&rows, "burn 0.22: toy22 cuda world=1 over nccl"),
         "missing",
         "{text}"
     );
     assert!(
-        text.contains("cargo build --release --features cuda -p burn-ddp-22-examples"),
+        text.contains("scripts/build-gpu-bins.sh builds it"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let dir = stand_ins("bad-gpu-check22", 1, HEALTHY);
+    let failing = GPU_CHECK22.replace(
+        "RESULT sync_batch_norm_cuda PASS output true",
+        "RESULT sync_batch_norm_cuda FAIL output false",
+    ) + "exit 1\n";
+    std::fs::write(dir.join("bin/examples/gpu_check22"), failing).unwrap();
+    let (code, rows, text) = run_script(&dir);
+    assert_ne!(code, 0, "{text}");
+    assert_eq!(
+        verdict(&rows, "burn 0.22: nccl world=1 collectives"),
+        "FAIL",
+        "{text}"
+    );
+    assert!(
+        text.contains("sync_batch_norm_cuda FAIL output false"),
         "{text}"
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,0 +1,255 @@
+//! The Burn 0.22 GPU check for scripts/gpu-check.sh (needs `--features cuda`
+//! and a GPU): what examples/gpu_check's `nccl` run checks of Burn 0.21's
+//! tensors, on Burn 0.22's CUDA tensors (fused: burn-ddp-22's `cuda`
+//! feature builds Burn's fusion): the four collectives through NCCL against
+//! their closed forms (what the host path gives), f32 and i32, a tensor
+//! with a distinct value per element and a last dimension of 3, the bytes
+//! NCCL would be handed (a fresh tensor, a slice, a transposed view, a
+//! concatenated bucket), the averaged gradients of a model on a CUDA device,
+//! and SyncBatchNorm over NCCL against Burn's BatchNorm on the global batch.
+//! Run it under the launcher with `BURN_DDP_BACKEND=nccl`; it prints
+//! `RESULT <name> PASS|FAIL <detail>` lines and exits 1 on any FAIL.
+
+use burn::nn::{BatchNormConfig, LinearConfig};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_ddp_22::{CollectiveBackend, ProcessGroup, ReduceOp};
+use burn_ddp_examples_common::fail;
+
+/// Prints the check's line (rank 0 only) and returns whether it passed.
+fn report(group: &ProcessGroup, name: &str, passed: bool, detail: String) -> bool {
+    if group.is_main() {
+        let verdict = if passed { "PASS" } else { "FAIL" };
+        println!("RESULT {name} {verdict} {detail}");
+    }
+    passed
+}
+
+fn floats(data: TensorData) -> Vec<f32> {
+    data.convert::<f32>()
+        .try_to_vec::<f32>()
+        .unwrap_or_default()
+}
+
+fn close(a: &[f32], b: &[f32], tolerance: f32) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tolerance)
+}
+
+fn collectives(group: &ProcessGroup, device: &Device) -> bool {
+    let (rank, world) = (group.rank() as f32, group.world_size() as f32);
+    let mut all = true;
+
+    let values: Vec<f32> = (0..4096).map(|i| i as f32 * (rank + 1.0)).collect();
+    let tensor = Tensor::<1>::from_data(TensorData::new(values, [4096]), device);
+    let summed =
+        burn_ddp_22::all_reduce(group, tensor, ReduceOp::Sum).map(|t| floats(t.into_data()));
+    let factor = world * (world + 1.0) / 2.0;
+    let want: Vec<f32> = (0..4096).map(|i| i as f32 * factor).collect();
+    all &= report(
+        group,
+        "tensor_all_reduce_sum",
+        summed.as_ref().is_ok_and(|v| *v == want),
+        format!("4096 f32 on {device:?}: {:?}", summed.err()),
+    );
+
+    let ints = Tensor::<1, Int>::from_data(TensorData::new(vec![rank as i32; 8], [8]), device);
+    let max = burn_ddp_22::all_reduce(group, ints, ReduceOp::Max).map(|t| {
+        t.into_data()
+            .convert::<i32>()
+            .try_to_vec::<i32>()
+            .unwrap_or_default()
+    });
+    all &= report(
+        group,
+        "tensor_all_reduce_max_i32",
+        max.as_ref()
+            .is_ok_and(|v| v.iter().all(|x| *x == world as i32 - 1)),
+        format!("{:?}", max.err()),
+    );
+
+    // A distinct value per element, last dimension 3: a padded row or a
+    // misplaced element shows.
+    let distinct = |r: f32| -> Vec<f32> { (0..6).map(|i| r * 100.0 + i as f32).collect() };
+    let rows = Tensor::<2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
+    let gathered = burn_ddp_22::all_gather(group, rows.clone());
+    let fine = gathered.as_ref().is_ok_and(|parts| {
+        parts.len() == group.world_size()
+            && parts
+                .iter()
+                .enumerate()
+                .all(|(r, p)| floats(p.clone().into_data()) == distinct(r as f32))
+    });
+    all &= report(
+        group,
+        "tensor_all_gather",
+        fine,
+        format!("{:?}", gathered.err()),
+    );
+
+    let root = group.world_size() - 1;
+    let broadcast = burn_ddp_22::broadcast(group, rows, root).map(|t| floats(t.into_data()));
+    all &= report(
+        group,
+        "tensor_broadcast",
+        broadcast
+            .as_ref()
+            .is_ok_and(|v| *v == distinct(root as f32)),
+        format!("{:?}", broadcast.err()),
+    );
+
+    let w = group.world_size();
+    let tall: Vec<f32> = (0..6 * w).map(|i| i as f32 + rank).collect();
+    let tall = Tensor::<2>::from_data(TensorData::new(tall, [2 * w, 3]), device);
+    let part = burn_ddp_22::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
+    let offset = world * (world - 1.0) / 2.0;
+    let r = group.rank();
+    let want: Vec<f32> = (6 * r..6 * r + 6)
+        .map(|i| world * i as f32 + offset)
+        .collect();
+    let fine = part
+        .as_ref()
+        .is_ok_and(|d| d.shape().to_vec() == [2, 3] && floats(d.clone()) == want);
+    all &= report(
+        group,
+        "tensor_reduce_scatter",
+        fine,
+        format!("{:?}", part.err()),
+    );
+
+    // The bytes at the address a collective hands NCCL, copied back.
+    let grid: Vec<f32> = (0..15).map(|i| i as f32 + 0.5).collect();
+    let fresh = Tensor::<2>::from_data(TensorData::new(grid, [3, 5]), device);
+    let cases = [
+        ("fresh", fresh.clone()),
+        ("slice", fresh.clone().slice([1..3, 1..4])),
+        ("transposed", fresh.clone().transpose()),
+        (
+            "bucket",
+            Tensor::cat(
+                vec![fresh.clone(), fresh.clone().transpose().reshape([3, 5])],
+                0,
+            ),
+        ),
+    ];
+    for (name, tensor) in cases {
+        let want = floats(tensor.clone().into_data());
+        let seen = burn_ddp_22::nccl_view(group, tensor).map(|bytes| {
+            bytes.map(|b| {
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect::<Vec<f32>>()
+            })
+        });
+        let fine = matches!(&seen, Ok(Some(values)) if *values == want);
+        all &= report(
+            group,
+            &format!("device_pointer_round_trip_{name}"),
+            fine,
+            format!("want {want:?}, NCCL would see {seen:?}"),
+        );
+    }
+    all
+}
+
+/// A Linear layer's gradients on a CUDA autodiff device averaged by
+/// `sync_gradients` over NCCL: each rank's input is `rank + 1`, so the
+/// average is the gradient of the mean input.
+fn gradients(group: &ProcessGroup, device: &Device) -> bool {
+    let device = device.clone().autodiff();
+    let model = match burn_ddp_22::wrap(LinearConfig::new(4, 1).init(&device), group) {
+        Ok(model) => model,
+        Err(err) => return report(group, "gradients_averaged", false, err.to_string()),
+    };
+    let grad_of = |value: f32| {
+        let x = Tensor::<2>::full([2, 4], value, &device);
+        GradientsParams::from_grads(model.forward(x).sum().backward(), &model)
+    };
+    let world = group.world_size() as f32;
+    let mean_input = (1..=group.world_size()).sum::<usize>() as f32 / world;
+    let expected = grad_of(mean_input)
+        .get::<2>(model.weight.id)
+        .map(|g| floats(g.into_data()));
+    let synced = burn_ddp_22::sync_gradients(&model, grad_of(group.rank() as f32 + 1.0))
+        .map(|g| g.get::<2>(model.weight.id).map(|g| floats(g.into_data())));
+    let fine = matches!((&synced, &expected), (Ok(Some(a)), Some(b)) if close(a, b, 1e-5));
+    report(
+        group,
+        "gradients_averaged",
+        fine,
+        format!("{synced:?} against {expected:?}"),
+    )
+}
+
+/// SyncBatchNorm over NCCL against Burn's BatchNorm on the global batch in
+/// this process: this rank's output rows and input gradient, the running mean.
+fn sync_batch_norm(group: &ProcessGroup, device: &Device) -> bool {
+    let device = device.clone().autodiff();
+    let (rank, world) = (group.rank(), group.world_size());
+    let rows = |r: usize| -> Vec<f32> {
+        (0..3 * 4 * 5)
+            .map(|i| ((i * 7 + r * 13) % 17) as f32 / 4.0 - 2.0)
+            .collect()
+    };
+    let config = BatchNormConfig::new(4);
+    let norm = burn_ddp_22::sync_batch_norm(&config, &device);
+    let mine = Tensor::<1>::from_floats(rows(rank).as_slice(), &device)
+        .reshape([3, 4, 5])
+        .require_grad();
+    let out = norm.forward(mine.clone());
+    let grads = (out.clone() * out.clone()).sum().backward();
+    let grad = mine.grad(&grads).map(|g| floats(g.into_data()));
+
+    let reference = config.init(&device);
+    let all: Vec<f32> = (0..world).flat_map(rows).collect();
+    let whole = Tensor::<1>::from_floats(all.as_slice(), &device)
+        .reshape([3 * world, 4, 5])
+        .require_grad();
+    let want = reference.forward(whole.clone());
+    let want_grads = (want.clone() * want.clone()).sum().backward();
+    let want_grad = whole
+        .grad(&want_grads)
+        .map(|g| floats(g.narrow(0, 3 * rank, 3).into_data()));
+    let out_ok = close(
+        &floats(out.into_data()),
+        &floats(want.narrow(0, 3 * rank, 3).into_data()),
+        1e-5,
+    );
+    let grad_ok = matches!((&grad, &want_grad), (Some(a), Some(b)) if close(a, b, 1e-4));
+    let mean_ok = close(
+        &floats(norm.running_mean.value_sync().into_data()),
+        &floats(reference.running_mean.value_sync().into_data()),
+        1e-6,
+    );
+    report(
+        group,
+        "sync_batch_norm_cuda",
+        out_ok && grad_ok && mean_ok,
+        format!("output {out_ok}, input gradient {grad_ok}, running mean {mean_ok}"),
+    )
+}
+
+fn main() {
+    burn_ddp_examples_common::cli::init_logger();
+    let group = burn_ddp_22::init_process_group().unwrap_or_else(|e| {
+        println!("RESULT setup FAIL {e}");
+        fail(None, e)
+    });
+    let device = burn_ddp_22::cuda_device_for_rank(group.local_rank(), group.local_world_size())
+        .unwrap_or_else(|e| {
+            println!("RESULT setup FAIL {e}");
+            fail(Some(group.rank()), e)
+        });
+    if group.device_backend() != CollectiveBackend::Nccl {
+        let why =
+            "run with BURN_DDP_BACKEND=nccl (scripts/gpu-check.sh does): these checks need NCCL";
+        println!("RESULT setup FAIL {why}");
+        fail(Some(group.rank()), why);
+    }
+    let mut ok = collectives(&group, &device);
+    ok &= gradients(&group, &device);
+    ok &= sync_batch_norm(&group, &device);
+    let barrier = group.barrier();
+    ok &= report(&group, "barrier", barrier.is_ok(), format!("{barrier:?}"));
+    burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(group.rank()), e));
+    std::process::exit(if ok { 0 } else { 1 });
+}
