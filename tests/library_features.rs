@@ -74,10 +74,19 @@ fn the_core_crates_depend_on_no_burn() {
 fn the_front_ends_alone_compile_no_backend() {
     let allowed: [(&str, &[&str]); 2] = [
         ("burn-ddp", &["std", "dataset"]),
-        // `optim` (GradientsParams) turns on `autodiff` and the optional crate.
+        // `optim` (GradientsParams) turns on `autodiff` and the optional crate;
+        // `extension` is SyncBatchNorm's backend extension, which routes to no
+        // backend unless the crate's own backend features ask for one.
         (
             "burn-ddp-22",
-            &["std", "dataset", "optim", "autodiff", "burn-optim"],
+            &[
+                "std",
+                "dataset",
+                "optim",
+                "autodiff",
+                "burn-optim",
+                "extension",
+            ],
         ),
     ];
     for (library, features) in allowed {
