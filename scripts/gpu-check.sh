@@ -33,6 +33,13 @@ while [ $# -gt 0 ]; do
 done
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+# Binaries carried packed (scripts/build-gpu-bins.sh packs them when they
+# would not fit the carried folder's limit): unpacked here first.
+if [ -f "$BIN/bins.tar.xz" ]; then
+  mkdir -p "$WORK/bin"
+  tar -xJf "$BIN/bins.tar.xz" -C "$WORK/bin" || { echo "cannot unpack $BIN/bins.tar.xz"; exit 2; }
+  BIN="$WORK/bin"
+fi
 if [ -n "$OUT_DIR" ]; then
   mkdir -p "$OUT_DIR" || { echo "cannot create $OUT_DIR"; exit 2; }
   exec > >(tee "$OUT_DIR/gpu-check.log") 2>&1

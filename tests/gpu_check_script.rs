@@ -271,6 +271,35 @@ fn burn_022_rows_skip_without_toy22_and_fail_on_a_wrong_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Binaries carried packed (`bins.tar.xz`, as scripts/build-gpu-bins.sh packs
+/// them when they would not fit) are unpacked and checked as the loose ones.
+#[test]
+fn packed_binaries_are_unpacked_first() {
+    let dir = stand_ins("packed", 1, HEALTHY);
+    let bin = dir.join("bin");
+    let packed = Command::new("tar")
+        .arg("-cJf")
+        .arg(dir.join("bins.tar.xz"))
+        .arg("-C")
+        .arg(&bin)
+        .args(["burn-ddp-run", "examples"])
+        .status()
+        .unwrap();
+    assert!(packed.success());
+    std::fs::remove_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::rename(dir.join("bins.tar.xz"), bin.join("bins.tar.xz")).unwrap();
+    let (_, rows, text) = run_script(&dir);
+    for check in [
+        "nccl world=1 collectives",
+        "burn 0.22: nccl world=1 collectives",
+        "burn 0.22: toy22 cuda world=1 over nccl",
+    ] {
+        assert_eq!(verdict(&rows, check), "PASS", "{check}:\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn no_gpu_stops_after_the_machine_rows() {
     let dir = stand_ins("none", 0, HEALTHY);
