@@ -81,11 +81,12 @@ pub(crate) fn check_ranks_agree(group: &ProcessGroup, layer: u64, channels: usiz
 }
 
 /// `input`'s channel count (its second axis) must be the layer's.
-pub(crate) fn check_channels(dims: &[usize], channels: usize) {
+pub(crate) fn check_channels(group: &ProcessGroup, dims: &[usize], channels: usize) {
     assert!(
         dims.len() >= 2 && dims[1] == channels,
-        "SyncBatchNorm with {channels} channels got an input of shape {dims:?}; it needs \
-         [batch, {channels}, ...]"
+        "rank {}: SyncBatchNorm with {channels} channels got an input of shape {dims:?}; it \
+         needs [batch, {channels}, ...]",
+        group.rank()
     );
 }
 
@@ -103,7 +104,7 @@ macro_rules! normalise_over_ranks {
         let device = input.device();
         let dims = input.dims();
         let channels = norm.gamma.val().dims()[0];
-        $crate::shared::sync_batch_norm::check_channels(&dims, channels);
+        $crate::shared::sync_batch_norm::check_channels(group, &dims, channels);
         $crate::shared::sync_batch_norm::check_ranks_agree(group, norm.gamma.id.val(), channels);
         let (batch, rest) = (dims[0], dims[2..].iter().product::<usize>());
         let mut unsqueezed = [1; $dims];
