@@ -7,13 +7,14 @@
 # BIN_DIR (default target/release) must hold burn-ddp-run and
 # examples/gpu_check built with `--features cuda`; gpu_check links the toy
 # trainer's own code (`gpu_check toy` is examples/toy on Ddp<Autodiff<Cuda>>).
-# With examples/gpu_check22 and examples/toy22 there too (Burn 0.22's, built
-# with `--features cuda` by scripts/build-gpu-bins.sh), the same run also
-# checks Burn 0.22's NCCL path; without them, SKIP rows.
+# With examples/gpu_check22 there too (Burn 0.22's, built with `--features
+# cuda` by scripts/build-gpu-bins.sh; it links toy22's code as `gpu_check22
+# toy`), the same run also checks Burn 0.22's NCCL path; without it, a SKIP
+# row.
 # The script never builds: a GPU machine without Rust runs binaries carried
 # from a build machine (docs/gpu.md). Nothing here needs network access.
 #
-# It ends within GPU_CHECK_BUDGET seconds (default 420, 7 minutes): each
+# It ends within GPU_CHECK_BUDGET seconds (default 360, 6 minutes): each
 # step gets at most its own limit and never more than what is left; a step
 # that no longer fits is reported as SKIP. With --out DIR (or $OUT set) the
 # whole log (gpu-check.log), the verdict table (verdict.md) and every step's
@@ -44,7 +45,7 @@ if [ -n "$OUT_DIR" ]; then
   mkdir -p "$OUT_DIR" || { echo "cannot create $OUT_DIR"; exit 2; }
   exec > >(tee "$OUT_DIR/gpu-check.log") 2>&1
 fi
-BUDGET=${GPU_CHECK_BUDGET:-420}
+BUDGET=${GPU_CHECK_BUDGET:-360}
 DEADLINE=$((SECONDS + BUDGET))
 ROWS=()
 FAILED=0
@@ -325,28 +326,27 @@ if [ "$GPUS" -gt 0 ]; then
 fi
 
 # --- Burn 0.22 (burn-ddp-22) ------------------------------------------------
-# gpu_check22 and toy22 built with --features cuda (scripts/build-gpu-bins.sh
-# builds them with LLVM 23.1 from PyPI, which Burn 0.22's CUDA backend links):
-# Burn 0.22's CUDA tensors through NCCL, and the toy trainer on Burn 0.22's
-# CUDA device, its gradients averaged by sync_gradients over NCCL in place.
+# gpu_check22 built with --features cuda (scripts/build-gpu-bins.sh builds it
+# with LLVM 23.1 from PyPI, which Burn 0.22's CUDA backend links): Burn 0.22's
+# CUDA tensors through NCCL (`gpu_check22 nccl`), and the toy trainer on Burn
+# 0.22's CUDA device (`gpu_check22 toy`, toy22's code), its gradients
+# averaged by sync_gradients over NCCL in place.
 toy22() { # log backend ranks extra...: toy22 --backend cuda through the launcher
   local log=$1 backend=$2 ranks=$3; shift 3
   BURN_DDP_BACKEND=$backend run "$log" 60 "$BIN/burn-ddp-run" --standalone --nproc-per-node "$ranks" \
-    "$BIN/examples/toy22" --backend cuda --epochs 2 --loss-precision 9 --checkpoint-dir "$WORK" "$@"
+    "$BIN/examples/gpu_check22" toy --backend cuda --epochs 2 --loss-precision 9 --checkpoint-dir "$WORK" "$@"
 }
 final_loss() { grep -o 'Avg Loss: [0-9.e+-]*' "$WORK/$1.log" 2>/dev/null | tail -1 | cut -d' ' -f3; }
 relative_gap() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; s = (b < 0 ? -b : b); if (s < 1e-12) s = 1e-12; printf "%.2e", d / s }'; }
 if [ "$GPUS" -gt 0 ] && ! [ -x "$BIN/examples/gpu_check22" ]; then
   row "burn 0.22: nccl world=1 collectives" SKIP "no $BIN/examples/gpu_check22: scripts/build-gpu-bins.sh builds it"
 elif [ "$GPUS" -gt 0 ] && fits "burn 0.22: nccl world=1 collectives"; then
-  code=$(BURN_DDP_BACKEND=nccl run nccl22 40 "$BIN/examples/gpu_check22")
+  code=$(BURN_DDP_BACKEND=nccl run nccl22 40 "$BIN/examples/gpu_check22" nccl)
   read -r verdict detail <<<"$(results_of "$WORK/nccl22.log")"
   [ "$code" -ne 0 ] && verdict=FAIL
   row "burn 0.22: nccl world=1 collectives" "$verdict" "$detail"
 fi
-if [ "$GPUS" -gt 0 ] && ! [ -x "$BIN/examples/toy22" ]; then
-  row "burn 0.22: toy22 on cuda" SKIP "no $BIN/examples/toy22: scripts/build-gpu-bins.sh builds it"
-elif [ "$GPUS" -gt 0 ]; then
+if [ "$GPUS" -gt 0 ] && [ -x "$BIN/examples/gpu_check22" ]; then
   if fits "burn 0.22: toy22 cuda world=1 over nccl"; then
   code=$(toy22 toy22nccl nccl 1)
   read -r verdict detail <<<"$(toy_verdict "$WORK/toy22nccl.log" "$code" gpu)"

@@ -8,7 +8,7 @@ use std::process::Command;
 
 /// A directory with stand-ins for `nvidia-smi` (`gpus` GPUs) and the
 /// binaries the script runs, where `gpu_check` behaves as `script` says and
-/// Burn 0.22's gpu_check22 and toy22 as [`GPU_CHECK22`] and [`TOY22`].
+/// Burn 0.22's gpu_check22 as [`GPU_CHECK22`].
 fn stand_ins(name: &str, gpus: usize, gpu_check: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gpu-check-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -31,27 +31,29 @@ fn stand_ins(name: &str, gpus: usize, gpu_check: &str) -> PathBuf {
         "#!/bin/bash\nwhile [ \"${1#--}\" != \"$1\" ]; do\n  case $1 in --nproc-per-node) n=$2; shift;; esac\n  shift\ndone\nfor r in $(seq 0 $((${n:-1} - 1))); do RANK=$r \"$@\" || exit $?; done\n",
     );
     write(&dir.join("bin/examples/gpu_check"), gpu_check);
-    write(&dir.join("bin/examples/toy22"), TOY22);
     write(&dir.join("bin/examples/gpu_check22"), GPU_CHECK22);
     dir
 }
 
-/// gpu_check22 as the real one reports when everything passes (and only
-/// with NCCL chosen).
+/// gpu_check22 as the real one reports when everything passes: `nccl` (only
+/// with NCCL chosen), and `toy`, toy22's trainer (its buckets over NCCL
+/// unless BURN_DDP_BACKEND=tcp, with the same loss on every path).
 const GPU_CHECK22: &str = r#"#!/bin/bash
-[ "$BURN_DDP_BACKEND" = nccl ] || { echo "RESULT setup FAIL run with BURN_DDP_BACKEND=nccl"; exit 1; }
-echo "RESULT tensor_all_reduce_sum PASS 4096 f32"
-echo "RESULT sync_batch_norm_cuda PASS output true, input gradient true, running mean true"
-"#;
-
-/// toy22 as the real one reports (its buckets over NCCL unless
-/// BURN_DDP_BACKEND=tcp), with the same loss on every path.
-const TOY22: &str = r#"#!/bin/bash
-[ "$RANK" = 0 ] || exit 0
-echo "Epoch 2/2, Avg Loss: 1.305500000"
-if [ "$BURN_DDP_BACKEND" = tcp ]; then echo "Gradient sync: 8 buckets, 0 of them on the GPU over NCCL"
-else echo "Gradient sync: 4 buckets, 4 of them on the GPU over NCCL"; fi
-echo "Training complete."
+case "$1" in
+nccl)
+  [ "$BURN_DDP_BACKEND" = nccl ] || { echo "RESULT setup FAIL run with BURN_DDP_BACKEND=nccl"; exit 1; }
+  echo "RESULT tensor_all_reduce_sum PASS 4096 f32"
+  echo "RESULT sync_batch_norm_cuda PASS output true, input gradient true, running mean true"
+  ;;
+toy)
+  [ "$RANK" = 0 ] || exit 0
+  echo "Epoch 2/2, Avg Loss: 1.305500000"
+  if [ "$BURN_DDP_BACKEND" = tcp ]; then echo "Gradient sync: 8 buckets, 0 of them on the GPU over NCCL"
+  else echo "Gradient sync: 4 buckets, 4 of them on the GPU over NCCL"; fi
+  echo "Training complete."
+  ;;
+*) echo "error: unrecognized subcommand '$1'"; exit 2;;
+esac
 "#;
 
 /// A `gpu_check` that passes everything; the toy reports its buckets the way
@@ -198,17 +200,15 @@ fn failures_and_misses_are_told_apart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Without Burn 0.22's binaries the Burn 0.22 rows are SKIPs that say how to
-/// build them; a gpu_check22 with a failing check fails its row, naming it;
+/// Without Burn 0.22's binary the Burn 0.22 row is a SKIP that says how to
+/// build it; a gpu_check22 with a failing check fails its row, naming it;
 /// a toy22 whose NCCL run trains otherwise than its host path, or keeps
 /// buckets off the GPU, fails.
 #[test]
-fn burn_022_rows_skip_without_toy22_and_fail_on_a_wrong_one() {
-    let dir = stand_ins("no-toy22", 1, HEALTHY);
-    std::fs::remove_file(dir.join("bin/examples/toy22")).unwrap();
+fn burn_022_rows_skip_without_gpu_check22_and_fail_on_a_wrong_one() {
+    let dir = stand_ins("no-gpu-check22", 1, HEALTHY);
     std::fs::remove_file(dir.join("bin/examples/gpu_check22")).unwrap();
     let (_, rows, text) = run_script(&dir);
-    assert_eq!(verdict(&rows, "burn 0.22: toy22 on cuda"), "SKIP", "{text}");
     assert_eq!(
         verdict(&rows, "burn 0.22: nccl world=1 collectives"),
         "SKIP",
@@ -227,9 +227,10 @@ fn burn_022_rows_skip_without_toy22_and_fail_on_a_wrong_one() {
 
     let dir = stand_ins("bad-gpu-check22", 1, HEALTHY);
     let failing = GPU_CHECK22.replace(
-        "RESULT sync_batch_norm_cuda PASS output true",
-        "RESULT sync_batch_norm_cuda FAIL output false",
-    ) + "exit 1\n";
+        "RESULT sync_batch_norm_cuda PASS output true, input gradient true, running mean true\"\n",
+        "RESULT sync_batch_norm_cuda FAIL output false, input gradient true, running mean true\"\n  exit 1\n",
+    );
+    assert_ne!(failing, GPU_CHECK22);
     std::fs::write(dir.join("bin/examples/gpu_check22"), failing).unwrap();
     let (code, rows, text) = run_script(&dir);
     assert_ne!(code, 0, "{text}");
@@ -245,13 +246,13 @@ fn burn_022_rows_skip_without_toy22_and_fail_on_a_wrong_one() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let dir = stand_ins("bad-toy22", 1, HEALTHY);
-    let wrong = TOY22
+    let wrong = GPU_CHECK22
         .replace(
             "echo \"Epoch 2/2, Avg Loss: 1.305500000\"",
             "[ \"$BURN_DDP_BACKEND\" = nccl ] && echo \"Epoch 2/2, Avg Loss: 1.305600000\" || echo \"Epoch 2/2, Avg Loss: 1.305500000\"",
         )
         .replace("4 buckets, 4 of them", "4 buckets, 1 of them");
-    std::fs::write(dir.join("bin/examples/toy22"), wrong).unwrap();
+    std::fs::write(dir.join("bin/examples/gpu_check22"), wrong).unwrap();
     let (code, rows, text) = run_script(&dir);
     assert_ne!(code, 0, "{text}");
     assert_eq!(

@@ -7,8 +7,16 @@
 //! NCCL would be handed (a fresh tensor, a slice, a transposed view, a
 //! concatenated bucket), the averaged gradients of a model on a CUDA device,
 //! and SyncBatchNorm over NCCL against Burn's BatchNorm on the global batch.
-//! Run it under the launcher with `BURN_DDP_BACKEND=nccl`; it prints
-//! `RESULT <name> PASS|FAIL <detail>` lines and exits 1 on any FAIL.
+//! `gpu_check22 nccl` runs them under the launcher with
+//! `BURN_DDP_BACKEND=nccl`; it prints `RESULT <name> PASS|FAIL <detail>`
+//! lines and exits 1 on any FAIL. `gpu_check22 toy [FLAGS]` is the toy
+//! trainer (examples-22/toy, its own code) on this rank's GPU: one binary
+//! carries both to the GPU machine (a Burn 0.22 CUDA binary is 130 MiB
+//! stripped, most of it LLVM; two would not fit beside Burn 0.21's).
+
+#[allow(dead_code)] // its `main`: `gpu_check22 toy` calls `train`
+#[path = "../toy/main.rs"]
+mod toy;
 
 use burn::nn::{BatchNormConfig, LinearConfig};
 use burn::optim::GradientsParams;
@@ -228,8 +236,26 @@ fn sync_batch_norm(group: &ProcessGroup, device: &Device) -> bool {
     )
 }
 
+/// What scripts/gpu-check.sh runs of Burn 0.22.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "gpu_check22",
+    version,
+    about = "Burn 0.22's NCCL and CUDA checks for scripts/gpu-check.sh."
+)]
+enum Check {
+    /// CUDA tensors through NCCL, gradients, SyncBatchNorm (BURN_DDP_BACKEND=nccl).
+    Nccl,
+    /// The toy trainer (toy22) on this rank's GPU, with the toy's flags.
+    Toy(toy::ToyArgs),
+}
+
 fn main() {
     burn_ddp_examples_common::cli::init_logger();
+    if let Check::Toy(args) = <Check as clap::Parser>::parse() {
+        let device = toy::device::for_backend(args.backend, "toy");
+        return toy::train(&args, device);
+    }
     let group = burn_ddp_22::init_process_group().unwrap_or_else(|e| {
         println!("RESULT setup FAIL {e}");
         fail(None, e)

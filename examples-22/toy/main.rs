@@ -10,7 +10,7 @@
 //! ```
 
 #[path = "../device.rs"]
-mod device;
+pub(crate) mod device;
 
 use burn::data::dataloader::{batcher::Batcher, DataLoaderBuilder};
 use burn::data::dataset::{Dataset, DatasetError};
@@ -31,14 +31,14 @@ use std::path::{Path, PathBuf};
 /// This program, for its command line: `--backend`'s default is Flex (Burn
 /// 0.22 has no NdArray).
 #[derive(Clone, Debug)]
-struct Burn022Toy;
+pub(crate) struct Burn022Toy;
 
 impl ToyProgram for Burn022Toy {
     const DEFAULT_BACKEND: &'static str = "flex";
 }
 
 /// The toy trainer's command line, with this program's `--backend` default.
-type ToyArgs = common::toy::ToyArgs<Burn022Toy>;
+pub(crate) type ToyArgs = common::toy::ToyArgs<Burn022Toy>;
 
 /// The document's ToyModel.
 #[derive(Module, Debug)]
@@ -120,7 +120,7 @@ fn save(
     path
 }
 
-fn train(args: &ToyArgs, device: Device) {
+pub(crate) fn train(args: &ToyArgs, device: Device) {
     let ToyArgs {
         epochs,
         lr,
