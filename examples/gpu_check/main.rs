@@ -85,7 +85,13 @@ fn main() {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
+/// Stops this rank with `err` (naming the rank) and a failed setup row for
+/// the script.
 fn die(err: impl std::fmt::Display) -> ! {
+    let err = match burn_ddp::LaunchEnv::from_env() {
+        Ok(env) => format!("rank {}: {err}", env.rank),
+        Err(_) => err.to_string(),
+    };
     eprintln!("gpu_check: {err}");
     println!("RESULT setup FAIL {err}");
     std::process::exit(1)
