@@ -84,10 +84,11 @@ t_all=$((SECONDS - started))
 # --- Staging ---------------------------------------------------------------
 rm -rf "$DEST"
 mkdir -p "$DEST/examples"
-cp target/release/burn-ddp-run "$DEST/"
-cp target/release/examples/gpu_check "$DEST/examples/"
+OUTPUT=${CARGO_TARGET_DIR:-target}/release
+cp "$OUTPUT/burn-ddp-run" "$DEST/"
+cp "$OUTPUT/examples/gpu_check" "$DEST/examples/"
 if [ "$ONLY_021" = 0 ]; then
-  cp target/release/examples/gpu_check22 "$DEST/examples/"
+  cp "$OUTPUT/examples/gpu_check22" "$DEST/examples/"
 fi
 strip "$DEST/burn-ddp-run" "$DEST"/examples/*
 du -b "$DEST/burn-ddp-run" "$DEST"/examples/* | awk '{ printf "   %-34s %6.1f MiB\n", $2, $1 / 1048576 }'
