@@ -63,7 +63,10 @@ REQ
     rm -rf "$dest" # a failed bundler run's leftover
   fi
   [ -e "$dest" ] || ln -sfn "$sdk/mlc_llvm_static/static" "$dest"
-  touch "$dest/.tracel-llvm-installed"
+  # Created once, never touched again: the bundler's build script reruns when
+  # the sentinel changes (rerun-if-changed), and with it cubecl-llvm and all of
+  # Burn 0.22's CUDA stack (about 35 minutes on 2 cores).
+  [ -e "$dest/.tracel-llvm-installed" ] || touch "$dest/.tracel-llvm-installed"
   "$dest/bin/llvm-config" --link-static --targets-built | grep -qw NVPTX || {
     echo "the LLVM in $dest has no NVPTX target"; exit 1; }
   "$dest/bin/llvm-config" --link-static --libs >/dev/null
