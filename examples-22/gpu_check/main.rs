@@ -22,6 +22,7 @@ use burn::nn::{BatchNormConfig, LinearConfig};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_ddp_22::{CollectiveBackend, ProcessGroup, ReduceOp};
+use burn_ddp_examples_common::cli::BackendChoice;
 use burn_ddp_examples_common::fail;
 
 /// Prints the check's line (rank 0 only) and returns whether it passed.
@@ -246,14 +247,17 @@ fn sync_batch_norm(group: &ProcessGroup, device: &Device) -> bool {
 enum Check {
     /// CUDA tensors through NCCL, gradients, SyncBatchNorm (BURN_DDP_BACKEND=nccl).
     Nccl,
-    /// The toy trainer (toy22) on this rank's GPU, with the toy's flags.
+    /// The toy trainer (toy22) on this rank's GPU, with the toy's flags
+    /// (`--backend` aside: it always runs on the GPU).
     Toy(toy::ToyArgs),
 }
 
 fn main() {
     burn_ddp_examples_common::cli::init_logger();
     if let Check::Toy(args) = <Check as clap::Parser>::parse() {
-        let device = toy::device::for_backend(args.backend, "toy");
+        // The GPU, whatever --backend says (as Burn 0.21's `gpu_check toy`):
+        // a check that silently trained on the CPU would prove nothing.
+        let device = toy::device::for_backend(BackendChoice::Cuda, "toy");
         return toy::train(&args, device);
     }
     let group = burn_ddp_22::init_process_group().unwrap_or_else(|e| {
