@@ -71,6 +71,22 @@ pub struct DdpConfig {
     pub broadcast_buffers: bool,
 }
 
+/// How the sharded optimizer (ZeRO stage 1) moves gradients and parameters:
+/// a Burn `Config`, as [`DdpConfig`].
+#[derive(Config, Debug)]
+pub struct ShardConfig {
+    /// About how many MiB one collective moves (all ranks' chunks together),
+    /// as DDP's `bucket_cap_mb`.
+    #[config(default = 25.0)]
+    pub bucket_cap_mb: f64,
+    /// A round is padded so every rank's chunk is as long as the longest;
+    /// past this many times its real elements (one huge parameter among
+    /// small ones) it is all-reduced instead and each owner broadcasts its
+    /// parameters.
+    #[config(default = 1.5)]
+    pub padding_limit: f64,
+}
+
 /// [`DdpConfig::gradient_compression`].
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
 pub enum GradientCompression {

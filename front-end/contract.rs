@@ -155,6 +155,9 @@ pub(crate) trait GradParam<G: FlatGrad> {
     fn take_grad(&self, grads: &mut GradientsParams) -> Option<G>;
     /// Registers `grad` (flattened) as its gradient, in its shape.
     fn put_grad(&self, grads: &mut GradientsParams, grad: G);
+    /// Its value, flattened, without autodiff (for the sharded optimizer to
+    /// send to the other ranks).
+    fn value(&self) -> G;
 }
 
 /// What a gradient walk calls with each trainable parameter.

@@ -21,6 +21,7 @@ pub(crate) mod gradients;
 pub(crate) mod layout;
 pub(crate) mod replicas;
 pub(crate) mod session;
+pub(crate) mod shard;
 pub(crate) mod sync;
 pub(crate) mod sync_batch_norm;
 #[cfg(feature = "train")]

@@ -51,6 +51,7 @@ mod collective;
 pub mod data;
 mod device;
 mod replicas;
+mod shard;
 mod shared;
 mod shim;
 mod sync;
@@ -65,7 +66,8 @@ use shared::dtype;
 pub use autograd::all_reduce_sum_tracked;
 pub use burn_ddp_comm::{
     CollectiveBackend, CommError, Element, LaunchEnv, Launcher, ParamLayout, ProcessGroup,
-    ProcessGroupBuilder, ReduceOp, Reducer, Result, SyncStats, WeakProcessGroup, BACKEND_VAR,
+    ProcessGroupBuilder, ReduceOp, Reducer, Result, Round, RoundMode, ShardPlan, SyncStats,
+    WeakProcessGroup, BACKEND_VAR,
 };
 pub use burn_ddp_training::snapshots;
 pub use burn_ddp_training::stop::{catch_stop_signals, stop_requested, stop_signal};
@@ -80,7 +82,8 @@ pub use device::cuda_device_for_rank;
 #[doc(hidden)]
 pub use device::nccl_view;
 pub use replicas::{check_replicas, parameters_fingerprint};
-pub use shared::config::{BucketConfig, DdpConfig, GradientCompression};
+pub use shard::ShardedOptimizer;
+pub use shared::config::{BucketConfig, DdpConfig, GradientCompression, ShardConfig};
 pub use shared::session::{
     default_group, destroy_process_group, init_process_group, reset_sync_stats, sync_stats,
 };

@@ -135,6 +135,38 @@ impl<const D: usize> GradParam<Tensor<1>> for Trainable<D> {
         let dims: [usize; D] = self.value.dims();
         grads.register::<D>(self.id, grad.reshape(dims));
     }
+    fn value(&self) -> Tensor<1> {
+        let numel = self.value.dims().iter().product::<usize>();
+        self.value.clone().inner().reshape([numel])
+    }
+}
+
+/// `model` with each trainable parameter whose entry in `values` (in
+/// [`grad_walker`]'s order) is `Some` replaced by that value, still trained.
+pub(crate) fn install_values<M: Module>(model: M, values: Vec<Option<Tensor<1>>>) -> M {
+    if values.iter().all(Option::is_none) {
+        return model;
+    }
+    model.map(&mut Install(values.into_iter()))
+}
+
+struct Install(std::vec::IntoIter<Option<Tensor<1>>>);
+
+impl ModuleMapper for Install {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let (id, tensor, mapper) = param.consume();
+        if !tensor.is_require_grad() {
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
+        let tensor = match self.0.next().flatten() {
+            Some(value) => {
+                let dims: [usize; D] = tensor.dims();
+                Tensor::from_inner(value.reshape(dims)).require_grad()
+            }
+            None => tensor,
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
 }
 
 struct GradWalk<'a>(EachGrad<'a, Tensor<1>>);

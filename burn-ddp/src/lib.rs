@@ -54,6 +54,7 @@ pub mod data;
 mod device;
 mod no_sync;
 mod replicas;
+mod shard;
 mod shared;
 mod shim;
 pub(crate) mod sync;
@@ -72,7 +73,8 @@ pub use backend::Ddp;
 pub use burn_ddp_comm::nccl;
 pub use burn_ddp_comm::{
     CollectiveBackend, CommError, Element, LaunchEnv, Launcher, ParamLayout, ProcessGroup,
-    ProcessGroupBuilder, ReduceOp, Reducer, Result, SyncStats, WeakProcessGroup, BACKEND_VAR,
+    ProcessGroupBuilder, ReduceOp, Reducer, Result, Round, RoundMode, ShardPlan, SyncStats,
+    WeakProcessGroup, BACKEND_VAR,
 };
 pub use burn_ddp_training::snapshots;
 pub use burn_ddp_training::stop::{catch_stop_signals, stop_requested, stop_signal};
@@ -86,7 +88,8 @@ pub use device::nccl_view;
 #[cfg(feature = "cuda")]
 pub use device::{cuda_device_for_rank, FusedCuda, PlainCuda};
 pub use replicas::{check_replicas, parameters_fingerprint};
-pub use shared::config::{BucketConfig, GradientCompression};
+pub use shard::ShardedOptimizer;
+pub use shared::config::{BucketConfig, GradientCompression, ShardConfig};
 pub use shared::session::{
     default_group, destroy_process_group, init_process_group, reset_sync_stats, sync_stats,
 };

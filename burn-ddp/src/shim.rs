@@ -145,6 +145,75 @@ impl<B: AutodiffBackend, const D: usize> GradParam<Grad<B>> for Trainable<B, D> 
         let dims: [usize; D] = self.value.dims();
         grads.register::<B::InnerBackend, D>(self.id, grad.reshape(dims));
     }
+    fn value(&self) -> Grad<B> {
+        let numel = self.value.dims().iter().product::<usize>();
+        self.value.clone().inner().reshape([numel])
+    }
+}
+
+/// `model` with each trainable parameter whose entry in `values` (in
+/// [`grad_walker`]'s order) is `Some` replaced by that value, still trained.
+///
+/// Every trainable parameter is marked anew, in declaration order (the
+/// others keep their data): `Ddp<B>` keeps a model's parameters in the order
+/// they were marked, and the inner optimizer marked only this rank's own,
+/// so without it each rank would list them in another order.
+pub(crate) fn install_values<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: M,
+    values: Vec<Option<Grad<B>>>,
+) -> M {
+    if values.is_empty() {
+        return model;
+    }
+    model.map(&mut Install::<B>(values.into_iter()))
+}
+
+struct Install<B: AutodiffBackend>(std::vec::IntoIter<Option<Grad<B>>>);
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Install<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        if !tensor.is_require_grad() {
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
+        let dims: [usize; D] = tensor.dims();
+        let inner = match self.0.next().flatten() {
+            Some(value) => value.reshape(dims),
+            None => tensor.inner(),
+        };
+        Param::from_mapped_value(id, Tensor::from_inner(inner).require_grad(), mapper)
+    }
+}
+
+/// Gradients computed on several devices (Burn's `step_multi`) as one set,
+/// each on its parameter's device.
+pub(crate) fn merge_multi<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    multi: burn::optim::MultiGradientsParams,
+) -> GradientsParams {
+    let mut merge = Merge::<B> {
+        multi,
+        grads: GradientsParams::new(),
+        _backend: std::marker::PhantomData,
+    };
+    model.visit(&mut merge);
+    merge.grads
+}
+
+struct Merge<B> {
+    multi: burn::optim::MultiGradientsParams,
+    grads: GradientsParams,
+    _backend: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Merge<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let device = param.val().device();
+        if let Some((grad, _)) = self.multi.remove::<B::InnerBackend, D>(param.id) {
+            self.grads
+                .register::<B::InnerBackend, D>(param.id, grad.to_device(&device));
+        }
+    }
 }
 
 struct GradWalk<'a, B: AutodiffBackend>(EachGrad<'a, Grad<B>>);

@@ -18,3 +18,19 @@ pub trait DdpModel: Params {
     /// What averaging this model's gradients has cost so far.
     fn sync_stats(&self) -> Option<SyncStats>;
 }
+
+/// The crate's `ShardedOptimizer` as the shared scenarios drive it.
+pub trait ShardedStep<M> {
+    /// One step on this rank's local gradients.
+    fn step(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<M, String>;
+    /// The owning rank of each trainable parameter, as of the last step.
+    fn owners(&self) -> Vec<usize>;
+    /// This rank's optimizer record: (entries, serialised bytes).
+    fn record_size(&self) -> (usize, usize);
+}
+
+/// A plain optimizer's record: (entries, serialised bytes), in the units of
+/// [`ShardedStep::record_size`].
+pub trait RecordSize {
+    fn record_size(&self) -> (usize, usize);
+}

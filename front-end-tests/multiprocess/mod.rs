@@ -9,14 +9,27 @@ mod collectives;
 pub mod contract;
 mod half;
 pub mod scenarios;
+mod sharded;
 mod sync_batch_norm;
 
+use crate::shim;
+use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamWConfig, SgdConfig};
 
 pub type Res<T> = Result<T, String>;
 
 pub fn e<E: std::fmt::Display>(err: E) -> String {
     err.to_string()
+}
+
+/// SGD with momentum 0.9 (state: one velocity per parameter), of whichever
+/// optimizer type the call site needs (Burn 0.21's depends on the model).
+macro_rules! sgd_momentum {
+    () => {
+        SgdConfig::new()
+            .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+            .init()
+    };
 }
 
 /// Runs the shared scenario `name` as this rank.
@@ -44,6 +57,25 @@ pub fn run(name: &str) -> Res<()> {
         "one_step" => scenarios::one_step(),
         "tensor_collectives" => collectives::run(),
         "half" => half::run(),
+        "sharded_toy_sgd" => sharded::equivalence::<ToyTask, _, _, _>(
+            |group| shim::shard(sgd_momentum!(), group),
+            sgd_momentum!(),
+            sgd_momentum!(),
+            0.1,
+        ),
+        "sharded_conv_sgd" => sharded::equivalence::<ConvTask, _, _, _>(
+            |group| shim::shard(sgd_momentum!(), group),
+            sgd_momentum!(),
+            sgd_momentum!(),
+            0.1,
+        ),
+        "sharded_conv_adamw" => sharded::equivalence::<ConvTask, _, _, _>(
+            |group| shim::shard(AdamWConfig::new().init(), group),
+            AdamWConfig::new().init(),
+            AdamWConfig::new().init(),
+            0.01,
+        ),
+        "sharded_different_models" => sharded::different_models(),
         "sync_bn" => sync_batch_norm::equivalence("even"),
         "sync_bn_uneven" => sync_batch_norm::equivalence("uneven"),
         "sync_bn_empty" => sync_batch_norm::equivalence("empty"),

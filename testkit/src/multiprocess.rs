@@ -8,7 +8,7 @@
 //! that differ between ranks, replicas that drift apart and the collective
 //! backend chosen for CPU tensors.
 
-use crate::{all_ok, check, every_rank_failed, Case, World};
+use crate::{all_ok, check, every_rank_failed, Case, RankOutcome, World};
 use std::sync::OnceLock;
 
 /// Why `BURN_DDP_BACKEND=nccl` is refused for the front-end's CPU tensors.
@@ -57,6 +57,18 @@ pub fn run_suite(
         (
             "a_tracked_sum_over_ranks_gets_every_ranks_gradient",
             tracked_sum,
+        ),
+        (
+            "sharded_optimizer_equals_ddp_and_one_big_batch_sgd_momentum",
+            || sharded(&["sharded_toy_sgd", "sharded_conv_sgd"]),
+        ),
+        (
+            "sharded_optimizer_equals_ddp_and_one_big_batch_adamw",
+            || sharded(&["sharded_conv_adamw"]),
+        ),
+        (
+            "sharded_optimizer_over_different_models_fails_every_rank",
+            sharded_different_models,
         ),
         (
             "sync_batch_norm_on_n_ranks_equals_batch_norm_on_one_big_batch",
@@ -273,6 +285,87 @@ fn sync_batch_norm_worlds(cases: &[(usize, &str)]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// 1, 2 and 3 ranks with the sharded optimizer (ZeRO stage 1), against DDP
+/// with the plain optimizer and one process on the combined batch: within
+/// 1e-6 of DDP (a world of one: equal, checked by the rank) and 1e-5 of the
+/// one process, as DDP itself; each rank's optimizer record holds only what
+/// it owns (fewer entries than the plain record on several ranks), and the
+/// ranks' records together hold exactly the plain record's entries; the
+/// owners cover every parameter once.
+fn sharded(scenarios: &[&str]) -> Result<(), String> {
+    // "owned 3 of 4": the first number; the others: the value.
+    let number = |o: &RankOutcome, tag: &str, word: usize| -> Result<f64, String> {
+        o.value(tag)
+            .and_then(|v| v.split_whitespace().nth(word)?.parse().ok())
+            .ok_or_else(|| format!("rank {}: no {tag}:\n{}", o.rank, o.stdout))
+    };
+    for scenario in scenarios {
+        for world in 1..=3 {
+            let outcomes = World::new(world).run(scenario);
+            all_ok(&outcomes)?;
+            let (mut entries, mut owned) = (0.0, 0.0);
+            for o in &outcomes {
+                let context = || {
+                    format!(
+                        "{scenario} on {world} rank(s), rank {}:\n{}",
+                        o.rank, o.stdout
+                    )
+                };
+                let vs_ddp = number(o, "vs_ddp", 0)?;
+                check(vs_ddp <= 1e-6, || {
+                    format!("sharded vs DDP {vs_ddp:e}: {}", context())
+                })?;
+                let vs_reference = number(o, "vs_reference", 0)?;
+                check(vs_reference <= 1e-5, || {
+                    format!("sharded vs one process {vs_reference:e}: {}", context())
+                })?;
+                let plain = number(o, "plain_record_entries", 0)?;
+                let mine = number(o, "record_entries", 0)?;
+                check(world == 1 || mine < plain, || {
+                    format!(
+                        "a rank's record holds {mine} of {plain} entries: {}",
+                        context()
+                    )
+                })?;
+                entries += mine;
+                owned += number(o, "owned", 0)?;
+                // The collectives' buffers: a reduce-scatter's and an
+                // all-gather's are each the size of an all-reduce's (on a
+                // ring each moves half its bytes), plus padding; a
+                // replicated round adds its owners' broadcasts.
+                let (sharded, ddp) = (number(o, "sharded_bytes", 0)?, number(o, "ddp_bytes", 0)?);
+                check(sharded <= 2.2 * ddp, || {
+                    format!(
+                        "sharded steps handed {sharded} bytes to collectives, DDP {ddp}: {}",
+                        context()
+                    )
+                })?;
+            }
+            let first = &outcomes[0];
+            let plain = number(first, "plain_record_entries", 0)?;
+            let params = number(first, "owned", 2)?;
+            check(entries == plain && owned == params && params > 0.0, || {
+                format!(
+                    "{scenario} on {world} rank(s): the ranks own {owned} of {params} parameters \
+                     and their records hold {entries} entries, the plain record {plain}"
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Rank 1's layer is wider: the sharded step fails on every rank, naming
+/// the shapes.
+fn sharded_different_models() -> Result<(), String> {
+    let outcomes = World::new(2).run("sharded_different_models");
+    every_rank_failed(
+        &outcomes,
+        true,
+        &["parameter #0", "[10, 1]", "[10, 2]", "rank {rank}"],
+    )
 }
 
 /// 1 x 128, 2 x 64 and 3 x 32.

@@ -252,3 +252,36 @@ pub mod bn {
         }
     }
 }
+
+/// `inner` sharded over `group` (ZeRO stage 1).
+pub fn shard(
+    inner: burn::optim::ModuleOptimizer,
+    group: &ProcessGroup,
+) -> Result<burn_ddp_22::ShardedOptimizer, String> {
+    burn_ddp_22::ShardedOptimizer::new(inner, group).map_err(|err| err.to_string())
+}
+
+/// A record's tensors and its bytes as a burnpack.
+fn record_size(record: burn::optim::record::OptimizerRecord) -> (usize, usize) {
+    let entries = record.len();
+    let bytes = record.into_bytes().expect("an optimizer record in bytes");
+    (entries, bytes.len())
+}
+
+impl<M: Module> crate::shared::contract::ShardedStep<M> for burn_ddp_22::ShardedOptimizer {
+    fn step(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<M, String> {
+        burn_ddp_22::ShardedOptimizer::step(self, lr, model, grads).map_err(|err| err.to_string())
+    }
+    fn owners(&self) -> Vec<usize> {
+        self.plan().owners.clone()
+    }
+    fn record_size(&self) -> (usize, usize) {
+        record_size(self.to_record())
+    }
+}
+
+impl crate::shared::contract::RecordSize for burn::optim::ModuleOptimizer {
+    fn record_size(&self) -> (usize, usize) {
+        record_size(self.to_record())
+    }
+}

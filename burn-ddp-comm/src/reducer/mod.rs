@@ -12,12 +12,16 @@ mod front_end;
 mod host_copies;
 mod layout;
 mod plan;
+mod shard_plan;
+mod sharder;
 mod stats;
 
 pub use front_end::{DeviceBucket, GradientSet, ParamInfo, Placement};
 pub use host_copies::{ElementBytes, HostCopies};
 pub use layout::{check_layouts_agree, check_same_layout, ParamLayout};
 pub use plan::{Bucket, BucketConfig, BucketPlan};
+pub use shard_plan::{Round, RoundMode, ShardPlan};
+pub use sharder::Sharder;
 pub use stats::SyncStats;
 
 use crate::element::{AlignedBuf, BufferMut, ReduceOp};

@@ -333,3 +333,53 @@ pub mod bn {
         }
     }
 }
+
+/// `inner` sharded over `group` (ZeRO stage 1).
+pub fn shard<O>(
+    inner: O,
+    group: &ProcessGroup,
+) -> Result<burn_ddp::ShardedOptimizer<O, Wrapped>, String> {
+    burn_ddp::ShardedOptimizer::new(inner, group).map_err(|err| err.to_string())
+}
+
+/// A record keyed by parameter (Burn 0.21's optimizers): its entries and
+/// its bytes in Burn's binary format, full precision.
+fn record_size<R: burn::record::Record<Wrapped>>(
+    record: hashbrown::HashMap<burn::module::ParamId, R>,
+) -> (usize, usize) {
+    use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+    let entries = record.len();
+    let bytes = BinBytesRecorder::<FullPrecisionSettings>::default()
+        .record(record, ())
+        .expect("an optimizer record in bytes");
+    (entries, bytes.len())
+}
+
+impl<O, M, R> crate::shared::contract::ShardedStep<M> for burn_ddp::ShardedOptimizer<O, Wrapped>
+where
+    O: burn::optim::Optimizer<M, Wrapped, Record = hashbrown::HashMap<burn::module::ParamId, R>>,
+    M: burn::module::AutodiffModule<Wrapped>,
+    R: burn::record::Record<Wrapped>,
+{
+    fn step(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<M, String> {
+        self.try_step(lr, model, grads)
+            .map_err(|err| err.to_string())
+    }
+    fn owners(&self) -> Vec<usize> {
+        self.plan().owners.clone()
+    }
+    fn record_size(&self) -> (usize, usize) {
+        record_size(burn::optim::Optimizer::<M, Wrapped>::to_record(self))
+    }
+}
+
+impl<O, M> crate::shared::contract::RecordSize
+    for burn::optim::adaptor::OptimizerAdaptor<O, M, Wrapped>
+where
+    O: burn::optim::SimpleOptimizer<<Wrapped as AutodiffBackend>::InnerBackend>,
+    M: burn::module::AutodiffModule<Wrapped>,
+{
+    fn record_size(&self) -> (usize, usize) {
+        record_size(burn::optim::Optimizer::<M, Wrapped>::to_record(self))
+    }
+}

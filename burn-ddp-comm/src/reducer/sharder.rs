@@ -1,0 +1,232 @@
+//! ZeRO stage 1's communication: after backward each rank receives the
+//! averaged gradients of the parameters it owns (a reduce-scatter, where
+//! plain DDP all-reduces), its optimizer steps only those, and every rank
+//! then receives each updated parameter from its owner (an all-gather). The
+//! two together move the bytes of one all-reduce.
+//!
+//! Like the [`Reducer`](super::Reducer) it knows parameters only by layout:
+//! a front-end hands gradients and values over through a [`GradientSet`].
+
+use super::front_end::GradientSet;
+use super::layout::{self, check_same_layout, ParamLayout};
+use super::shard_plan::{Round, RoundMode, ShardPlan};
+use super::stats::SyncStats;
+use crate::element::{AlignedBuf, ReduceOp};
+use crate::error::{CommError, Result};
+use crate::group::{ProcessGroup, WeakProcessGroup};
+use std::time::Instant;
+
+/// The owners, rounds and buffers of one model's sharded optimizer.
+#[derive(Clone)]
+pub struct Sharder {
+    group: WeakProcessGroup,
+    rank: usize,
+    cap_bytes: usize,
+    padding_limit: f64,
+    layout: Vec<ParamLayout>,
+    plan: ShardPlan,
+    stats: SyncStats,
+}
+
+impl Sharder {
+    /// A sharder over `group`, with rounds of about `cap_bytes` (PyTorch's
+    /// bucket cap) and padding allowed up to `padding_limit` times a round's
+    /// elements before the round is replicated instead.
+    pub fn new(group: &ProcessGroup, cap_bytes: usize, padding_limit: f64) -> Self {
+        Self {
+            group: group.downgrade(),
+            rank: group.rank(),
+            cap_bytes: cap_bytes.max(1),
+            padding_limit,
+            layout: Vec::new(),
+            plan: ShardPlan::default(),
+            stats: SyncStats::default(),
+        }
+    }
+
+    /// The group it shards over, while it lives.
+    pub fn group(&self) -> Result<ProcessGroup> {
+        self.group.upgrade().ok_or(CommError::Destroyed)
+    }
+
+    /// The plan of the last layout seen (empty before the first step).
+    pub fn plan(&self) -> &ShardPlan {
+        &self.plan
+    }
+
+    /// Whether this rank owns parameter `index` of the current plan.
+    pub fn owns(&self, index: usize) -> bool {
+        self.plan.owners.get(index) == Some(&self.rank)
+    }
+
+    /// What the collectives moved so far (gradients and values).
+    pub fn stats(&self) -> SyncStats {
+        self.stats
+    }
+
+    /// The plan for `layout` over the group, without communicating: what
+    /// [`scatter_gradients`](Self::scatter_gradients) would use (to split a
+    /// checkpoint's optimizer state, say).
+    pub fn plan_for(&mut self, layout: Vec<ParamLayout>) -> Result<&ShardPlan> {
+        let world = self.group()?.world_size();
+        if layout != self.layout || self.plan.owners.len() != layout.len() {
+            self.plan = ShardPlan::new(&layout, world, self.cap_bytes, self.padding_limit);
+            self.layout = layout;
+        }
+        Ok(&self.plan)
+    }
+
+    /// Averages every gradient of `set` over the ranks, writing back only
+    /// those of the parameters this rank owns. `Ok(false)`: nothing moved (a
+    /// world of one, or no rank had a gradient), nothing was written.
+    ///
+    /// Collective, with the same layout on every rank (checked in one small
+    /// collective; a mismatch fails on every rank naming the difference). A
+    /// parameter without a gradient counts as zero.
+    pub fn scatter_gradients(&mut self, set: &mut dyn GradientSet) -> Result<bool> {
+        let group = self.group()?;
+        if !group.synchronizes() {
+            return Ok(false);
+        }
+        let layout: Vec<ParamLayout> = set.params().iter().map(|p| p.layout.clone()).collect();
+        let agreement = layout::agree(&group, layout.iter(), set.has_gradients())?;
+        if !agreement.same_layout {
+            check_same_layout(&group, &layout)?;
+            return Err(CommError::Mismatch {
+                rank: self.rank,
+                message: "ranks' parameter layouts hash differently but compare equal; \
+                          please report this"
+                    .into(),
+            });
+        }
+        if !agreement.any_gradients {
+            return Ok(false);
+        }
+        self.plan_for(layout)?;
+        let mut stats = SyncStats {
+            syncs: 1,
+            ..SyncStats::default()
+        };
+        let mut buffer = AlignedBuf::default();
+        for round in &self.plan.rounds {
+            let started = Instant::now();
+            let size = round.dtype.size();
+            let bytes = buffer.bytes(round.numel * size);
+            bytes.fill(0); // the padding
+            for (_, param, offset) in round.all_members() {
+                let len = self.layout[param].numel() * size;
+                set.read_host(param, &mut bytes[offset * size..offset * size + len])?;
+            }
+            let packed = Instant::now();
+            let (start, _) = round.chunks[self.rank];
+            let mine: Vec<u8> = match round.mode {
+                RoundMode::Sharded => {
+                    group.reduce_scatter_bytes(round.dtype, bytes, ReduceOp::Mean)?
+                }
+                RoundMode::Replicated => {
+                    group.all_reduce_bytes(round.dtype, bytes, ReduceOp::Mean)?;
+                    let (_, len) = round.chunks[self.rank];
+                    bytes[start * size..(start + len) * size].to_vec()
+                }
+            };
+            let reduced = Instant::now();
+            for (&param, &offset) in round.members[self.rank]
+                .iter()
+                .zip(&round.offsets[self.rank])
+            {
+                let at = (offset - start) * size;
+                let len = self.layout[param].numel() * size;
+                set.write_host(param, &mine[at..at + len])?;
+            }
+            stats.count_bucket(round.numel * size, [started, packed, reduced]);
+        }
+        self.stats.add(&stats);
+        Ok(true)
+    }
+
+    /// Every parameter's value from its owner: `set` is read for the
+    /// parameters this rank owns and written for every other one. Call it
+    /// after stepping the owned parameters, with the layout of the last
+    /// [`scatter_gradients`](Self::scatter_gradients). Collective.
+    pub fn gather_values(&mut self, set: &mut dyn GradientSet) -> Result<()> {
+        let group = self.group()?;
+        if !group.synchronizes() {
+            return Ok(());
+        }
+        let same = set.params().len() == self.layout.len()
+            && set
+                .params()
+                .iter()
+                .zip(&self.layout)
+                .all(|(p, l)| &p.layout == l);
+        if !same {
+            return Err(CommError::InvalidArgument {
+                rank: self.rank,
+                message: "the parameters to gather are not those whose gradients were \
+                          scattered: step the same model the gradients came from"
+                    .into(),
+            });
+        }
+        let mut stats = SyncStats::default();
+        for round in &self.plan.rounds {
+            let started = Instant::now();
+            let gathered = self.gather_round(&group, round, set)?;
+            let reduced = Instant::now();
+            let size = round.dtype.size();
+            for (owner, param, offset) in round.all_members() {
+                if owner != self.rank {
+                    let len = self.layout[param].numel() * size;
+                    set.write_host(param, &gathered[offset * size..offset * size + len])?;
+                }
+            }
+            stats.count_bucket(round.numel * size, [started, started, reduced]);
+        }
+        self.stats.add(&stats);
+        Ok(())
+    }
+
+    /// One round's values: this rank's chunk read from `set`, the others'
+    /// received, in the round's layout.
+    fn gather_round(
+        &self,
+        group: &ProcessGroup,
+        round: &Round,
+        set: &mut dyn GradientSet,
+    ) -> Result<Vec<u8>> {
+        let size = round.dtype.size();
+        let (start, len) = round.chunks[self.rank];
+        let mut chunk = AlignedBuf::default();
+        let chunk_len = match round.mode {
+            RoundMode::Sharded => round.numel / round.members.len(),
+            RoundMode::Replicated => len,
+        };
+        let mine = chunk.bytes(chunk_len * size);
+        mine.fill(0);
+        for (&param, &offset) in round.members[self.rank]
+            .iter()
+            .zip(&round.offsets[self.rank])
+        {
+            let at = (offset - start) * size;
+            let n = self.layout[param].numel() * size;
+            set.read_host(param, &mut mine[at..at + n])?;
+        }
+        match round.mode {
+            RoundMode::Sharded => group.all_gather_bytes(round.dtype, mine),
+            RoundMode::Replicated => {
+                let mut all = AlignedBuf::default();
+                let all = all.bytes(round.numel * size);
+                for (owner, &(start, len)) in round.chunks.iter().enumerate() {
+                    if len == 0 {
+                        continue;
+                    }
+                    let part = &mut all[start * size..(start + len) * size];
+                    if owner == self.rank {
+                        part.copy_from_slice(mine);
+                    }
+                    group.broadcast_bytes(round.dtype, part, owner)?;
+                }
+                Ok(all.to_vec())
+            }
+        }
+    }
+}

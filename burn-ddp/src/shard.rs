@@ -1,0 +1,152 @@
+//! The sharded optimizer (ZeRO stage 1, PyTorch's `ZeroRedundancyOptimizer`)
+//! for Burn 0.21: each rank keeps the optimizer state of the parameters it
+//! owns (about 1/N of them, balanced by size), steps only those, and
+//! receives every other parameter from its owner.
+//!
+//! With `Ddp<B>`, run the backward passes under [`crate::no_sync`]: the
+//! sharded step averages the gradients itself (a reduce-scatter), so an
+//! all-reduce inside `backward()` would move the same gradients once more
+//! for the same result.
+
+use crate::shared::config::ShardConfig;
+use crate::shared::session::SESSION;
+use crate::shared::shard::{gather_values, scatter_gradients};
+use crate::shared::walk::first_trainable;
+use crate::tracking::WrappingScope;
+use crate::{shim, ProcessGroup, Result, ShardPlan, SyncStats};
+use burn::module::AutodiffModule;
+use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn_ddp_comm::Sharder;
+use std::marker::PhantomData;
+
+/// A Burn optimizer whose state is split across the ranks: each rank steps
+/// and keeps state for the parameters it owns, and the updated parameters
+/// are shared, so every rank ends with the parameters plain DDP would give
+/// (to rounding) while holding about 1/N of the optimizer state. It is an
+/// [`Optimizer`] itself, so it goes wherever the inner one went.
+///
+/// ```no_run
+/// use burn::backend::{Autodiff, NdArray};
+/// use burn::nn::LinearConfig;
+/// use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+/// use burn::tensor::Tensor;
+/// type B = burn_ddp::Ddp<Autodiff<NdArray>>;
+///
+/// # fn main() -> burn_ddp::Result<()> {
+/// let device = Default::default();
+/// let group = burn_ddp::init_process_group()?;
+/// let mut model = burn_ddp::wrap(LinearConfig::new(10, 1).init::<B>(&device), &group)?;
+/// let mut optimizer = burn_ddp::ShardedOptimizer::new(AdamWConfig::new().init(), &group)?;
+/// for _step in 0..10 {
+///     let loss = model.forward(Tensor::<B, 2>::ones([32, 10], &device)).mean();
+///     let grads = {
+///         let _local = burn_ddp::no_sync(); // the sharded step averages
+///         GradientsParams::from_grads(loss.backward(), &model)
+///     };
+///     model = optimizer.step(1e-3, model, grads); // average, step, share
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct ShardedOptimizer<O, B> {
+    inner: O,
+    sharder: Sharder,
+    _backend: PhantomData<fn() -> B>,
+}
+
+impl<O: Clone, B> Clone for ShardedOptimizer<O, B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            sharder: self.sharder.clone(),
+            _backend: PhantomData,
+        }
+    }
+}
+
+impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
+    /// `inner` (any Burn optimizer: `SgdConfig::new().init()`, AdamW, with
+    /// its gradient clipping) sharded over `group`.
+    pub fn new(inner: O, group: &ProcessGroup) -> Result<Self> {
+        Self::with_config(inner, group, &ShardConfig::new())
+    }
+
+    /// [`new`](Self::new) with the round sizes of `config`.
+    pub fn with_config(inner: O, group: &ProcessGroup, config: &ShardConfig) -> Result<Self> {
+        Ok(Self {
+            inner,
+            sharder: config.sharder(group)?,
+            _backend: PhantomData,
+        })
+    }
+
+    /// [`Optimizer::step`], with a failed collective as an error instead of
+    /// a panic: this rank's local gradients averaged for the parameters it
+    /// owns, the inner optimizer stepping those, every other parameter
+    /// received from its owner. A parameter missing from `grads` counts as
+    /// zero; in a world of one it is the inner optimizer's step exactly.
+    /// Collective.
+    pub fn try_step<M>(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<M>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let owned = scatter_gradients(&mut self.sharder, shim::grad_walker(&model), grads)?;
+        let model = self.inner.step(lr, model, owned);
+        let values = gather_values(&mut self.sharder, shim::grad_walker(&model))?;
+        // The received parameters are the wrapped model's, as the ones the
+        // inner optimizer replaced are (`Ddp<B>` follows them by scope).
+        let scope = first_trainable(shim::walker(&model)).and_then(|id| SESSION.of_param(id));
+        let _scope = scope.map(|scope| WrappingScope::enter(scope.id));
+        Ok(shim::install_values(model, values))
+    }
+
+    /// The optimizer that steps this rank's parameters.
+    pub fn inner(&self) -> &O {
+        &self.inner
+    }
+
+    /// Who owns which parameter (by position among the trainable ones, in
+    /// declaration order), as of the last step.
+    pub fn plan(&self) -> &ShardPlan {
+        self.sharder.plan()
+    }
+
+    /// What the sharded steps' collectives moved so far.
+    pub fn stats(&self) -> SyncStats {
+        self.sharder.stats()
+    }
+}
+
+impl<O, M, B> Optimizer<M, B> for ShardedOptimizer<O, B>
+where
+    O: Optimizer<M, B>,
+    M: AutodiffModule<B>,
+    B: AutodiffBackend,
+{
+    /// This rank's part of the state: the parameters it owns.
+    type Record = O::Record;
+
+    /// [`try_step`](Self::try_step); a failed collective (a dead peer, ranks
+    /// whose models differ) panics naming the rank, as `Ddp<B>::backward`
+    /// does.
+    fn step(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        self.try_step(lr, module, grads)
+            .unwrap_or_else(|err| panic!("sharded optimizer step: {err}"))
+    }
+
+    fn step_multi(&mut self, lr: f64, module: M, grads: MultiGradientsParams) -> M {
+        let grads = shim::merge_multi(&module, grads);
+        Optimizer::step(self, lr, module, grads)
+    }
+
+    fn to_record(&self) -> O::Record {
+        self.inner.to_record()
+    }
+
+    fn load_record(mut self, record: O::Record) -> Self {
+        self.inner = self.inner.load_record(record);
+        self
+    }
+}

@@ -1,0 +1,102 @@
+//! The sharded optimizer (ZeRO stage 1): N ranks stepping with it end with
+//! the parameters of N ranks with the plain optimizer under DDP and of one
+//! process on the combined batch, every rank identical; each rank's
+//! optimizer record holds only the parameters it owns, the ranks' records
+//! together hold exactly the plain one's entries; a world of one is the
+//! plain optimizer bit for bit.
+
+use super::contract::{DdpModel, RecordSize, ShardedStep};
+use super::scenarios::{start, Task};
+use super::{e, Res};
+use crate::shim::ddp::ProcessGroup;
+use crate::shim::prelude::*;
+use crate::shim::{self, ddp};
+use burn_ddp_testkit::numbers::{identical_across_ranks, max_relative_difference, shards};
+
+/// Steps: three passes over four batches per rank.
+const STEPS: usize = 12;
+
+/// Trains three copies from the same start, `STEPS` steps of 4 samples per
+/// rank: the sharded optimizer on local gradients, the plain one under DDP,
+/// and the plain one in one process on every rank's samples. Prints the
+/// gaps (`vs_ddp`, `vs_reference`), the records' sizes and the bytes each
+/// way moved.
+pub fn equivalence<T: Task, S, P, R>(
+    make_sharded: impl FnOnce(&ProcessGroup) -> Res<S>,
+    mut plain: P,
+    mut opt_ref: R,
+    lr: f64,
+) -> Res<()>
+where
+    S: ShardedStep<T::Model>,
+    P: Step<T::Model> + RecordSize,
+    R: Step<T::Reference>,
+{
+    let group = ddp::init_process_group().map_err(e)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    let device = shim::device();
+    let (mut model, mut reference) = start::<T>(&group)?;
+    let mut ddp_model = T::build(&device)
+        .load_params(&model.flat_params())
+        .wrap(&group)?;
+    let mut sharded = make_sharded(&group)?;
+    let b = 4;
+    let shards = shards(world * b * 4, world);
+    let (mut sharded_bytes, mut ddp_bytes) = (0, 0);
+    for step in 0..STEPS {
+        let at = (step % 4) * b;
+        let mine = &shards[rank][at..at + b];
+
+        let before = group.collective_bytes();
+        let grads = model.local_grads(T::loss(&model, mine, &device));
+        model = ShardedStep::step(&mut sharded, lr, model, grads)?;
+        sharded_bytes += group.collective_bytes() - before;
+
+        let before = group.collective_bytes();
+        let grads = ddp_model.synced_grads(T::loss(&ddp_model, mine, &device))?;
+        ddp_model = plain.step(lr, ddp_model, grads);
+        ddp_bytes += group.collective_bytes() - before;
+
+        let global: Vec<usize> = shards.iter().flat_map(|s| s[at..at + b].to_vec()).collect();
+        let grads = reference.local_grads(T::reference_loss(&reference, &global, &device));
+        reference = opt_ref.step(lr, reference, grads);
+        identical_across_ranks(&group, &model.flat_params(), &format!("after step {step}"))?;
+    }
+    let params = model.flat_params();
+    let vs_ddp = max_relative_difference(&params, &ddp_model.flat_params());
+    let vs_reference = max_relative_difference(&params, &reference.flat_params());
+    println!("vs_ddp {vs_ddp:e}");
+    println!("vs_reference {vs_reference:e}");
+    if world == 1 && params != ddp_model.flat_params() {
+        return Err(format!(
+            "in a world of one the sharded optimizer differs from the plain one by {vs_ddp:e}"
+        ));
+    }
+    let owners = sharded.owners();
+    let owned = owners.iter().filter(|&&owner| owner == rank).count();
+    println!("owned {owned} of {}", owners.len());
+    let (entries, bytes) = sharded.record_size();
+    let (plain_entries, plain_bytes) = plain.record_size();
+    println!("record_entries {entries}");
+    println!("plain_record_entries {plain_entries}");
+    println!("record_bytes {bytes}");
+    println!("plain_record_bytes {plain_bytes}");
+    println!("sharded_bytes {sharded_bytes}");
+    println!("ddp_bytes {ddp_bytes}");
+    ddp::destroy_process_group().map_err(e)
+}
+
+/// Rank 1's layer is wider than rank 0's: the sharded step fails on every
+/// rank, naming the parameter's shapes, instead of mixing unrelated numbers.
+pub fn different_models() -> Res<()> {
+    let group = ddp::init_process_group().map_err(e)?;
+    let device = shim::device();
+    let model = shim::Toy::new(&device, 1 + group.rank());
+    let mut sharded = shim::shard(burn::optim::SgdConfig::new().init(), &group)?;
+    let loss = super::scenarios::ToyTask::loss(&model, &[0, 1, 2, 3], &device);
+    let grads = model.local_grads(loss);
+    match ShardedStep::step(&mut sharded, 0.1, model, grads) {
+        Ok(_) => Err("a sharded step over different models went through".into()),
+        Err(err) => Err(err),
+    }
+}

@@ -1,0 +1,158 @@
+//! The sharded optimizer's two walks over a module (ZeRO stage 1), written
+//! once for both Burns: the averaged gradients of the parameters this rank
+//! owns, and every other parameter's updated value from its owner. The
+//! communication is burn-ddp-comm's [`Sharder`]; each front-end's
+//! `ShardedOptimizer` steps its Burn's optimizer in between and installs
+//! the received values (its shim's `install_values`).
+
+use super::config::ShardConfig;
+use super::contract::FlatGrad;
+use super::gradients::TensorGradients;
+use super::sync::GradWalker;
+use crate::{CommError, ProcessGroup, Result};
+use burn::optim::GradientsParams;
+use burn_ddp_comm::{CollectiveBackend, GradientSet, Placement, Sharder};
+
+impl ShardConfig {
+    /// The sharder this configuration describes, over `group`; a bad
+    /// setting is an error naming the rank and the setting.
+    pub(crate) fn sharder(&self, group: &ProcessGroup) -> Result<Sharder> {
+        let rank = group.rank();
+        let (mb, limit) = (self.bucket_cap_mb, self.padding_limit);
+        let bad = |setting: &str, message: String| {
+            Err(CommError::config(
+                Some(rank),
+                setting,
+                format!("rank {rank}: ShardConfig {setting} = {message}"),
+            ))
+        };
+        if !(mb.is_finite() && mb > 0.0 && mb < 1e12) {
+            return bad(
+                "bucket_cap_mb",
+                format!("{mb} must be a positive number of MiB (25 by default, as DDP's)"),
+            );
+        }
+        if !(limit.is_finite() && limit >= 1.0) {
+            return bad(
+                "padding_limit",
+                format!(
+                    "{limit} must be a number of at least 1 (1.5 by default: a round padded \
+                     beyond 1.5 times its elements is all-reduced instead)"
+                ),
+            );
+        }
+        let cap_bytes = ((mb * 1024.0 * 1024.0) as usize).max(1);
+        Ok(Sharder::new(group, cap_bytes, limit))
+    }
+}
+
+/// The gradients in `grads` averaged over the ranks, keeping only those of
+/// the parameters this rank owns (the others are dropped once sent). Every
+/// trainable parameter takes part, in declaration order; one missing from
+/// `grads` counts as zero. In a world of one, `grads` as they are.
+/// Collective.
+pub(crate) fn scatter_gradients<G: FlatGrad>(
+    sharder: &mut Sharder,
+    walk: impl GradWalker<G>,
+    mut grads: GradientsParams,
+) -> Result<GradientsParams> {
+    let group = sharder.group()?;
+    let mut set = None;
+    let mut error = None;
+    walk(&mut |param| {
+        if error.is_some() {
+            return;
+        }
+        let set =
+            set.get_or_insert_with(|| TensorGradients::new(group.rank(), param.grad_device()));
+        let grad = param.take_grad(&mut grads);
+        if let Err(err) = set.push(param.id(), param.dims(), param.dtype(), grad) {
+            error = Some(err);
+        }
+    });
+    if let Some(err) = error {
+        return Err(err);
+    }
+    let Some(mut set) = set else {
+        return Ok(grads);
+    };
+    if !group.synchronizes() {
+        // A world of one: the inner optimizer's step exactly; the plan (this
+        // rank owns everything) only for `plan()`.
+        let layout = set.params().iter().map(|p| p.layout.clone()).collect();
+        sharder.plan_for(layout)?;
+    } else {
+        check_host_path(&group, &set)?;
+    }
+    let averaged = if sharder.scatter_gradients(&mut set)? {
+        set.into_averaged()
+    } else {
+        set.into_original()
+    };
+    let mut averaged = averaged.into_iter();
+    walk(&mut |param| {
+        if let Some(grad) = averaged.next().flatten() {
+            param.put_grad(&mut grads, grad);
+        }
+    });
+    Ok(grads)
+}
+
+/// Every trainable parameter's value from its owner, in declaration order:
+/// `Some` for those this rank does not own (to install), `None` for its own.
+/// Call it right after the step that followed [`scatter_gradients`].
+/// Collective.
+pub(crate) fn gather_values<G: FlatGrad>(
+    sharder: &mut Sharder,
+    walk: impl GradWalker<G>,
+) -> Result<Vec<Option<G>>> {
+    let group = sharder.group()?;
+    if !group.synchronizes() {
+        return Ok(Vec::new());
+    }
+    let mut set = None;
+    let mut index = 0;
+    let mut error = None;
+    walk(&mut |param| {
+        if error.is_some() {
+            return;
+        }
+        let set =
+            set.get_or_insert_with(|| TensorGradients::new(group.rank(), param.grad_device()));
+        let value = sharder.owns(index).then(|| param.value());
+        index += 1;
+        if let Err(err) = set.push(param.id(), param.dims(), param.dtype(), value) {
+            error = Some(err);
+        }
+    });
+    if let Some(err) = error {
+        return Err(err);
+    }
+    let Some(mut set) = set else {
+        return Ok(Vec::new());
+    };
+    sharder.gather_values(&mut set)?;
+    Ok(set.into_averaged())
+}
+
+/// `BURN_DDP_BACKEND=nccl` is refused: the sharded optimizer moves its
+/// rounds through host memory in this version.
+fn check_host_path<G: FlatGrad>(group: &ProcessGroup, set: &TensorGradients<G>) -> Result<()> {
+    if group.device_backend() != CollectiveBackend::Nccl {
+        return Ok(());
+    }
+    let rank = group.rank();
+    let place = match set.placement() {
+        Placement::Host => "host memory".to_string(),
+        Placement::Device { ordinal } => format!("cuda:{ordinal}"),
+    };
+    Err(CommError::config(
+        Some(rank),
+        crate::BACKEND_VAR,
+        format!(
+            "rank {rank}: BURN_DDP_BACKEND=nccl, but the sharded optimizer moves its gradients \
+             and parameters (on {place}) through host memory in this version; unset \
+             BURN_DDP_BACKEND (or set it to auto) to use it"
+        ),
+    ))
+}
