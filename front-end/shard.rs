@@ -9,7 +9,7 @@ use super::config::ShardConfig;
 use super::contract::FlatGrad;
 use super::gradients::TensorGradients;
 use super::sync::GradWalker;
-use crate::{CommError, ProcessGroup, Result};
+use crate::{CommError, ParamLayout, ProcessGroup, Result};
 use burn::optim::GradientsParams;
 use burn_ddp_comm::{CollectiveBackend, GradientSet, Placement, Sharder};
 
@@ -133,6 +133,52 @@ pub(crate) fn gather_values<G: FlatGrad>(
     };
     sharder.gather_values(&mut set)?;
     Ok(set.into_averaged())
+}
+
+/// Each trainable parameter's id, in declaration order, and whether this
+/// rank owns it under the plan for the model `walk` walks and the group's
+/// size (what splitting a whole optimizer record needs). No communication.
+pub(crate) fn ownership<G: FlatGrad>(
+    sharder: &mut Sharder,
+    walk: impl GradWalker<G>,
+) -> Result<Vec<(u64, bool)>> {
+    let rank = sharder.group()?.rank();
+    let mut ids = Vec::new();
+    let mut layout = Vec::new();
+    let mut error = None;
+    walk(&mut |param| {
+        match crate::dtype::gradient_wire(rank, param.dtype()) {
+            Ok(dtype) => layout.push(ParamLayout {
+                shape: param.dims(),
+                dtype,
+            }),
+            Err(err) => error = error.take().or(Some(err)),
+        }
+        ids.push(param.id());
+    });
+    if let Some(err) = error {
+        return Err(err);
+    }
+    let plan = sharder.plan_for(layout)?;
+    Ok(ids
+        .into_iter()
+        .zip(&plan.owners)
+        .map(|(id, &owner)| (id, owner == rank))
+        .collect())
+}
+
+/// Optimizer state for parameters the model does not have: a record saved
+/// for another model, or the model's own record not loaded first (Burn's
+/// parameter ids are random until a record sets them).
+pub(crate) fn foreign_state(rank: usize, id: u64, params: usize) -> CommError {
+    CommError::InvalidArgument {
+        rank,
+        message: format!(
+            "the optimizer state holds parameter id {id}, which none of the model's {params} \
+             trained parameters has: load the model's record saved with the optimizer state \
+             first (parameter ids come from it), or state saved for this model"
+        ),
+    }
 }
 
 /// `BURN_DDP_BACKEND=nccl` is refused: the sharded optimizer moves its

@@ -44,6 +44,7 @@ burn = { version = "$version", default-features = false, features = ["std", "opt
 burn-ddp-comm = { path = "$repo/burn-ddp-comm" }
 burn-ddp-training = { path = "$repo/burn-ddp-training" }
 burn-ddp-sampler = { path = "$repo/burn-ddp-sampler", features = ["group"] }
+burn-pack = { version = "$version", default-features = false, features = ["std"] }
 log = "0.4"
 half = { version = "2", features = ["bytemuck"] }
 bytemuck = "1"

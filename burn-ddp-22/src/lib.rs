@@ -52,6 +52,7 @@ pub mod data;
 mod device;
 mod replicas;
 mod shard;
+mod shard_record;
 mod shared;
 mod shim;
 mod sync;

@@ -4,14 +4,16 @@
 //! receives every other parameter from its owner. One call replaces
 //! `sync_gradients` + `optimizer.step`, with the bytes of one all-reduce.
 
+use crate::shard_record;
 use crate::shared::config::ShardConfig;
-use crate::shared::shard::{gather_values, scatter_gradients};
+use crate::shared::shard::{foreign_state, gather_values, ownership, scatter_gradients};
 use crate::{shim, ProcessGroup, Result, ShardPlan, SyncStats};
 use burn::module::Module;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
 use burn::optim::record::OptimizerRecord;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn_ddp_comm::Sharder;
+use std::collections::HashMap;
 
 /// A Burn optimizer whose state is split across the ranks: each rank steps
 /// and keeps state for the parameters it owns, and the updated parameters
@@ -40,11 +42,18 @@ use burn_ddp_comm::Sharder;
 pub struct ShardedOptimizer {
     inner: ModuleOptimizer,
     sharder: Sharder,
+    /// Whether the inner optimizer may hold state for parameters this rank
+    /// does not own (given whole, or loaded from a whole record): split at
+    /// the next step or consolidation, when the model is known.
+    unsplit: bool,
 }
 
 impl ShardedOptimizer {
     /// `inner` (any Burn optimizer: `SgdConfig::new().init()`, AdamW, with
-    /// its gradient clipping and parameter groups) sharded over `group`.
+    /// its gradient clipping and parameter groups) sharded over `group`. An
+    /// `inner` holding state (a whole record loaded into it, from any world
+    /// size: `Checkpoint::load_optimizer`) keeps only this rank's part from
+    /// the first step on.
     pub fn new(inner: ModuleOptimizer, group: &ProcessGroup) -> Result<Self> {
         Self::with_config(inner, group, &ShardConfig::new())
     }
@@ -58,6 +67,7 @@ impl ShardedOptimizer {
         Ok(Self {
             inner,
             sharder: config.sharder(group)?,
+            unsplit: true,
         })
     }
 
@@ -79,15 +89,94 @@ impl ShardedOptimizer {
         model: M,
         grads: GradientsParams,
     ) -> Result<M> {
+        self.split(&model)?;
         let owned = scatter_gradients(&mut self.sharder, shim::grad_walker(&model), grads)?;
         let model = self.inner.step(lr, model, owned);
         let values = gather_values(&mut self.sharder, shim::grad_walker(&model))?;
         Ok(shim::install_values(model, values))
     }
 
-    /// This rank's part of the optimizer state: the parameters it owns.
+    /// This rank's part of the optimizer state: the parameters it owns (the
+    /// whole state: [`consolidate`](Self::consolidate)).
     pub fn to_record(&self) -> OptimizerRecord {
         self.inner.to_record()
+    }
+
+    /// Loads a whole record (from [`consolidate`](Self::consolidate) or an
+    /// unsharded optimizer, saved on any number of ranks) or this rank's
+    /// part; the next step keeps only what this rank owns. Load the model's
+    /// record first: the entries are matched by parameter id.
+    pub fn load_record(mut self, record: OptimizerRecord) -> Self {
+        self.inner = self.inner.load_record(record);
+        self.unsplit = true;
+        self
+    }
+
+    /// The whole optimizer state, as one process training `model` with the
+    /// inner optimizer would hold it, on rank 0 (`None` on the others): a
+    /// plain `ModuleOptimizer` holding every rank's part, keyed by rank 0's
+    /// parameter ids, to save beside rank 0's model
+    /// (`checkpoint::save_atomic(path, &model, whole.as_ref(), epoch)`) and
+    /// load into an unsharded optimizer, or a sharded one on any number of
+    /// ranks. Collective: every rank calls it (PyTorch's
+    /// `consolidate_state_dict` + `state_dict`).
+    pub fn consolidate<M: Module>(&mut self, model: &M) -> Result<Option<ModuleOptimizer>> {
+        self.split(model)?;
+        let group = self.sharder.group()?;
+        let rank = group.rank();
+        if group.world_size() == 1 {
+            return Ok(Some(self.inner.clone()));
+        }
+        let ids = ownership(&mut self.sharder, shim::grad_walker(model))?;
+        // Parameter ids are each rank's own: the parts travel keyed by position.
+        let position: HashMap<u64, u64> = ids
+            .iter()
+            .enumerate()
+            .map(|(p, (id, _))| (*id, p as u64))
+            .collect();
+        let part = shard_record::rekey(rank, self.inner.to_record(), |id| {
+            position
+                .get(&id)
+                .map(|p| Some(*p))
+                .ok_or_else(|| foreign_state(rank, id, ids.len()))
+        })?;
+        let Some(parts) = group.gather_bytes(0, &shard_record::to_bytes(rank, part)?)? else {
+            return Ok(None);
+        };
+        let mut records = Vec::with_capacity(parts.len());
+        for bytes in parts {
+            let part = shard_record::from_bytes(rank, bytes)?;
+            records.push(shard_record::rekey(rank, part, |p| {
+                let (id, _) = ids
+                    .get(p as usize)
+                    .ok_or_else(|| foreign_state(rank, p, ids.len()))?;
+                Ok(Some(*id))
+            })?);
+        }
+        let whole = shard_record::merge(rank, records)?;
+        Ok(Some(self.inner.clone().load_record(whole)))
+    }
+
+    /// Keeps only the state of the parameters this rank owns, once the
+    /// inner optimizer may hold more; an entry for a parameter `model` does
+    /// not have is an error (the same on every rank: they hold the same
+    /// whole record).
+    fn split<M: Module>(&mut self, model: &M) -> Result<()> {
+        if !self.unsplit {
+            return Ok(());
+        }
+        let rank = self.sharder.group()?.rank();
+        let ids = ownership(&mut self.sharder, shim::grad_walker(model))?;
+        // Scalars count too: SGD without momentum keeps no tensor per
+        // parameter, only its rank.
+        let owned: HashMap<u64, bool> = ids.iter().copied().collect();
+        let kept = shard_record::rekey(rank, self.inner.to_record(), |id| match owned.get(&id) {
+            None => Err(foreign_state(rank, id, ids.len())),
+            Some(&mine) => Ok(mine.then_some(id)),
+        })?;
+        self.inner = self.inner.clone().load_record(kept);
+        self.unsplit = false;
+        Ok(())
     }
 
     /// The optimizer that steps this rank's parameters.

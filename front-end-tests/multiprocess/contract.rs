@@ -27,6 +27,15 @@ pub trait ShardedStep<M> {
     fn owners(&self) -> Vec<usize>;
     /// This rank's optimizer record: (entries, serialised bytes).
     fn record_size(&self) -> (usize, usize);
+    /// Consolidates the whole state on rank 0, which saves it in `dir` with
+    /// `model`'s record (collective).
+    fn save(&mut self, model: &M, dir: &std::path::Path) -> Result<(), String>;
+}
+
+/// An optimizer (sharded or not) that takes the whole state saved by
+/// [`ShardedStep::save`].
+pub trait LoadWhole<M>: Sized {
+    fn load_whole(self, dir: &std::path::Path) -> Result<Self, String>;
 }
 
 /// A plain optimizer's record: (entries, serialised bytes), in the units of

@@ -5,7 +5,7 @@
 //! together hold exactly the plain one's entries; a world of one is the
 //! plain optimizer bit for bit.
 
-use super::contract::{DdpModel, RecordSize, ShardedStep};
+use super::contract::{DdpModel, LoadWhole, RecordSize, ShardedStep};
 use super::scenarios::{start, Task};
 use super::{e, Res};
 use crate::shim::ddp::ProcessGroup;
@@ -83,6 +83,112 @@ where
     println!("plain_record_bytes {plain_bytes}");
     println!("sharded_bytes {sharded_bytes}");
     println!("ddp_bytes {ddp_bytes}");
+    ddp::destroy_process_group().map_err(e)
+}
+
+/// Samples per step in all, whatever the number of ranks (12 = 2 x 6 = 3 x 4).
+const GLOBAL: usize = 12;
+/// Steps before the checkpoint, and after it.
+const BEFORE: usize = 4;
+const AFTER: usize = 4;
+
+/// Step `step`'s samples: `GLOBAL` of them, split evenly in rank order.
+fn batch(step: usize, rank: usize, world: usize) -> Vec<usize> {
+    let per_rank = GLOBAL / world;
+    let from = step * GLOBAL + rank * per_rank;
+    (from..from + per_rank).collect()
+}
+
+/// A checkpoint of the sharded optimizer (AdamW) taken on some ranks and
+/// resumed on others. `save`: `BEFORE` steps from the usual start (written
+/// to `dir/start` for the reference), then rank 0 saves the model and the
+/// consolidated state in `dir`. `resume`: every rank loads the model, then
+/// the state into a sharded optimizer (a plain one with `BURN_DDP_TEST_PLAIN`
+/// set, in a world of one), `AFTER` more steps; the parameters must equal
+/// one process trained with AdamW on the same global batches for all
+/// `BEFORE + AFTER` steps (`resumed_diff`, within 1e-6). `foreign`: the
+/// state loaded into a model whose record was not loaded fails the step.
+pub fn checkpoint(phase: &str) -> Res<()> {
+    use super::scenarios::ToyTask;
+    use burn::optim::AdamWConfig;
+    type ToyModel = <ToyTask as Task>::Model;
+    let group = ddp::init_process_group().map_err(e)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    if !GLOBAL.is_multiple_of(world) {
+        return Err(format!(
+            "{GLOBAL} samples a step do not split over {world} ranks"
+        ));
+    }
+    let device = shim::device();
+    let dir = std::path::PathBuf::from(std::env::var("BURN_DDP_TEST_DIR").map_err(e)?);
+    let start_file = dir.join("start");
+    if phase == "save" {
+        let (mut model, _) = start::<ToyTask>(&group)?;
+        if rank == 0 {
+            let bits: Vec<String> = model
+                .flat_params()
+                .iter()
+                .map(|v| v.to_bits().to_string())
+                .collect();
+            std::fs::write(&start_file, bits.join(" ")).map_err(e)?;
+        }
+        let mut sharded = shim::shard(AdamWConfig::new().init(), &group)?;
+        for step in 0..BEFORE {
+            let grads =
+                model.local_grads(ToyTask::loss(&model, &batch(step, rank, world), &device));
+            model = ShardedStep::step(&mut sharded, 0.01, model, grads)?;
+        }
+        sharded.save(&model, &dir)?;
+        println!("saved");
+        return ddp::destroy_process_group().map_err(e);
+    }
+    if phase == "foreign" {
+        // The optimizer state without the model's record: its parameter ids
+        // are not this model's.
+        let model = ToyTask::build(&device).wrap(&group)?;
+        let sharded = shim::shard(AdamWConfig::new().init(), &group)?;
+        let mut sharded = LoadWhole::<ToyModel>::load_whole(sharded, &dir)?;
+        let grads = model.local_grads(ToyTask::loss(&model, &batch(0, rank, world), &device));
+        ShardedStep::step(&mut sharded, 0.01, model, grads)?;
+        return Err("state for another model's parameters went unnoticed".into());
+    }
+    let mut model = shim::load_model(ToyTask::build(&device), &dir)?.wrap(&group)?;
+    if std::env::var_os("BURN_DDP_TEST_PLAIN").is_some() {
+        let mut plain = LoadWhole::<ToyModel>::load_whole(AdamWConfig::new().init(), &dir)?;
+        for step in BEFORE..BEFORE + AFTER {
+            let grads =
+                model.local_grads(ToyTask::loss(&model, &batch(step, rank, world), &device));
+            model = plain.step(0.01, model, grads);
+        }
+    } else {
+        let sharded = shim::shard(AdamWConfig::new().init(), &group)?;
+        let mut sharded = LoadWhole::<ToyModel>::load_whole(sharded, &dir)?;
+        for step in BEFORE..BEFORE + AFTER {
+            let grads =
+                model.local_grads(ToyTask::loss(&model, &batch(step, rank, world), &device));
+            model = ShardedStep::step(&mut sharded, 0.01, model, grads)?;
+        }
+    }
+    let start: Vec<f32> = std::fs::read_to_string(&start_file)
+        .map_err(e)?
+        .split_whitespace()
+        .map(|bits| bits.parse().map(f32::from_bits).map_err(e))
+        .collect::<Res<_>>()?;
+    let mut reference = ToyTask::reference(&device).load_params(&start);
+    let mut opt_ref = AdamWConfig::new().init();
+    for step in 0..BEFORE + AFTER {
+        let loss = ToyTask::reference_loss(&reference, &batch(step, 0, 1), &device);
+        let grads = reference.local_grads(loss);
+        reference = opt_ref.step(0.01, reference, grads);
+    }
+    let diff = max_relative_difference(&model.flat_params(), &reference.flat_params());
+    println!("resumed_diff {diff:e}");
+    identical_across_ranks(&group, &model.flat_params(), "after resuming")?;
+    if diff > 1e-6 {
+        return Err(format!(
+            "resumed on {world} rank(s), the parameters differ from one uninterrupted process by {diff:e}"
+        ));
+    }
     ddp::destroy_process_group().map_err(e)
 }
 

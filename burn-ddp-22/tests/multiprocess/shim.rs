@@ -278,6 +278,42 @@ impl<M: Module> crate::shared::contract::ShardedStep<M> for burn_ddp_22::Sharded
     fn record_size(&self) -> (usize, usize) {
         record_size(self.to_record())
     }
+    fn save(&mut self, model: &M, dir: &std::path::Path) -> Result<(), String> {
+        let whole = self.consolidate(model).map_err(|err| err.to_string())?;
+        if let Some(whole) = whole {
+            burn_ddp_22::checkpoint::save_atomic(dir.join("checkpoint"), model, Some(&whole), 0)
+                .map_err(|err| err.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+fn checkpoint(dir: &std::path::Path) -> Result<burn_ddp_22::checkpoint::Checkpoint, String> {
+    burn_ddp_22::checkpoint::load(dir.join("checkpoint")).map_err(|err| err.to_string())
+}
+
+/// The model's record saved in `dir` by `ShardedStep::save`.
+pub fn load_model<M: Module>(model: M, dir: &std::path::Path) -> Result<M, String> {
+    checkpoint(dir)?
+        .load_model(model)
+        .map_err(|err| err.to_string())
+}
+
+impl<M: Module> crate::shared::contract::LoadWhole<M> for burn_ddp_22::ShardedOptimizer {
+    fn load_whole(self, dir: &std::path::Path) -> Result<Self, String> {
+        let whole = checkpoint(dir)?
+            .load_optimizer(self.inner().clone())
+            .map_err(|err| err.to_string())?;
+        Ok(self.load_record(whole.to_record()))
+    }
+}
+
+impl<M: Module> crate::shared::contract::LoadWhole<M> for burn::optim::ModuleOptimizer {
+    fn load_whole(self, dir: &std::path::Path) -> Result<Self, String> {
+        checkpoint(dir)?
+            .load_optimizer(self)
+            .map_err(|err| err.to_string())
+    }
 }
 
 impl crate::shared::contract::RecordSize for burn::optim::ModuleOptimizer {

@@ -113,6 +113,35 @@ impl ProcessGroup {
         }
     }
 
+    /// Every rank's `bytes` (any length, any contents: a serialised record)
+    /// on rank `root`, in rank order; `None` on the other ranks. Collective.
+    ///
+    /// One small all-gather of the lengths, then each rank's bytes broadcast
+    /// in turn (the other ranks receive and drop them: a rank holds one
+    /// part at a time beside its own).
+    pub fn gather_bytes(&self, root: usize, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>> {
+        self.check_root(root)?;
+        let lengths = self.all_gather(&[bytes.len() as i64])?;
+        let mut parts = Vec::with_capacity(lengths.len());
+        for (sender, &len) in lengths.iter().enumerate() {
+            let len = len as usize;
+            let mut words = vec![0i64; len.div_ceil(8)];
+            let raw: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+            if sender == self.rank() {
+                raw[..len].copy_from_slice(bytes);
+            }
+            // The root has its own; everyone takes part in the others'.
+            if sender != root && len > 0 {
+                self.broadcast(&mut words, sender)?;
+            }
+            if self.rank() == root {
+                let raw: &[u8] = bytemuck::cast_slice(&words);
+                parts.push(raw[..len].to_vec());
+            }
+        }
+        Ok((self.rank() == root).then_some(parts))
+    }
+
     /// Checks that `root` is a rank of the group.
     pub fn check_root(&self, root: usize) -> Result<()> {
         if root < self.world_size() {
@@ -157,6 +186,18 @@ mod tests {
             .all_reduce_bytes(DType::F32, &mut values, ReduceOp::Mean)
             .unwrap();
         assert_eq!(&values[..4], &1.5f32.to_le_bytes());
+    }
+
+    #[test]
+    fn a_world_of_one_gathers_its_own_bytes_whatever_their_length() {
+        let group = ProcessGroup::builder(0, 1).build().unwrap();
+        for bytes in [&[][..], &[7u8][..], &[1, 2, 3, 4, 5, 6, 7, 8, 9][..]] {
+            assert_eq!(
+                group.gather_bytes(0, bytes).unwrap(),
+                Some(vec![bytes.to_vec()])
+            );
+        }
+        assert!(group.gather_bytes(1, &[1]).is_err());
     }
 
     #[test]

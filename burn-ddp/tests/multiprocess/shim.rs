@@ -371,6 +371,58 @@ where
     fn record_size(&self) -> (usize, usize) {
         record_size(burn::optim::Optimizer::<M, Wrapped>::to_record(self))
     }
+    fn save(&mut self, model: &M, dir: &std::path::Path) -> Result<(), String> {
+        let whole = self.consolidate(model).map_err(|err| err.to_string())?;
+        if let Some(whole) = whole {
+            burn_ddp::checkpoint::save_atomic::<Wrapped, _>(
+                model.clone().into_record(),
+                dir.join("model"),
+            )
+            .map_err(|err| err.to_string())?;
+            burn_ddp::checkpoint::save_atomic::<Wrapped, _>(whole, dir.join("optimizer"))
+                .map_err(|err| err.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// The model's record saved in `dir` by `ShardedStep::save`.
+pub fn load_model<M: Module<Wrapped>>(model: M, dir: &std::path::Path) -> Result<M, String> {
+    burn_ddp::checkpoint::load_into(model, dir.join("model"), &device())
+        .map_err(|err| err.to_string())
+}
+
+/// The whole optimizer state saved in `dir`, loaded into `optimizer`.
+fn load_whole<O, M>(optimizer: O, dir: &std::path::Path) -> Result<O, String>
+where
+    O: burn::optim::Optimizer<M, Wrapped>,
+    M: burn::module::AutodiffModule<Wrapped>,
+{
+    let record = burn_ddp::checkpoint::load::<Wrapped, O::Record>(dir.join("optimizer"), &device())
+        .map_err(|err| err.to_string())?;
+    Ok(optimizer.load_record(record))
+}
+
+impl<O, M, R> crate::shared::contract::LoadWhole<M> for burn_ddp::ShardedOptimizer<O, Wrapped>
+where
+    O: burn::optim::Optimizer<M, Wrapped, Record = hashbrown::HashMap<burn::module::ParamId, R>>,
+    M: burn::module::AutodiffModule<Wrapped>,
+    R: burn::record::Record<Wrapped>,
+{
+    fn load_whole(self, dir: &std::path::Path) -> Result<Self, String> {
+        load_whole::<_, M>(self, dir)
+    }
+}
+
+impl<O, M> crate::shared::contract::LoadWhole<M>
+    for burn::optim::adaptor::OptimizerAdaptor<O, M, Wrapped>
+where
+    O: burn::optim::SimpleOptimizer<<Wrapped as AutodiffBackend>::InnerBackend>,
+    M: burn::module::AutodiffModule<Wrapped>,
+{
+    fn load_whole(self, dir: &std::path::Path) -> Result<Self, String> {
+        load_whole::<_, M>(self, dir)
+    }
 }
 
 impl<O, M> crate::shared::contract::RecordSize
