@@ -6,14 +6,13 @@
 
 use crate::shard_record;
 use crate::shared::config::ShardConfig;
-use crate::shared::shard::{foreign_state, gather_values, ownership, scatter_gradients};
+use crate::shared::shard::{gather_values, scatter_gradients};
 use crate::{shim, ProcessGroup, Result, ShardPlan, SyncStats};
 use burn::module::Module;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
 use burn::optim::record::OptimizerRecord;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn_ddp_comm::Sharder;
-use std::collections::HashMap;
 
 /// A Burn optimizer whose state is split across the ranks: each rank steps
 /// and keeps state for the parameters it owns, and the updated parameters
@@ -122,39 +121,9 @@ impl ShardedOptimizer {
     /// `consolidate_state_dict` + `state_dict`).
     pub fn consolidate<M: Module>(&mut self, model: &M) -> Result<Option<ModuleOptimizer>> {
         self.split(model)?;
-        let group = self.sharder.group()?;
-        let rank = group.rank();
-        if group.world_size() == 1 {
-            return Ok(Some(self.inner.clone()));
-        }
-        let ids = ownership(&mut self.sharder, shim::grad_walker(model))?;
-        // Parameter ids are each rank's own: the parts travel keyed by position.
-        let position: HashMap<u64, u64> = ids
-            .iter()
-            .enumerate()
-            .map(|(p, (id, _))| (*id, p as u64))
-            .collect();
-        let part = shard_record::rekey(rank, self.inner.to_record(), |id| {
-            position
-                .get(&id)
-                .map(|p| Some(*p))
-                .ok_or_else(|| foreign_state(rank, id, ids.len()))
-        })?;
-        let Some(parts) = group.gather_bytes(0, &shard_record::to_bytes(rank, part)?)? else {
-            return Ok(None);
-        };
-        let mut records = Vec::with_capacity(parts.len());
-        for bytes in parts {
-            let part = shard_record::from_bytes(rank, bytes)?;
-            records.push(shard_record::rekey(rank, part, |p| {
-                let (id, _) = ids
-                    .get(p as usize)
-                    .ok_or_else(|| foreign_state(rank, p, ids.len()))?;
-                Ok(Some(*id))
-            })?);
-        }
-        let whole = shard_record::merge(rank, records)?;
-        Ok(Some(self.inner.clone().load_record(whole)))
+        let part = self.inner.to_record();
+        let whole = shard_record::gather_whole(&mut self.sharder, model, part)?;
+        Ok(whole.map(|whole| self.inner.clone().load_record(whole)))
     }
 
     /// Keeps only the state of the parameters this rank owns, once the
@@ -165,15 +134,7 @@ impl ShardedOptimizer {
         if !self.unsplit {
             return Ok(());
         }
-        let rank = self.sharder.group()?.rank();
-        let ids = ownership(&mut self.sharder, shim::grad_walker(model))?;
-        // Scalars count too: SGD without momentum keeps no tensor per
-        // parameter, only its rank.
-        let owned: HashMap<u64, bool> = ids.iter().copied().collect();
-        let kept = shard_record::rekey(rank, self.inner.to_record(), |id| match owned.get(&id) {
-            None => Err(foreign_state(rank, id, ids.len())),
-            Some(&mine) => Ok(mine.then_some(id)),
-        })?;
+        let kept = shard_record::owned_part(&mut self.sharder, model, self.inner.to_record())?;
         self.inner = self.inner.clone().load_record(kept);
         self.unsplit = false;
         Ok(())

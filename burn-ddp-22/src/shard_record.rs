@@ -4,11 +4,74 @@
 //! scalars `"{id}.{...}"`, the path under `"{id}"`), and its fields are
 //! private, so the parts are moved through the burnpack format itself.
 
-use crate::{CommError, Result};
+use crate::shared::shard::{foreign_state, ownership};
+use crate::{shim, CommError, Result};
+use burn::module::Module;
 use burn::optim::record::OptimizerRecord;
 use burn::tensor::Bytes;
+use burn_ddp_comm::Sharder;
 use burn_pack::{Reader, Scalar, Writer};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+/// This rank's `part` of the optimizer state of `model`, gathered with every
+/// other rank's on rank 0 into the whole record, keyed by rank 0's
+/// parameter ids (`None` on the other ranks). Collective.
+pub(crate) fn gather_whole<M: Module>(
+    sharder: &mut Sharder,
+    model: &M,
+    part: OptimizerRecord,
+) -> Result<Option<OptimizerRecord>> {
+    let group = sharder.group()?;
+    let rank = group.rank();
+    if group.world_size() == 1 {
+        return Ok(Some(part));
+    }
+    let ids = ownership(sharder, shim::grad_walker(model))?;
+    // Parameter ids are each rank's own: the parts travel keyed by position.
+    let position: HashMap<u64, u64> = ids
+        .iter()
+        .enumerate()
+        .map(|(p, (id, _))| (*id, p as u64))
+        .collect();
+    let part = rekey(rank, part, |id| {
+        position
+            .get(&id)
+            .map(|p| Some(*p))
+            .ok_or_else(|| foreign_state(rank, id, ids.len()))
+    })?;
+    let Some(parts) = group.gather_bytes(0, &record_bytes(rank, part)?)? else {
+        return Ok(None);
+    };
+    let mut records = Vec::with_capacity(parts.len());
+    for bytes in parts {
+        records.push(rekey(rank, record_from_bytes(rank, bytes)?, |p| {
+            let (id, _) = ids
+                .get(p as usize)
+                .ok_or_else(|| foreign_state(rank, p, ids.len()))?;
+            Ok(Some(*id))
+        })?);
+    }
+    merge(rank, records).map(Some)
+}
+
+/// The entries of `record` (whole, or any part) for the parameters of
+/// `model` this rank owns; an entry for a parameter `model` does not have is
+/// an error (the same on every rank when they hold the same record). Scalars
+/// count too: SGD without momentum keeps no tensor per parameter, only its
+/// rank. No communication.
+pub(crate) fn owned_part<M: Module>(
+    sharder: &mut Sharder,
+    model: &M,
+    record: OptimizerRecord,
+) -> Result<OptimizerRecord> {
+    let rank = sharder.group()?.rank();
+    let ids = ownership(sharder, shim::grad_walker(model))?;
+    let owned: HashMap<u64, bool> = ids.iter().copied().collect();
+    rekey(rank, record, |id| match owned.get(&id) {
+        None => Err(foreign_state(rank, id, ids.len())),
+        Some(&mine) => Ok(mine.then_some(id)),
+    })
+}
 
 /// A record's entries, as the burnpack format holds them.
 struct Parts {
@@ -44,7 +107,7 @@ impl Parts {
 /// `record` with each parameter id `id` replaced by `key(id)`: `Some(new)`
 /// renames its entries, `None` drops them, an error stops. Entries that name
 /// no parameter are kept as they are.
-pub(crate) fn rekey(
+fn rekey(
     rank: usize,
     record: OptimizerRecord,
     mut key: impl FnMut(u64) -> Result<Option<u64>>,
@@ -97,7 +160,7 @@ pub(crate) fn rekey(
 
 /// One record holding every entry of `records` (parts of disjoint
 /// parameters).
-pub(crate) fn merge(rank: usize, records: Vec<OptimizerRecord>) -> Result<OptimizerRecord> {
+fn merge(rank: usize, records: Vec<OptimizerRecord>) -> Result<OptimizerRecord> {
     let mut all = Parts {
         tensors: Vec::new(),
         scalars: BTreeMap::new(),
@@ -113,12 +176,12 @@ pub(crate) fn merge(rank: usize, records: Vec<OptimizerRecord>) -> Result<Optimi
 }
 
 /// A record from bytes received from another rank.
-pub(crate) fn from_bytes(rank: usize, bytes: Vec<u8>) -> Result<OptimizerRecord> {
+pub(crate) fn record_from_bytes(rank: usize, bytes: Vec<u8>) -> Result<OptimizerRecord> {
     OptimizerRecord::from_bytes(Bytes::from_bytes_vec(bytes)).map_err(|err| error(rank, err))
 }
 
 /// A record as bytes, to send.
-pub(crate) fn to_bytes(rank: usize, record: OptimizerRecord) -> Result<Vec<u8>> {
+pub(crate) fn record_bytes(rank: usize, record: OptimizerRecord) -> Result<Vec<u8>> {
     Ok(record
         .into_bytes()
         .map_err(|err| error(rank, err))?

@@ -55,6 +55,7 @@ mod device;
 mod no_sync;
 mod replicas;
 mod shard;
+mod shard_record;
 mod shared;
 mod shim;
 pub(crate) mod sync;

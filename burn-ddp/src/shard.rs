@@ -8,18 +8,17 @@
 //! all-reduce inside `backward()` would move the same gradients once more
 //! for the same result.
 
+use crate::shard_record::{gather_whole, owned_part};
 use crate::shared::config::ShardConfig;
 use crate::shared::session::SESSION;
-use crate::shared::shard::{foreign_state, gather_values, ownership, scatter_gradients};
+use crate::shared::shard::{gather_values, scatter_gradients};
 use crate::shared::walk::first_trainable;
 use crate::tracking::WrappingScope;
-use crate::{shim, CommError, ProcessGroup, Result, ShardPlan, SyncStats};
-use burn::module::{AutodiffModule, ParamId};
+use crate::{shim, ProcessGroup, Result, ShardPlan, SyncStats};
+use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
-use burn::record::{BinBytesRecorder, DoublePrecisionSettings, Record, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn_ddp_comm::Sharder;
-use hashbrown::HashMap;
 use std::marker::PhantomData;
 
 /// A Burn optimizer whose state is split across the ranks: each rank steps
@@ -72,9 +71,6 @@ impl<O: Clone, B> Clone for ShardedOptimizer<O, B> {
     }
 }
 
-/// The record of Burn 0.21's optimizers: one entry per parameter id.
-type Keyed<R> = HashMap<ParamId, R>;
-
 impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
     /// `inner` (any Burn optimizer: `SgdConfig::new().init()`, AdamW, with
     /// its gradient clipping) sharded over `group`. An `inner` holding state
@@ -100,21 +96,15 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
     /// received from its owner. A parameter missing from `grads` counts as
     /// zero; in a world of one it is the inner optimizer's step exactly.
     /// Collective.
-    pub fn try_step<M, R>(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<M>
+    pub fn try_step<M>(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<M>
     where
         M: AutodiffModule<B>,
-        O: Optimizer<M, B, Record = Keyed<R>>,
-        R: Record<B>,
+        O: Optimizer<M, B>,
     {
         self.split(&model)?;
         let owned = scatter_gradients(&mut self.sharder, shim::grad_walker(&model), grads)?;
         let model = self.inner.step(lr, model, owned);
-        let values = gather_values(&mut self.sharder, shim::grad_walker(&model))?;
-        // The received parameters are the wrapped model's, as the ones the
-        // inner optimizer replaced are (`Ddp<B>` follows them by scope).
-        let scope = first_trainable(shim::walker(&model)).and_then(|id| SESSION.of_param(id));
-        let _scope = scope.map(|scope| WrappingScope::enter(scope.id));
-        Ok(shim::install_values(model, values))
+        share_values(&mut self.sharder, model)
     }
 
     /// The whole optimizer state, as one process training `model` with the
@@ -123,82 +113,29 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
     /// an unsharded optimizer beside rank 0's model record, or into a
     /// sharded one on any number of ranks. Collective: every rank calls it
     /// (PyTorch's `consolidate_state_dict` + `state_dict`).
-    pub fn consolidate<M, R>(&mut self, model: &M) -> Result<Option<Keyed<R>>>
+    pub fn consolidate<M>(&mut self, model: &M) -> Result<Option<O::Record>>
     where
         M: AutodiffModule<B>,
-        O: Optimizer<M, B, Record = Keyed<R>>,
-        R: Record<B>,
+        O: Optimizer<M, B>,
     {
         self.split(model)?;
-        let group = self.sharder.group()?;
-        let ids = ownership(&mut self.sharder, shim::grad_walker(model))?;
-        let part = self.inner.to_record();
-        if group.world_size() == 1 {
-            return Ok(Some(part));
-        }
-        // Parameter ids are each rank's own: the parts travel keyed by position.
-        let position: HashMap<u64, usize> = ids
-            .iter()
-            .enumerate()
-            .map(|(p, (id, _))| (*id, p))
-            .collect();
-        let mut by_position = Keyed::new();
-        for (id, state) in part {
-            let p = position
-                .get(&id.val())
-                .ok_or_else(|| foreign_state(group.rank(), id.val(), ids.len()))?;
-            by_position.insert(ParamId::from(*p as u64), state);
-        }
-        let bytes = record_bytes(group.rank(), by_position)?;
-        let Some(parts) = group.gather_bytes(0, &bytes)? else {
-            return Ok(None);
-        };
-        let device = model.devices().into_iter().next().unwrap_or_default();
-        let mut whole = Keyed::new();
-        for bytes in parts {
-            let part: Keyed<R> = recorder()
-                .load(bytes, &device)
-                .map_err(|err| record_error(0, err))?;
-            for (p, state) in part {
-                let (id, _) = ids
-                    .get(p.val() as usize)
-                    .ok_or_else(|| record_error(0, "a part names a parameter past the model's"))?;
-                whole.insert(ParamId::from(*id), state);
-            }
-        }
-        Ok(Some(whole))
+        gather_whole(&mut self.sharder, model, self.inner.to_record())
     }
 
     /// Keeps only the state of the parameters this rank owns, once the
     /// inner optimizer may hold more; an entry for a parameter `model` does
     /// not have is an error (the same on every rank: they hold the same
     /// whole record).
-    fn split<M, R>(&mut self, model: &M) -> Result<()>
+    fn split<M>(&mut self, model: &M) -> Result<()>
     where
         M: AutodiffModule<B>,
-        O: Optimizer<M, B, Record = Keyed<R>>,
-        R: Record<B>,
+        O: Optimizer<M, B>,
     {
         if !self.unsplit {
             return Ok(());
         }
-        let rank = self.sharder.group()?.rank();
-        let ids = ownership(&mut self.sharder, shim::grad_walker(model))?;
-        let record = self.inner.to_record();
-        if !record.is_empty() {
-            let owned: HashMap<u64, bool> = ids.iter().copied().collect();
-            let mut kept = Keyed::new();
-            for (id, state) in record {
-                match owned.get(&id.val()) {
-                    None => return Err(foreign_state(rank, id.val(), ids.len())),
-                    Some(true) => {
-                        kept.insert(id, state);
-                    }
-                    Some(false) => {}
-                }
-            }
-            self.inner = self.inner.clone().load_record(kept);
-        }
+        let part = owned_part(&mut self.sharder, model, self.inner.to_record())?;
+        self.inner = self.inner.clone().load_record(part);
         self.unsplit = false;
         Ok(())
     }
@@ -220,31 +157,28 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
     }
 }
 
-/// Records in transit: Burn's binary format at double precision, so f16,
-/// bf16, f32 and f64 state all cross exactly.
-fn recorder() -> BinBytesRecorder<DoublePrecisionSettings> {
-    BinBytesRecorder::new()
+/// Every other parameter of `model` (just stepped, this rank's own) from
+/// its owner. Collective.
+pub(crate) fn share_values<B: AutodiffBackend, M: AutodiffModule<B>>(
+    sharder: &mut Sharder,
+    model: M,
+) -> Result<M> {
+    let values = gather_values(sharder, shim::grad_walker(&model))?;
+    // The received parameters are the wrapped model's, as the ones the inner
+    // optimizer replaced are (`Ddp<B>` follows them by scope).
+    let scope = first_trainable(shim::walker(&model)).and_then(|id| SESSION.of_param(id));
+    let _scope = scope.map(|scope| WrappingScope::enter(scope.id));
+    Ok(shim::install_values(model, values))
 }
 
-fn record_bytes<B: AutodiffBackend, R: Record<B>>(rank: usize, record: R) -> Result<Vec<u8>> {
-    Recorder::<B>::record(&recorder(), record, ()).map_err(|err| record_error(rank, err))
-}
-
-fn record_error(rank: usize, err: impl std::fmt::Display) -> CommError {
-    CommError::InvalidArgument {
-        rank,
-        message: format!("the sharded optimizer's record: {err}"),
-    }
-}
-
-/// Burn's [`Optimizer`], for the optimizers whose record is one entry per
-/// parameter (all of Burn 0.21's: SGD, Adam, AdamW, RMSprop, AdaGrad...).
-impl<O, M, B, R> Optimizer<M, B> for ShardedOptimizer<O, B>
+/// Burn's [`Optimizer`]. Checkpoints need a record keyed by parameter, as
+/// all of Burn 0.21's optimizers have (SGD, Adam, AdamW, RMSprop,
+/// AdaGrad...).
+impl<O, M, B> Optimizer<M, B> for ShardedOptimizer<O, B>
 where
-    O: Optimizer<M, B, Record = Keyed<R>>,
+    O: Optimizer<M, B>,
     M: AutodiffModule<B>,
     B: AutodiffBackend,
-    R: Record<B>,
 {
     /// This rank's part of the state: the parameters it owns (the whole
     /// state: [`consolidate`](ShardedOptimizer::consolidate)).

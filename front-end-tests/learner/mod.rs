@@ -22,7 +22,7 @@ use burn::train::{
     TrainingStrategy,
 };
 use burn_ddp_testkit::learner::{
-    DIR_VAR, EPOCHS, EPOCHS_VAR, OPTIMIZER_VAR, RESUME_VAR, SHARED_DIR_VAR,
+    DIR_VAR, EPOCHS, EPOCHS_VAR, OPTIMIZER_VAR, RESUME_VAR, SHARDED_VAR, SHARED_DIR_VAR,
 };
 use burn_ddp_testkit::numbers::max_relative_difference;
 use contract::{Learned, Loader, Training};
@@ -115,11 +115,11 @@ pub fn setup() -> Res<Run> {
     } else {
         base.join(format!("rank{rank}"))
     };
-    Ok(Run {
-        ddp: DdpTraining::new(&group, &dir),
-        rank,
-        dir,
-    })
+    let mut ddp = DdpTraining::new(&group, &dir);
+    if std::env::var_os(SHARDED_VAR).is_some() {
+        ddp = ddp.with_sharded_optimizer(ddp::ShardConfig::new());
+    }
+    Ok(Run { ddp, rank, dir })
 }
 
 /// `M`'s loaders of `train` in batches of `batch` and of `valid` in batches

@@ -45,6 +45,7 @@
 mod burn_version;
 pub(crate) mod checkpoints;
 mod quiet;
+mod sharded;
 mod strategy;
 
 pub use crate::shared::train::quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};

@@ -11,6 +11,7 @@
 //! world of one trains as Burn's own strategy does.
 
 use super::burn_version;
+use super::sharded::ShardedLearning;
 use super::DdpTraining;
 use crate::shared::train::metrics::globalize;
 use burn::data::dataloader::{DataLoaderIterator, Progress};
@@ -93,6 +94,18 @@ struct Epochs<'a, M: LearnerModel> {
     /// The gradients since the last optimizer step.
     accumulator: GradientsAccumulator<M>,
     grads: Option<GradientsParams>,
+    /// With a sharded optimizer: its state, and the current model.
+    sharded: Option<ShardedLearning<M>>,
+}
+
+impl<M: LearnerModel> Epochs<'_, M> {
+    /// The current model.
+    fn model(&self) -> M {
+        match &self.sharded {
+            Some(sharded) => sharded.model().clone(),
+            None => self.learner.model(),
+        }
+    }
 }
 
 impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
@@ -137,11 +150,13 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
     }
 
     fn train_step(&mut self, item: Self::Item) -> Self::Output {
-        let output = self.learner.train_step(item);
+        let output = match &self.sharded {
+            // What `Learner::train_step` does, on the current model.
+            Some(sharded) => TrainStep::step(sharded.model(), item),
+            None => self.learner.train_step(item),
+        };
         match self.components.grad_accumulation {
-            Some(_) => self
-                .accumulator
-                .accumulate(&self.learner.model(), output.grads),
+            Some(_) => self.accumulator.accumulate(&self.model(), output.grads),
             None => self.grads = Some(output.grads),
         }
         output.item
@@ -152,6 +167,9 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
             Some(grads) => grads,
             None => self.accumulator.grads(),
         };
+        if let Some(sharded) = &mut self.sharded {
+            return sharded.step(&mut self.learner, grads);
+        }
         let model = self.learner.model();
         let grads = crate::sync::sync_module(self.job.reducer(), self.job.group(), &model, grads)?;
         // burn-train 0.22 steps the scheduler with the optimizer.
@@ -187,7 +205,7 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
 
     fn validate(&mut self, epoch: usize) {
         log::info!("Executing validation step for epoch {epoch}");
-        let model = self.learner.model().valid();
+        let model = self.model().valid();
         let mut iterator = self.valid.iter();
         let start = burn_version::start_split(epoch, self.valid.num_items(), iterator.progress());
         self.components
@@ -249,8 +267,20 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
     }
 
     fn checkpoint(&mut self, epoch: usize) {
-        if let Some(checkpointer) = &mut self.components.checkpointer {
-            checkpointer.checkpoint(&self.learner, epoch, &self.components.event_store);
+        let Some(checkpointer) = &mut self.components.checkpointer else {
+            return;
+        };
+        let store = &self.components.event_store;
+        match &mut self.sharded {
+            Some(sharded) => {
+                if let Err(error) =
+                    sharded.checkpoint(&mut self.learner, checkpointer, epoch, store)
+                {
+                    let what = "gathering the optimizer state for a checkpoint";
+                    panic!("{}", FitError { what, error }.message(self.job.rank()));
+                }
+            }
+            None => checkpointer.checkpoint(&self.learner, epoch, store),
         }
     }
 
@@ -335,6 +365,20 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
         let dataloader_train = dataloader_train.to_device(&device);
         let dataloader_valid = dataloader_valid.to_device(&device.clone().inner());
         learner.fork(&device);
+        let sharded = self.ddp.sharded.as_ref().map(|config| {
+            ShardedLearning::start(
+                config,
+                self.ddp.group(),
+                &mut learner,
+                &components.event_store,
+            )
+            .unwrap_or_else(|error| {
+                self.fail(FitError {
+                    what: "sharding the optimizer state",
+                    error,
+                })
+            })
+        });
         let plan = Plan {
             starting_epoch,
             num_epochs: components.num_epochs,
@@ -352,9 +396,13 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             progress: None,
             accumulator: GradientsAccumulator::new(),
             grads: None,
+            sharded,
         };
         if let Err(err) = self.ddp.fit(&mut epochs, plan) {
             self.fail(err);
+        }
+        if let Some(sharded) = epochs.sharded.take() {
+            sharded.finish(&mut epochs.learner);
         }
         (epochs.learner.model(), epochs.components.event_processor)
     }

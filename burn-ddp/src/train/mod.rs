@@ -58,6 +58,7 @@
 
 pub(crate) mod checkpoints;
 mod quiet;
+mod sharded;
 mod strategy;
 
 pub use crate::shared::train::quiet::{NeverCheckpoint, SilentRenderer, SummaryRenderer};

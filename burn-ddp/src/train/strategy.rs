@@ -10,6 +10,7 @@
 //! epoch dropped), so a world of one trains bitwise as Burn's own strategy
 //! does.
 
+use super::sharded::ShardedLearning;
 use super::DdpTraining;
 use crate::shared::train::metrics::globalize;
 use burn::data::dataloader::{DataLoaderIterator, Progress};
@@ -87,6 +88,8 @@ struct Epochs<'a, LC: LearningComponentsTypes> {
     /// The gradients since the last optimizer step.
     accumulator: GradientsAccumulator<TrainingModel<LC>>,
     grads: Option<GradientsParams>,
+    /// With a sharded optimizer: its owners and rounds.
+    sharded: Option<ShardedLearning>,
 }
 
 impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
@@ -128,6 +131,9 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
             Some(grads) => grads,
             None => self.accumulator.grads(),
         };
+        if let Some(sharded) = &mut self.sharded {
+            return sharded.step(&mut self.learner, grads);
+        }
         let model = self.learner.model();
         let grads = crate::sync::sync_module(self.job.reducer(), self.job.group(), &model, grads)?;
         self.learner.optimizer_step(grads);
@@ -189,8 +195,20 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
     }
 
     fn checkpoint(&mut self, epoch: usize) {
-        if let Some(checkpointer) = &mut self.components.checkpointer {
-            checkpointer.checkpoint(&self.learner, epoch, &self.components.event_store);
+        let Some(checkpointer) = &mut self.components.checkpointer else {
+            return;
+        };
+        let store = &self.components.event_store;
+        match &mut self.sharded {
+            Some(sharded) => {
+                if let Err(error) =
+                    sharded.checkpoint(&mut self.learner, checkpointer, epoch, store)
+                {
+                    let what = "gathering the optimizer state for a checkpoint";
+                    panic!("{}", FitError { what, error }.message(self.job.rank()));
+                }
+            }
+            None => checkpointer.checkpoint(&self.learner, epoch, store),
         }
     }
 
@@ -283,6 +301,20 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         let dataloader_train = dataloader_train.to_device(&device);
         let dataloader_valid = dataloader_valid.to_device(device.inner());
         learner.fork(&device);
+        let sharded = self.ddp.sharded.as_ref().map(|config| {
+            ShardedLearning::start(
+                config,
+                self.ddp.group(),
+                &mut learner,
+                &components.event_store,
+            )
+            .unwrap_or_else(|error| {
+                self.fail(FitError {
+                    what: "sharding the optimizer state",
+                    error,
+                })
+            })
+        });
         let plan = Plan {
             starting_epoch,
             num_epochs: components.num_epochs,
@@ -300,6 +332,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             progress: None,
             accumulator: GradientsAccumulator::new(),
             grads: None,
+            sharded,
         };
         if let Err(err) = self.ddp.fit(&mut epochs, plan) {
             self.fail(err);

@@ -1,0 +1,167 @@
+//! The Learner's optimizer sharded (ZeRO stage 1,
+//! [`DdpTraining::with_sharded_optimizer`](crate::train::DdpTraining::with_sharded_optimizer)):
+//! the strategy shards around the Learner's own optimizer. Each optimizer
+//! step hands the Learner the averaged gradients of this rank's parameters
+//! only (its optimizer steps and keeps state for those alone), then every
+//! other parameter comes from its owner. Burn 0.22's Learner keeps its model
+//! private and takes a new one only as a host-memory record, so the current
+//! model is kept here and the Learner's copy serves only for its optimizer
+//! step (the parameters it does not own stay as they were there: memory
+//! for one more copy of them, never read).
+//!
+//! Checkpoints: every rank's part of the state is gathered on rank 0, which
+//! lets Burn's checkpointer save the whole state (an unsharded Learner
+//! resumes from it, on any number of ranks), then goes on with its part.
+//! The Learner hands its optimizer's record out only to a checkpointer, so
+//! one that captures it is used to read it.
+
+use crate::shard_record::{gather_whole, owned_part, record_bytes, record_from_bytes};
+use crate::shared::shard::{gather_values, scatter_gradients};
+use crate::{shim, CommError, ProcessGroup, Result, ShardConfig};
+use burn::optim::lr_scheduler::LrSchedulerRecord;
+use burn::optim::{GradientsParams, OptimizerRecord};
+use burn::store::ModuleRecord;
+use burn::train::checkpoint::{
+    AsyncCheckpointer, Checkpoint, Checkpointer, CheckpointerError, CheckpointingAction,
+    CheckpointingStrategy,
+};
+use burn::train::metric::store::EventStoreClient;
+use burn::train::{Learner, LearnerModel, LearningCheckpointer};
+use burn_ddp_comm::Sharder;
+use std::sync::mpsc;
+
+/// The sharded optimizer's state beside the Learner: the owners and rounds,
+/// and the current model.
+pub(super) struct ShardedLearning<M> {
+    sharder: Sharder,
+    model: M,
+}
+
+impl<M: LearnerModel> ShardedLearning<M> {
+    /// Sharding over `group` from the Learner as it starts (rank 0's
+    /// parameters on every rank): of the optimizer state it holds (all of
+    /// it when resuming), only this rank's part is kept.
+    pub fn start(
+        config: &ShardConfig,
+        group: &ProcessGroup,
+        learner: &mut Learner<M>,
+        store: &EventStoreClient,
+    ) -> Result<Self> {
+        let mut sharder = config.sharder(group)?;
+        let model = learner.model();
+        let state = optimizer_record(learner, store, group.rank())?;
+        learner.load_optim(owned_part(&mut sharder, &model, state)?);
+        Ok(Self { sharder, model })
+    }
+
+    /// The current model (every parameter up to date).
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    /// One optimizer step on this rank's local gradients: the averaged
+    /// gradients of its own parameters to the Learner's optimizer (with the
+    /// scheduler's step, as burn-train 0.22 does), then every other
+    /// parameter from its owner. Collective.
+    pub fn step(&mut self, learner: &mut Learner<M>, grads: GradientsParams) -> Result<()> {
+        let owned = scatter_gradients(&mut self.sharder, shim::grad_walker(&self.model), grads)?;
+        learner.lr_step();
+        learner.optimizer_step(owned);
+        let stepped = learner.model();
+        let values = gather_values(&mut self.sharder, shim::grad_walker(&stepped))?;
+        self.model = shim::install_values(stepped, values);
+        Ok(())
+    }
+
+    /// Gathers the whole optimizer state on rank 0, which runs Burn's
+    /// checkpointer with it (and the current model) and then keeps its own
+    /// part again. Collective: every rank calls it when checkpoints are on.
+    pub fn checkpoint(
+        &mut self,
+        learner: &mut Learner<M>,
+        checkpointer: &mut LearningCheckpointer<M>,
+        epoch: usize,
+        store: &EventStoreClient,
+    ) -> Result<()> {
+        let rank = self.sharder.group()?.rank();
+        let part = optimizer_record(learner, store, rank)?;
+        let Some(whole) = gather_whole(&mut self.sharder, &self.model, part)? else {
+            return Ok(());
+        };
+        let bytes = record_bytes(rank, whole)?;
+        learner.load_optim(record_from_bytes(rank, bytes.clone())?);
+        learner.load_model(self.model.clone().into_record());
+        checkpointer.checkpoint(learner, epoch, store);
+        let mine = owned_part(
+            &mut self.sharder,
+            &self.model,
+            record_from_bytes(rank, bytes)?,
+        )?;
+        learner.load_optim(mine);
+        Ok(())
+    }
+
+    /// The Learner with the current model, for the end of training.
+    pub fn finish(self, learner: &mut Learner<M>) {
+        learner.load_model(self.model.into_record());
+    }
+}
+
+/// The Learner's optimizer state, read through a checkpointer that keeps
+/// what it is asked to save (the model's and scheduler's records it is
+/// handed are dropped).
+fn optimizer_record<M: LearnerModel>(
+    learner: &Learner<M>,
+    store: &EventStoreClient,
+    rank: usize,
+) -> Result<OptimizerRecord> {
+    let (sender, receiver) = mpsc::channel();
+    let mut capture: LearningCheckpointer<M> = LearningCheckpointer::new(
+        AsyncCheckpointer::<ModuleRecord>::new(Keep(None)),
+        AsyncCheckpointer::new(Keep(Some(sender))),
+        AsyncCheckpointer::<LrSchedulerRecord>::new(Keep(None)),
+        Box::new(SaveNow),
+    );
+    capture.checkpoint(learner, 0, store);
+    // Dropping it waits for its threads: the record has been handed over.
+    drop(capture);
+    receiver.try_recv().map_err(|_| CommError::InvalidArgument {
+        rank,
+        message: "the Learner's checkpointer did not hand its optimizer's state over".into(),
+    })
+}
+
+/// A checkpointer that sends what it saves to a channel (`None`: drops it).
+struct Keep<R>(Option<mpsc::Sender<R>>);
+
+impl<R: Checkpoint> Checkpointer<R> for Keep<R> {
+    fn save(&self, _epoch: usize, record: R) -> std::result::Result<(), CheckpointerError> {
+        if let Some(sender) = &self.0 {
+            let _ = sender.send(record);
+        }
+        Ok(())
+    }
+
+    fn delete(&self, _epoch: usize) -> std::result::Result<(), CheckpointerError> {
+        Ok(())
+    }
+
+    fn restore(&self, _epoch: usize) -> std::result::Result<R, CheckpointerError> {
+        Err(CheckpointerError::Unknown(
+            "nothing to restore: this checkpointer only reads the state".into(),
+        ))
+    }
+}
+
+/// Saves once, at once.
+struct SaveNow;
+
+impl CheckpointingStrategy for SaveNow {
+    fn checkpointing(
+        &mut self,
+        _epoch: usize,
+        _store: &EventStoreClient,
+    ) -> Vec<CheckpointingAction> {
+        vec![CheckpointingAction::Save]
+    }
+}
