@@ -13,6 +13,7 @@ mod sharded;
 mod sync_batch_norm;
 
 use crate::shim;
+use burn::grad_clipping::GradientClippingConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamWConfig, SgdConfig};
 
@@ -32,9 +33,19 @@ macro_rules! sgd_momentum {
     };
 }
 
+/// AdamW with each parameter's gradient norm clipped at 0.05.
+macro_rules! adamw_clipped {
+    () => {
+        AdamWConfig::new()
+            .with_grad_clipping(Some(GradientClippingConfig::Norm(0.05)))
+            .init()
+    };
+}
+
 /// Runs the shared scenario `name` as this rank.
 pub fn run(name: &str) -> Res<()> {
     use scenarios::{equivalence, ConvTask, ToyTask};
+    use sharded::Mode;
     match name {
         "toy_sgd" => {
             equivalence::<ToyTask, _, _>(SgdConfig::new().init(), SgdConfig::new().init(), 0.1)
@@ -62,19 +73,38 @@ pub fn run(name: &str) -> Res<()> {
             sgd_momentum!(),
             sgd_momentum!(),
             0.1,
+            Mode::Plain,
         ),
         "sharded_conv_sgd" => sharded::equivalence::<ConvTask, _, _, _>(
             |group| shim::shard(sgd_momentum!(), group),
             sgd_momentum!(),
             sgd_momentum!(),
             0.1,
+            Mode::Scheduled,
         ),
         "sharded_conv_adamw" => sharded::equivalence::<ConvTask, _, _, _>(
             |group| shim::shard(AdamWConfig::new().init(), group),
             AdamWConfig::new().init(),
             AdamWConfig::new().init(),
             0.01,
+            Mode::Plain,
         ),
+        // Burn's clipping is per parameter: local to its owner, exact.
+        "sharded_conv_adamw_clipped" => sharded::equivalence::<ConvTask, _, _, _>(
+            |group| shim::shard(adamw_clipped!(), group),
+            adamw_clipped!(),
+            adamw_clipped!(),
+            0.01,
+            Mode::Plain,
+        ),
+        "sharded_toy_adamw_pre_averaged" => sharded::equivalence::<ToyTask, _, _, _>(
+            |group| shim::shard(AdamWConfig::new().init(), group),
+            AdamWConfig::new().init(),
+            AdamWConfig::new().init(),
+            0.01,
+            Mode::PreAveraged,
+        ),
+        "sharded_accumulation" => sharded::accumulation(),
         "sharded_different_models" => sharded::different_models(),
         "sharded_save" => sharded::checkpoint("save"),
         "sharded_resume" => sharded::checkpoint("resume"),

@@ -16,6 +16,19 @@ use burn_ddp_testkit::numbers::{identical_across_ranks, max_relative_difference,
 /// Steps: three passes over four batches per rank.
 const STEPS: usize = 12;
 
+/// How [`equivalence`] trains.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// A constant learning rate, local gradients to the sharded step.
+    Plain,
+    /// The learning rate decays linearly, step by step (a scheduler).
+    Scheduled,
+    /// The sharded step is given gradients already averaged (Burn 0.21:
+    /// `Ddp<B>`'s backward outside `no_sync`; 0.22: `sync_gradients` first):
+    /// the same result, at more bytes.
+    PreAveraged,
+}
+
 /// Trains three copies from the same start, `STEPS` steps of 4 samples per
 /// rank: the sharded optimizer on local gradients, the plain one under DDP,
 /// and the plain one in one process on every rank's samples. Prints the
@@ -26,6 +39,7 @@ pub fn equivalence<T: Task, S, P, R>(
     mut plain: P,
     mut opt_ref: R,
     lr: f64,
+    mode: Mode,
 ) -> Res<()>
 where
     S: ShardedStep<T::Model>,
@@ -46,9 +60,17 @@ where
     for step in 0..STEPS {
         let at = (step % 4) * b;
         let mine = &shards[rank][at..at + b];
+        let lr = match mode {
+            Mode::Scheduled => lr * (1.0 - step as f64 / (2 * STEPS) as f64),
+            _ => lr,
+        };
 
         let before = group.collective_bytes();
-        let grads = model.local_grads(T::loss(&model, mine, &device));
+        let loss = T::loss(&model, mine, &device);
+        let grads = match mode {
+            Mode::PreAveraged => model.synced_grads(loss)?,
+            _ => model.local_grads(loss),
+        };
         model = ShardedStep::step(&mut sharded, lr, model, grads)?;
         sharded_bytes += group.collective_bytes() - before;
 
@@ -83,6 +105,47 @@ where
     println!("plain_record_bytes {plain_bytes}");
     println!("sharded_bytes {sharded_bytes}");
     println!("ddp_bytes {ddp_bytes}");
+    ddp::destroy_process_group().map_err(e)
+}
+
+/// Gradients of 3 micro-batches per rank summed locally (Burn's
+/// `GradientsAccumulator`), then one sharded step: equal to one process
+/// stepping on all ranks' micro-batches at once, with one scatter per step.
+pub fn accumulation() -> Res<()> {
+    use super::scenarios::ToyTask;
+    use burn::optim::GradientsAccumulator;
+    let group = ddp::init_process_group().map_err(e)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    let device = shim::device();
+    let (mut model, mut reference) = start::<ToyTask>(&group)?;
+    let mut sharded = shim::shard(burn::optim::AdamWConfig::new().init(), &group)?;
+    let mut opt_ref = burn::optim::AdamWConfig::new().init();
+    let (b, k) = (4, 3);
+    let shards = shards(world * b * k * 4, world);
+    for step in 0..4 {
+        let mut accumulator = GradientsAccumulator::new();
+        for m in 0..k {
+            let at = (step * k + m) * b;
+            let loss = ToyTask::loss(&model, &shards[rank][at..at + b], &device);
+            accumulator.accumulate(&model, model.local_grads(loss));
+        }
+        model = ShardedStep::step(&mut sharded, 0.01, model, accumulator.grads())?;
+        let global: Vec<usize> = shards
+            .iter()
+            .flat_map(|s| s[step * k * b..(step + 1) * k * b].to_vec())
+            .collect();
+        let loss = ToyTask::reference_loss(&reference, &global, &device).mul_scalar(k as f32);
+        let grads = reference.local_grads(loss);
+        reference = opt_ref.step(0.01, reference, grads);
+        identical_across_ranks(&group, &model.flat_params(), &format!("after step {step}"))?;
+    }
+    let diff = max_relative_difference(&model.flat_params(), &reference.flat_params());
+    println!("max_rel_diff {diff:e}");
+    if diff > 1e-6 {
+        return Err(format!(
+            "accumulated sharded training differs from the big batch by {diff:e}"
+        ));
+    }
     ddp::destroy_process_group().map_err(e)
 }
 

@@ -60,11 +60,19 @@ pub fn run_suite(
         ),
         (
             "sharded_optimizer_equals_ddp_and_one_big_batch_sgd_momentum",
-            || sharded(&["sharded_toy_sgd", "sharded_conv_sgd"]),
+            || sharded(&["sharded_toy_sgd", "sharded_conv_sgd"], 2.2),
         ),
         (
             "sharded_optimizer_equals_ddp_and_one_big_batch_adamw",
-            || sharded(&["sharded_conv_adamw"]),
+            || sharded(&["sharded_conv_adamw", "sharded_conv_adamw_clipped"], 2.2),
+        ),
+        (
+            "sharded_optimizer_given_averaged_gradients_equals_ddp",
+            || sharded(&["sharded_toy_adamw_pre_averaged"], 3.5),
+        ),
+        (
+            "sharded_optimizer_with_accumulated_micro_batches_equals_the_big_batch",
+            sharded_accumulation,
         ),
         (
             "sharded_optimizer_over_different_models_fails_every_rank",
@@ -297,8 +305,9 @@ fn sync_batch_norm_worlds(cases: &[(usize, &str)]) -> Result<(), String> {
 /// one process, as DDP itself; each rank's optimizer record holds only what
 /// it owns (fewer entries than the plain record on several ranks), and the
 /// ranks' records together hold exactly the plain record's entries; the
-/// owners cover every parameter once.
-fn sharded(scenarios: &[&str]) -> Result<(), String> {
+/// owners cover every parameter once; the sharded steps hand the
+/// collectives at most `max_bytes_ratio` times DDP's bytes.
+fn sharded(scenarios: &[&str], max_bytes_ratio: f64) -> Result<(), String> {
     // "owned 3 of 4": the first number; the others: the value.
     let number = |o: &RankOutcome, tag: &str, word: usize| -> Result<f64, String> {
         o.value(tag)
@@ -338,9 +347,10 @@ fn sharded(scenarios: &[&str]) -> Result<(), String> {
                 // The collectives' buffers: a reduce-scatter's and an
                 // all-gather's are each the size of an all-reduce's (on a
                 // ring each moves half its bytes), plus padding; a
-                // replicated round adds its owners' broadcasts.
+                // replicated round adds its owners' broadcasts (2.2); with
+                // gradients averaged before, that all-reduce too (3.5).
                 let (sharded, ddp) = (number(o, "sharded_bytes", 0)?, number(o, "ddp_bytes", 0)?);
-                check(sharded <= 2.2 * ddp, || {
+                check(sharded <= max_bytes_ratio * ddp, || {
                     format!(
                         "sharded steps handed {sharded} bytes to collectives, DDP {ddp}: {}",
                         context()
@@ -404,6 +414,19 @@ fn sharded_checkpoint() -> Result<(), String> {
             )?;
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}
+
+/// 3 micro-batches a step accumulated locally, one sharded step: 2 and 3
+/// ranks equal one process on the whole batch (each rank checks it).
+fn sharded_accumulation() -> Result<(), String> {
+    for world in [2, 3] {
+        let outcomes = World::new(world).run("sharded_accumulation");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(o.value("max_rel_diff").is_some(), || o.stdout.clone())?;
+        }
     }
     Ok(())
 }
