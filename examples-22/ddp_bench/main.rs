@@ -10,11 +10,15 @@
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench22 --mode share
 //! # SyncBatchNorm against BatchNorm in a 2-rank CNN step:
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench22 --mode sync-bn
+//! # the sharded optimizer (ZeRO-1) against DDP, 50M parameters, AdamW
+//! # (--variant plain|sharded alone, for each one's peak memory):
+//! target/release/burn-ddp-run --standalone --nproc-per-node 4 target/release/examples/ddp_bench22 --mode zero --iters 5 --batch-size 8
 //! ```
 
 mod bn_net;
 #[path = "../mnist/net.rs"]
 mod net;
+mod zero;
 
 use bn_net::{BnNet, Norm};
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -42,6 +46,9 @@ enum Mode {
     Share,
     /// SyncBatchNorm's cost: a CNN step with it against one with BatchNorm.
     SyncBn,
+    /// The sharded optimizer (ZeRO stage 1) against DDP: optimizer state,
+    /// peak memory and step time on a stack of Linear layers with AdamW.
+    Zero,
 }
 
 #[derive(Parser, Debug)]
@@ -57,10 +64,19 @@ struct BenchArgs {
     /// Measured iterations per variant.
     #[arg(long, default_value_t = 20, value_parser = positive)]
     iters: usize,
-    /// MNIST batch size per process.
+    /// MNIST batch size per process (--mode zero: 8 is a good size).
     #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 128,
           value_parser = positive)]
     batch_size: usize,
+    /// --mode zero: which optimizer(s) to step.
+    #[arg(long, value_enum, default_value = "both")]
+    variant: zero::Variant,
+    /// --mode zero: the Linear layers' width.
+    #[arg(long, default_value_t = 2048, value_parser = positive)]
+    width: usize,
+    /// --mode zero: how many Linear layers (12 x 2048 x 2048: 50.3M parameters).
+    #[arg(long, default_value_t = 12, value_parser = positive)]
+    layers: usize,
 }
 
 /// One MNIST CNN training step (forward, backward, gradients averaged over
@@ -245,6 +261,15 @@ fn main() {
         ),
         Mode::Share => share(&group, iters, batch, &device),
         Mode::SyncBn => sync_bn(&group, iters, batch, &device),
+        Mode::Zero => zero::run(
+            &group,
+            args.variant,
+            args.width,
+            args.layers,
+            iters,
+            batch,
+            &device,
+        ),
     }
     burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(group.rank()), e));
 }

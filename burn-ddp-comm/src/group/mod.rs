@@ -355,6 +355,45 @@ impl ProcessGroup {
         )
     }
 
+    /// [`reduce_scatter`](Self::reduce_scatter) in place: `data` holds
+    /// `world_size` equal chunks; afterwards chunk `rank` holds this rank's
+    /// part of the result (the other chunks: unspecified). No copy of
+    /// `data` is made (a sharded optimizer's reused round buffer).
+    pub fn reduce_scatter_in_place(&self, data: BufferMut<'_>, op: ReduceOp) -> Result<()> {
+        self.check_chunks("reduce_scatter", data.len())?;
+        self.inner.host_collective(
+            Signature::new("reduce_scatter", data.dtype(), data.len(), op as i64),
+            |transport| transport.reduce_scatter(data, op),
+        )
+    }
+
+    /// [`all_gather`](Self::all_gather) in place: `data` holds `world_size`
+    /// equal chunks, chunk `rank` filled by this rank; afterwards every chunk
+    /// holds its rank's.
+    pub fn all_gather_in_place(&self, data: BufferMut<'_>) -> Result<()> {
+        self.check_chunks("all_gather", data.len())?;
+        let k = data.len() / self.world_size();
+        self.inner.host_collective(
+            Signature::new("all_gather", data.dtype(), k, 0),
+            |transport| transport.all_gather(data),
+        )
+    }
+
+    /// An in-place collective's buffer must split into `world_size` equal chunks.
+    fn check_chunks(&self, what: &str, len: usize) -> Result<()> {
+        let world = self.world_size();
+        if len.is_multiple_of(world) {
+            return Ok(());
+        }
+        Err(CommError::InvalidArgument {
+            rank: self.rank(),
+            message: format!(
+                "{what} in place needs a buffer of {world} equal chunks; got {len} elements \
+                 (pad it to a multiple of {world})"
+            ),
+        })
+    }
+
     /// Concatenates every rank's `input`, in rank order, on every rank.
     pub fn all_gather<T: Element>(&self, input: &[T]) -> Result<Vec<T>> {
         let k = input.len();

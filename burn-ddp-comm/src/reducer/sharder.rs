@@ -9,15 +9,14 @@
 
 use super::front_end::GradientSet;
 use super::layout::{self, check_same_layout, ParamLayout};
-use super::shard_plan::{Round, RoundMode, ShardPlan};
+use super::shard_plan::{RoundMode, ShardPlan};
 use super::stats::SyncStats;
-use crate::element::{AlignedBuf, ReduceOp};
+use crate::element::{AlignedBuf, BufferMut, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::group::{ProcessGroup, WeakProcessGroup};
 use std::time::Instant;
 
 /// The owners, rounds and buffers of one model's sharded optimizer.
-#[derive(Clone)]
 pub struct Sharder {
     group: WeakProcessGroup,
     rank: usize,
@@ -25,7 +24,27 @@ pub struct Sharder {
     padding_limit: f64,
     layout: Vec<ParamLayout>,
     plan: ShardPlan,
+    /// One host buffer per round, reused across steps (gradients in, this
+    /// rank's averaged chunk out; then the values).
+    buffers: Vec<AlignedBuf>,
     stats: SyncStats,
+}
+
+impl Clone for Sharder {
+    /// A sharder with the same group, settings and plan (its buffers are
+    /// its own, made at its first step).
+    fn clone(&self) -> Self {
+        Self {
+            group: self.group.clone(),
+            rank: self.rank,
+            cap_bytes: self.cap_bytes,
+            padding_limit: self.padding_limit,
+            layout: self.layout.clone(),
+            plan: self.plan.clone(),
+            buffers: Vec::new(),
+            stats: self.stats,
+        }
+    }
 }
 
 impl Sharder {
@@ -40,6 +59,7 @@ impl Sharder {
             padding_limit,
             layout: Vec::new(),
             plan: ShardPlan::default(),
+            buffers: Vec::new(),
             stats: SyncStats::default(),
         }
     }
@@ -72,7 +92,10 @@ impl Sharder {
         if layout != self.layout || self.plan.owners.len() != layout.len() {
             self.plan = ShardPlan::new(&layout, world, self.cap_bytes, self.padding_limit);
             self.layout = layout;
+            self.buffers.clear();
         }
+        self.buffers
+            .resize_with(self.plan.rounds.len(), AlignedBuf::default);
         Ok(&self.plan)
     }
 
@@ -107,8 +130,7 @@ impl Sharder {
             syncs: 1,
             ..SyncStats::default()
         };
-        let mut buffer = AlignedBuf::default();
-        for round in &self.plan.rounds {
+        for (round, buffer) in self.plan.rounds.iter().zip(&mut self.buffers) {
             let started = Instant::now();
             let size = round.dtype.size();
             let bytes = buffer.bytes(round.numel * size);
@@ -118,25 +140,18 @@ impl Sharder {
                 set.read_host(param, &mut bytes[offset * size..offset * size + len])?;
             }
             let packed = Instant::now();
-            let (start, _) = round.chunks[self.rank];
-            let mine: Vec<u8> = match round.mode {
-                RoundMode::Sharded => {
-                    group.reduce_scatter_bytes(round.dtype, bytes, ReduceOp::Mean)?
-                }
-                RoundMode::Replicated => {
-                    group.all_reduce_bytes(round.dtype, bytes, ReduceOp::Mean)?;
-                    let (_, len) = round.chunks[self.rank];
-                    bytes[start * size..(start + len) * size].to_vec()
-                }
-            };
+            let data = BufferMut::from_bytes(round.dtype, bytes).expect("an aligned round");
+            match round.mode {
+                RoundMode::Sharded => group.reduce_scatter_in_place(data, ReduceOp::Mean)?,
+                RoundMode::Replicated => group.all_reduce_buffer(data, ReduceOp::Mean)?,
+            }
             let reduced = Instant::now();
             for (&param, &offset) in round.members[self.rank]
                 .iter()
                 .zip(&round.offsets[self.rank])
             {
-                let at = (offset - start) * size;
                 let len = self.layout[param].numel() * size;
-                set.write_host(param, &mine[at..at + len])?;
+                set.write_host(param, &bytes[offset * size..offset * size + len])?;
             }
             stats.count_bucket(round.numel * size, [started, packed, reduced]);
         }
@@ -168,65 +183,49 @@ impl Sharder {
             });
         }
         let mut stats = SyncStats::default();
-        for round in &self.plan.rounds {
+        for (round, buffer) in self.plan.rounds.iter().zip(&mut self.buffers) {
             let started = Instant::now();
-            let gathered = self.gather_round(&group, round, set)?;
-            let reduced = Instant::now();
             let size = round.dtype.size();
-            for (owner, param, offset) in round.all_members() {
-                if owner != self.rank {
-                    let len = self.layout[param].numel() * size;
-                    set.write_host(param, &gathered[offset * size..offset * size + len])?;
+            let bytes = buffer.bytes(round.numel * size);
+            // This rank's chunk: its parameters' new values, then padding.
+            let (start, len) = round.chunks[self.rank];
+            let chunk_end = match round.mode {
+                RoundMode::Sharded => start + round.numel / round.members.len(),
+                RoundMode::Replicated => start + len,
+            };
+            bytes[(start + len) * size..chunk_end * size].fill(0);
+            for (&param, &offset) in round.members[self.rank]
+                .iter()
+                .zip(&round.offsets[self.rank])
+            {
+                let n = self.layout[param].numel() * size;
+                set.read_host(param, &mut bytes[offset * size..offset * size + n])?;
+            }
+            let packed = Instant::now();
+            match round.mode {
+                RoundMode::Sharded => {
+                    let data = BufferMut::from_bytes(round.dtype, bytes).expect("an aligned round");
+                    group.all_gather_in_place(data)?;
+                }
+                RoundMode::Replicated => {
+                    for (owner, &(start, len)) in round.chunks.iter().enumerate() {
+                        if len > 0 {
+                            let part = &mut bytes[start * size..(start + len) * size];
+                            group.broadcast_bytes(round.dtype, part, owner)?;
+                        }
+                    }
                 }
             }
-            stats.count_bucket(round.numel * size, [started, started, reduced]);
+            let reduced = Instant::now();
+            for (owner, param, offset) in round.all_members() {
+                if owner != self.rank {
+                    let n = self.layout[param].numel() * size;
+                    set.write_host(param, &bytes[offset * size..offset * size + n])?;
+                }
+            }
+            stats.count_bucket(round.numel * size, [started, packed, reduced]);
         }
         self.stats.add(&stats);
         Ok(())
-    }
-
-    /// One round's values: this rank's chunk read from `set`, the others'
-    /// received, in the round's layout.
-    fn gather_round(
-        &self,
-        group: &ProcessGroup,
-        round: &Round,
-        set: &mut dyn GradientSet,
-    ) -> Result<Vec<u8>> {
-        let size = round.dtype.size();
-        let (start, len) = round.chunks[self.rank];
-        let mut chunk = AlignedBuf::default();
-        let chunk_len = match round.mode {
-            RoundMode::Sharded => round.numel / round.members.len(),
-            RoundMode::Replicated => len,
-        };
-        let mine = chunk.bytes(chunk_len * size);
-        mine.fill(0);
-        for (&param, &offset) in round.members[self.rank]
-            .iter()
-            .zip(&round.offsets[self.rank])
-        {
-            let at = (offset - start) * size;
-            let n = self.layout[param].numel() * size;
-            set.read_host(param, &mut mine[at..at + n])?;
-        }
-        match round.mode {
-            RoundMode::Sharded => group.all_gather_bytes(round.dtype, mine),
-            RoundMode::Replicated => {
-                let mut all = AlignedBuf::default();
-                let all = all.bytes(round.numel * size);
-                for (owner, &(start, len)) in round.chunks.iter().enumerate() {
-                    if len == 0 {
-                        continue;
-                    }
-                    let part = &mut all[start * size..(start + len) * size];
-                    if owner == self.rank {
-                        part.copy_from_slice(mine);
-                    }
-                    group.broadcast_bytes(round.dtype, part, owner)?;
-                }
-                Ok(all.to_vec())
-            }
-        }
     }
 }

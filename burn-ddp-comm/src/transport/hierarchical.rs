@@ -91,6 +91,10 @@ impl Topology {
 /// flat TCP ring for the other collectives.
 pub struct Hierarchical {
     world_size: usize,
+    rank: usize,
+    /// Each machine's ranks (local index order), machines in ring order.
+    machines: Vec<Vec<usize>>,
+    machine: usize,
     /// This rank's index on its machine.
     local_index: usize,
     ranks_per_machine: usize,
@@ -132,6 +136,9 @@ impl Hierarchical {
         let flat = TcpRing::connect(rdzv, bind_ip)?;
         Ok(Self {
             world_size: rdzv.world_size,
+            rank: rdzv.rank,
+            machines: topology.machines.clone(),
+            machine,
             local_index,
             ranks_per_machine,
             within,
@@ -141,6 +148,23 @@ impl Hierarchical {
     }
 
     /// Fails every level, so the peers waiting in any of them fail at once.
+    /// Where each rank's chunk goes in the two-level layout: slot
+    /// `local index * machines + machine`.
+    fn slots(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let count = self.machines.len();
+        (0..self.ranks_per_machine)
+            .flat_map(move |i| (0..count).map(move |m| (i * count + m, self.machines[m][i])))
+    }
+
+    /// `data`'s chunks of `k` in the two-level layout.
+    fn by_local_index<T: Element>(&self, data: &[T], k: usize) -> Vec<T> {
+        let mut work = vec![T::zeroed(); data.len()];
+        for (slot, rank) in self.slots() {
+            work[slot * k..(slot + 1) * k].copy_from_slice(&data[rank * k..(rank + 1) * k]);
+        }
+        work
+    }
+
     fn abort_all(&mut self) {
         self.within.abort();
         self.across.abort();
@@ -209,12 +233,68 @@ impl Hierarchical {
         result
     }
 
+    /// Within the machine, then across: the chunks are laid out local index
+    /// first, machine second, so the machine-level reduce-scatter leaves
+    /// each rank the machine's sums of the chunks of its peers at the same
+    /// local index (one per machine), and a reduce-scatter among those peers
+    /// leaves it its own. Each byte crosses the machines' links once, as in
+    /// the two-level all-reduce.
     fn reduce_scatter_typed<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<()> {
-        self.flat.reduce_scatter(T::buffer(data), op)
+        let k = data.len() / self.world_size;
+        if k == 0 {
+            return Ok(());
+        }
+        let level_op = if op == ReduceOp::Mean {
+            ReduceOp::Sum
+        } else {
+            op
+        };
+        let mut work = self.by_local_index(data, k);
+        let shard = self.machines.len() * k;
+        let mine = self.local_index * shard..(self.local_index + 1) * shard;
+        let result = self
+            .within
+            .reduce_scatter(T::buffer(&mut work), level_op)
+            .and_then(|()| {
+                self.across
+                    .reduce_scatter(T::buffer(&mut work[mine.clone()]), level_op)
+            });
+        if result.is_err() {
+            self.abort_all();
+            return result;
+        }
+        let at = mine.start + self.machine * k;
+        let chunk = &mut data[self.rank * k..(self.rank + 1) * k];
+        chunk.copy_from_slice(&work[at..at + k]);
+        finish_reduce(op, chunk, self.world_size);
+        Ok(())
     }
 
+    /// The reduce-scatter's steps backwards: across machines among the
+    /// peers at this local index, then within the machine.
     fn all_gather_typed<T: Element>(&mut self, data: &mut [T]) -> Result<()> {
-        self.flat.all_gather(T::buffer(data))
+        let k = data.len() / self.world_size;
+        if k == 0 {
+            return Ok(());
+        }
+        let count = self.machines.len();
+        let mut work = vec![T::zeroed(); data.len()];
+        let shard = count * k;
+        let mine = self.local_index * shard..(self.local_index + 1) * shard;
+        let at = mine.start + self.machine * k;
+        work[at..at + k].copy_from_slice(&data[self.rank * k..(self.rank + 1) * k]);
+        let result = self
+            .across
+            .all_gather(T::buffer(&mut work[mine]))
+            .and_then(|()| self.within.all_gather(T::buffer(&mut work)));
+        if result.is_err() {
+            self.abort_all();
+            return result;
+        }
+        for (slot, rank) in self.slots() {
+            data[rank * k..(rank + 1) * k].copy_from_slice(&work[slot * k..(slot + 1) * k]);
+        }
+        Ok(())
     }
 
     fn broadcast_typed<T: Element>(&mut self, data: &mut [T], root: usize) -> Result<()> {

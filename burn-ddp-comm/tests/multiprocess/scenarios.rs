@@ -139,6 +139,26 @@ fn sizes() -> Result<(), String> {
             .collect();
         expect(&format!("reduce_scatter len {len}"), &out, &want)?;
 
+        // Mean, in place (a sharded optimizer's rounds): rank r holds
+        // 2 * (r + 1) everywhere, so the mean is n + 1 (exact in f32).
+        let mut buffer: Vec<f32> = vec![2.0 * (rank as f32 + 1.0); len * n];
+        g.reduce_scatter_in_place(burn_ddp_comm::BufferMut::F32(&mut buffer), ReduceOp::Mean)
+            .map_err(e)?;
+        let want = vec![n as f32 + 1.0; len];
+        expect(
+            &format!("reduce_scatter_in_place mean len {len}"),
+            &buffer[rank * len..(rank + 1) * len],
+            &want,
+        )?;
+        let mut buffer: Vec<f32> = vec![f32::NAN; len * n];
+        buffer[rank * len..(rank + 1) * len].copy_from_slice(&mine);
+        g.all_gather_in_place(burn_ddp_comm::BufferMut::F32(&mut buffer))
+            .map_err(e)?;
+        let want: Vec<f32> = (0..n)
+            .flat_map(|r| (0..len).map(move |i| pattern(i) * scale(r)))
+            .collect();
+        expect(&format!("all_gather_in_place len {len}"), &buffer, &want)?;
+
         let root = n - 1;
         let mut data: Vec<f32> = if rank == root {
             (0..len).map(pattern).collect()
