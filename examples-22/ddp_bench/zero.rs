@@ -51,6 +51,14 @@ pub enum Variant {
     Sharded,
 }
 
+/// The median of `times` in milliseconds, `-` without any.
+fn median_ms(times: &[f64]) -> String {
+    if times.is_empty() {
+        return "-".into();
+    }
+    format!("{:.0} ms", median(times.to_vec()) * 1e3)
+}
+
 /// The process's peak resident memory (`VmHWM`), in MiB.
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -140,12 +148,8 @@ pub fn run(
         plain_state.map_or("-".into(), |b| format!("{:.1} MiB", mib(b))),
         sharded_state.map_or("-".into(), |b| format!("{:.1} MiB", mib(b))),
         peak_rss_mib(),
-        (!plain_times.is_empty())
-            .then(|| format!("{:.0} ms", median(plain_times.clone()) * 1e3))
-            .unwrap_or("-".into()),
-        (!sharded_times.is_empty())
-            .then(|| format!("{:.0} ms", median(sharded_times.clone()) * 1e3))
-            .unwrap_or("-".into()),
+        median_ms(&plain_times),
+        median_ms(&sharded_times),
     );
     let per_step = |stats: burn_ddp_22::SyncStats| {
         let steps = (iters + 1) as f64;
