@@ -11,6 +11,8 @@
 pub(crate) use super::contract::FlatGrad;
 use crate::{dtype, ParamLayout, Result};
 use burn::tensor::{DType, TensorData};
+#[cfg(feature = "cuda")]
+use burn_ddp_comm::Piece;
 use burn_ddp_comm::{GradientSet, HostCopies, ParamInfo, Placement};
 
 /// One synchronisation's gradients, in parameter order, flattened.
@@ -118,26 +120,40 @@ impl<G: FlatGrad> GradientSet for TensorGradients<G> {
         numel: usize,
         wire: burn_ddp_comm::DType,
     ) -> Result<burn_ddp_comm::DeviceBucket> {
+        let pieces: Vec<Piece> = members.iter().map(|&p| Piece::Param(p)).collect();
+        let _ = numel;
+        self.pack_device_pieces(&pieces, wire)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn pack_device_pieces(
+        &mut self,
+        pieces: &[Piece],
+        wire: burn_ddp_comm::DType,
+    ) -> Result<burn_ddp_comm::DeviceBucket> {
         let dtype = dtype::to_burn(wire);
-        let mut parts = Vec::with_capacity(members.len());
-        for &p in members {
-            let numel = self.params[p].layout.numel();
-            parts.push(match self.grads[p].take() {
-                Some(grad) if grad.dtype() == dtype => grad,
-                // Concatenating would panic; the host path refuses it too.
-                Some(grad) => {
-                    return Err(crate::CommError::InvalidArgument {
-                        rank: self.rank,
-                        message: format!(
-                            "gradient of parameter #{p}: {:?} elements for a {dtype:?} parameter",
-                            grad.dtype()
-                        ),
-                    })
-                }
-                None => G::zeros(numel, &self.device, dtype),
+        let mut parts = Vec::with_capacity(pieces.len());
+        for &piece in pieces {
+            parts.push(match piece {
+                Piece::Zeros(0) => continue,
+                Piece::Zeros(n) => G::zeros(n, &self.device, dtype),
+                Piece::Param(p) => match self.grads[p].take() {
+                    Some(grad) if grad.dtype() == dtype => grad,
+                    // Concatenating would panic; the host path refuses it too.
+                    Some(grad) => {
+                        return Err(crate::CommError::InvalidArgument {
+                            rank: self.rank,
+                            message: format!(
+                                "gradient of parameter #{p}: {:?} elements for a {dtype:?} \
+                                 parameter",
+                                grad.dtype()
+                            ),
+                        })
+                    }
+                    None => G::zeros(self.params[p].layout.numel(), &self.device, dtype),
+                },
             });
         }
-        let _ = numel;
         G::pack(self.rank, G::cat(parts), wire)
     }
 

@@ -8,10 +8,10 @@
 use super::config::ShardConfig;
 use super::contract::FlatGrad;
 use super::gradients::TensorGradients;
-use super::sync::GradWalker;
+use super::sync::{check_backend, GradWalker};
 use crate::{CommError, ParamLayout, ProcessGroup, Result};
 use burn::optim::GradientsParams;
-use burn_ddp_comm::{CollectiveBackend, GradientSet, Placement, Sharder};
+use burn_ddp_comm::{GradientSet, Sharder};
 
 impl ShardConfig {
     /// The sharder this configuration describes, over `group`; a bad
@@ -82,7 +82,8 @@ pub(crate) fn scatter_gradients<G: FlatGrad>(
         let layout = set.params().iter().map(|p| p.layout.clone()).collect();
         sharder.plan_for(layout)?;
     } else {
-        check_host_path(&group, &set)?;
+        // Host tensors with BURN_DDP_BACKEND=nccl are refused, as for DDP.
+        check_backend(&group, &set)?;
     }
     let averaged = if sharder.scatter_gradients(&mut set)? {
         set.into_averaged()
@@ -179,26 +180,4 @@ pub(crate) fn foreign_state(rank: usize, id: u64, params: usize) -> CommError {
              first (parameter ids come from it), or state saved for this model"
         ),
     }
-}
-
-/// `BURN_DDP_BACKEND=nccl` is refused: the sharded optimizer moves its
-/// rounds through host memory in this version.
-fn check_host_path<G: FlatGrad>(group: &ProcessGroup, set: &TensorGradients<G>) -> Result<()> {
-    if group.device_backend() != CollectiveBackend::Nccl {
-        return Ok(());
-    }
-    let rank = group.rank();
-    let place = match set.placement() {
-        Placement::Host => "host memory".to_string(),
-        Placement::Device { ordinal } => format!("cuda:{ordinal}"),
-    };
-    Err(CommError::config(
-        Some(rank),
-        crate::BACKEND_VAR,
-        format!(
-            "rank {rank}: BURN_DDP_BACKEND=nccl, but the sharded optimizer moves its gradients \
-             and parameters (on {place}) through host memory in this version; unset \
-             BURN_DDP_BACKEND (or set it to auto) to use it"
-        ),
-    ))
 }

@@ -54,7 +54,7 @@ pub use group::settings::{Algorithm, TransportChoice, ALGORITHM_VAR, DEBUG_VAR, 
 pub use group::{ProcessGroup, ProcessGroupBuilder, WeakProcessGroup};
 pub use reducer::{
     check_layouts_agree, check_same_layout, Bucket, BucketConfig, BucketPlan, DeviceBucket,
-    ElementBytes, GradientSet, HostCopies, ParamInfo, ParamLayout, Placement, Reducer, Round,
-    RoundMode, ShardPlan, Sharder, SyncStats,
+    ElementBytes, GradientSet, HostCopies, ParamInfo, ParamLayout, Piece, Placement, Reducer,
+    Round, RoundMode, ShardPlan, Sharder, SyncStats,
 };
 pub use transport::{WireCompression, COMPRESSION_VAR};

@@ -106,6 +106,7 @@ pub fn run(name: &str) -> Res<()> {
         ),
         "sharded_accumulation" => sharded::accumulation(),
         "sharded_different_models" => sharded::different_models(),
+        "sharded_one_step" => sharded::one_step(),
         "sharded_save" => sharded::checkpoint("save"),
         "sharded_resume" => sharded::checkpoint("resume"),
         "sharded_foreign" => sharded::checkpoint("foreign"),

@@ -257,6 +257,20 @@ pub fn checkpoint(phase: &str) -> Res<()> {
 
 /// Rank 1's layer is wider than rank 0's: the sharded step fails on every
 /// rank, naming the parameter's shapes, instead of mixing unrelated numbers.
+/// One sharded step on the toy, the same model on every rank (with
+/// `BURN_DDP_BACKEND=nccl` and host tensors: refused before anything moves).
+pub fn one_step() -> Res<()> {
+    let group = ddp::init_process_group().map_err(e)?;
+    let device = shim::device();
+    let model = shim::Toy::new(&device, 1);
+    let mut sharded = shim::shard(burn::optim::SgdConfig::new().init(), &group)?;
+    let loss = super::scenarios::ToyTask::loss(&model, &[0, 1, 2, 3], &device);
+    let grads = model.local_grads(loss);
+    ShardedStep::step(&mut sharded, 0.1, model, grads)?;
+    println!("stepped");
+    Ok(())
+}
+
 pub fn different_models() -> Res<()> {
     let group = ddp::init_process_group().map_err(e)?;
     let device = shim::device();

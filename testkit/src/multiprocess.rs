@@ -79,6 +79,10 @@ pub fn run_suite(
             sharded_different_models,
         ),
         (
+            "sharded_optimizer_refuses_nccl_for_host_tensors",
+            sharded_nccl_refused,
+        ),
+        (
             "sharded_checkpoint_saved_on_2_resumes_on_3_and_1_and_on_3_resumes_on_2",
             sharded_checkpoint,
         ),
@@ -440,6 +444,32 @@ fn sharded_different_models() -> Result<(), String> {
         true,
         &["parameter #0", "[10, 1]", "[10, 2]", "rank {rank}"],
     )
+}
+
+/// `BURN_DDP_BACKEND=nccl` with CPU tensors: the sharded step is refused
+/// on every rank with the reason DDP gives, and nothing is stepped; with
+/// `auto` the same step goes through the host path.
+fn sharded_nccl_refused() -> Result<(), String> {
+    let why = NCCL_REFUSAL.get().copied().unwrap_or_default();
+    let outcomes = World::new(2)
+        .env("BURN_DDP_BACKEND", "nccl")
+        .run("sharded_one_step");
+    every_rank_failed(
+        &outcomes,
+        true,
+        &[&format!("rank {{rank}}: BURN_DDP_BACKEND=nccl, but {why}")],
+    )?;
+    for o in &outcomes {
+        check(!o.stdout.contains("stepped"), || format!("{o:?}"))?;
+    }
+    let outcomes = World::new(2)
+        .env("BURN_DDP_BACKEND", "auto")
+        .run("sharded_one_step");
+    all_ok(&outcomes)?;
+    for o in &outcomes {
+        check(o.stdout.contains("stepped"), || o.stdout.clone())?;
+    }
+    Ok(())
 }
 
 /// 1 x 128, 2 x 64 and 3 x 32.

@@ -20,6 +20,15 @@ pub enum Placement {
     },
 }
 
+/// One piece of a sharded optimizer's round on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece {
+    /// Parameter `index`'s gradient (or value).
+    Param(usize),
+    /// This many zeros (padding, or another rank's chunk).
+    Zeros(usize),
+}
+
 /// One parameter taking part in a synchronisation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamInfo {
@@ -103,6 +112,19 @@ pub trait GradientSet {
         dtype: DType,
     ) -> Result<DeviceBucket> {
         let _ = (members, numel, dtype);
+        Err(CommError::config(
+            None,
+            "GradientSet",
+            "this front-end keeps its gradients in host memory but said they were on a GPU",
+        ))
+    }
+
+    /// A sharded optimizer's round on the device: `pieces` (parameters'
+    /// gradients or values, zeros for missing ones, and runs of zeros) packed,
+    /// in that order, into one device buffer of `dtype`. Only called for
+    /// parameters on a device, when the group reduces on it.
+    fn pack_device_pieces(&mut self, pieces: &[Piece], dtype: DType) -> Result<DeviceBucket> {
+        let _ = (pieces, dtype);
         Err(CommError::config(
             None,
             "GradientSet",

@@ -16,7 +16,7 @@ mod shard_plan;
 mod sharder;
 mod stats;
 
-pub use front_end::{DeviceBucket, GradientSet, ParamInfo, Placement};
+pub use front_end::{DeviceBucket, GradientSet, ParamInfo, Piece, Placement};
 pub use host_copies::{ElementBytes, HostCopies};
 pub use layout::{check_layouts_agree, check_same_layout, ParamLayout};
 pub use plan::{Bucket, BucketConfig, BucketPlan};

@@ -11,6 +11,8 @@
 //! ones), the round is replicated instead: an all-reduce of its gradients,
 //! and each owner broadcasts its updated chunk.
 
+#[cfg(any(feature = "nccl", test))]
+use super::front_end::Piece;
 use super::layout::ParamLayout;
 use crate::element::DType;
 
@@ -50,6 +52,31 @@ impl Round {
                 .zip(&self.offsets[owner])
                 .map(move |(&param, &offset)| (owner, param, offset))
         })
+    }
+
+    /// The round's buffer as the pieces a front-end packs on the device:
+    /// each rank's chunk in rank order, its parameters where `filled(owner)`
+    /// (zeros in their place otherwise), then the chunk's padding, so every
+    /// parameter lands at its offset.
+    #[cfg(any(feature = "nccl", test))]
+    pub(crate) fn pieces(&self, filled: impl Fn(usize) -> bool) -> Vec<Piece> {
+        let chunk = match self.mode {
+            RoundMode::Sharded => Some(self.numel / self.members.len()),
+            RoundMode::Replicated => None,
+        };
+        let mut pieces = Vec::new();
+        for (owner, members) in self.members.iter().enumerate() {
+            let (_, len) = self.chunks[owner];
+            if filled(owner) {
+                pieces.extend(members.iter().map(|&p| Piece::Param(p)));
+            } else {
+                pieces.push(Piece::Zeros(len));
+            }
+            if let Some(chunk) = chunk {
+                pieces.push(Piece::Zeros(chunk - len));
+            }
+        }
+        pieces
     }
 }
 
@@ -258,6 +285,60 @@ mod tests {
             plan.rounds[0].offsets,
             [vec![0], vec![1000], vec![1010], vec![]]
         );
+    }
+
+    /// Where each parameter starts when `pieces` are packed one after the
+    /// other, and the packed length.
+    fn packed(layout: &[ParamLayout], pieces: &[Piece]) -> (Vec<(usize, usize)>, usize) {
+        let mut at = 0;
+        let mut starts = Vec::new();
+        for piece in pieces {
+            match *piece {
+                Piece::Param(p) => {
+                    starts.push((p, at));
+                    at += layout[p].numel();
+                }
+                Piece::Zeros(n) => at += n,
+            }
+        }
+        (starts, at)
+    }
+
+    #[test]
+    fn device_pieces_put_every_parameter_at_its_offset_in_both_modes() {
+        let layout = layout(&[10, 40, 30, 20, 5, 5, 7]);
+        for (world, limit) in [(2, 1.5), (3, 1.5), (3, 1.0), (4, 4.0)] {
+            let plan = ShardPlan::new(&layout, world, 1 << 20, limit);
+            for round in &plan.rounds {
+                let chunk = round.numel / world;
+                // Gradients: every rank's parameters, each at its offset.
+                let (starts, len) = packed(&layout, &round.pieces(|_| true));
+                let want: Vec<(usize, usize)> =
+                    round.all_members().map(|(_, p, at)| (p, at)).collect();
+                assert_eq!((starts, len), (want, round.numel), "{world} ranks, {limit}");
+                // Values: one rank's own, every other chunk zeros of its length.
+                for rank in 0..world {
+                    let (starts, len) = packed(&layout, &round.pieces(|o| o == rank));
+                    let own: Vec<(usize, usize)> = round
+                        .all_members()
+                        .filter(|&(o, _, _)| o == rank)
+                        .map(|(_, p, at)| (p, at))
+                        .collect();
+                    assert_eq!((starts, len), (own, round.numel));
+                    if round.mode == RoundMode::Sharded {
+                        // NCCL's in-place layout: this rank's chunk at rank * chunk.
+                        assert_eq!(round.chunks[rank].0, rank * chunk);
+                    }
+                }
+            }
+            let modes: Vec<RoundMode> = plan.rounds.iter().map(|r| r.mode).collect();
+            let want = if limit == 1.0 {
+                RoundMode::Replicated
+            } else {
+                RoundMode::Sharded
+            };
+            assert_eq!(modes, [want], "{world} ranks, limit {limit}");
+        }
     }
 
     #[test]

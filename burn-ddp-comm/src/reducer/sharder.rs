@@ -7,10 +7,12 @@
 //! Like the [`Reducer`](super::Reducer) it knows parameters only by layout:
 //! a front-end hands gradients and values over through a [`GradientSet`].
 
-use super::front_end::GradientSet;
+use super::front_end::{GradientSet, Placement};
 use super::layout::{self, check_same_layout, ParamLayout};
 use super::shard_plan::{RoundMode, ShardPlan};
 use super::stats::SyncStats;
+#[cfg(feature = "nccl")]
+use crate::element::DeviceBuffer;
 use crate::element::{AlignedBuf, BufferMut, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::group::{ProcessGroup, WeakProcessGroup};
@@ -130,6 +132,13 @@ impl Sharder {
             syncs: 1,
             ..SyncStats::default()
         };
+        if on_device(&group, set)? {
+            for index in 0..self.plan.rounds.len() {
+                self.scatter_on_device(&group, index, set, &mut stats)?;
+            }
+            self.stats.add(&stats);
+            return Ok(true);
+        }
         for (round, buffer) in self.plan.rounds.iter().zip(&mut self.buffers) {
             let started = Instant::now();
             let size = round.dtype.size();
@@ -183,6 +192,13 @@ impl Sharder {
             });
         }
         let mut stats = SyncStats::default();
+        if on_device(&group, set)? {
+            for index in 0..self.plan.rounds.len() {
+                self.gather_on_device(&group, index, set, &mut stats)?;
+            }
+            self.stats.add(&stats);
+            return Ok(());
+        }
         for (round, buffer) in self.plan.rounds.iter().zip(&mut self.buffers) {
             let started = Instant::now();
             let size = round.dtype.size();
@@ -227,5 +243,134 @@ impl Sharder {
         }
         self.stats.add(&stats);
         Ok(())
+    }
+
+    /// One round of gradients on the GPU: the front-end packs every rank's
+    /// chunk (with its padding) into one device buffer, NCCL reduce-scatters
+    /// it in place (or all-reduces a replicated round), the front-end takes
+    /// back this rank's averages.
+    #[cfg(feature = "nccl")]
+    fn scatter_on_device(
+        &self,
+        group: &ProcessGroup,
+        index: usize,
+        set: &mut dyn GradientSet,
+        stats: &mut SyncStats,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let round = &self.plan.rounds[index];
+        let pieces = round.pieces(|_| true);
+        let bucket = set.pack_device_pieces(&pieces, round.dtype)?;
+        let packed = Instant::now();
+        let whole = bucket.buffer();
+        // SAFETY: `DeviceBucket::new`'s contract: live, fully written device
+        // memory of the round's elements, used by nobody else until it is
+        // handed back; the views lie inside it; each call returns once NCCL
+        // is done with it. In place, as NCCL allows: this rank's chunk is at
+        // `rank * chunk` of the send buffer.
+        unsafe {
+            match round.mode {
+                RoundMode::Sharded => {
+                    let chunk = round.numel / round.members.len();
+                    let mine = view(whole, self.rank * chunk, chunk);
+                    group.reduce_scatter_device(whole, mine, ReduceOp::Mean)?
+                }
+                RoundMode::Replicated => group.all_reduce_device(whole, ReduceOp::Mean)?,
+            }
+        }
+        let reduced = Instant::now();
+        set.unpack_device(&round.members[self.rank], &round.offsets[self.rank], bucket)?;
+        stats.device_buckets += 1;
+        stats.count_bucket(round.numel * round.dtype.size(), [started, packed, reduced]);
+        Ok(())
+    }
+
+    /// One round of values on the GPU: this rank's chunk packed among zeros,
+    /// NCCL all-gathers it in place (or each owner broadcasts its part of a
+    /// replicated round), the front-end takes back the other ranks' values.
+    #[cfg(feature = "nccl")]
+    fn gather_on_device(
+        &self,
+        group: &ProcessGroup,
+        index: usize,
+        set: &mut dyn GradientSet,
+        stats: &mut SyncStats,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let round = &self.plan.rounds[index];
+        let pieces = round.pieces(|owner| owner == self.rank);
+        let bucket = set.pack_device_pieces(&pieces, round.dtype)?;
+        let packed = Instant::now();
+        let whole = bucket.buffer();
+        // SAFETY: as in `scatter_on_device`; this rank's chunk is at
+        // `rank * chunk` of the receive buffer, as NCCL's in-place
+        // all-gather wants.
+        unsafe {
+            match round.mode {
+                RoundMode::Sharded => {
+                    let chunk = round.numel / round.members.len();
+                    let mine = view(whole, self.rank * chunk, chunk);
+                    group.all_gather_device(mine, whole)?
+                }
+                RoundMode::Replicated => {
+                    for (owner, &(start, len)) in round.chunks.iter().enumerate() {
+                        if len > 0 {
+                            group.broadcast_device(view(whole, start, len), owner)?;
+                        }
+                    }
+                }
+            }
+        }
+        let reduced = Instant::now();
+        let (others, offsets): (Vec<usize>, Vec<usize>) = round
+            .all_members()
+            .filter(|&(owner, _, _)| owner != self.rank)
+            .map(|(_, param, offset)| (param, offset))
+            .unzip();
+        set.unpack_device(&others, &offsets, bucket)?;
+        stats.device_buckets += 1;
+        stats.count_bucket(round.numel * round.dtype.size(), [started, packed, reduced]);
+        Ok(())
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    fn scatter_on_device(
+        &self,
+        _group: &ProcessGroup,
+        _index: usize,
+        _set: &mut dyn GradientSet,
+        _stats: &mut SyncStats,
+    ) -> Result<()> {
+        unreachable!("without NCCL the group never reduces on the device")
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    fn gather_on_device(
+        &self,
+        _group: &ProcessGroup,
+        _index: usize,
+        _set: &mut dyn GradientSet,
+        _stats: &mut SyncStats,
+    ) -> Result<()> {
+        unreachable!("without NCCL the group never reduces on the device")
+    }
+}
+
+/// Whether `set`'s rounds run on the GPU (its parameters on a device the
+/// group reduces on over NCCL).
+fn on_device(group: &ProcessGroup, set: &dyn GradientSet) -> Result<bool> {
+    match super::one_placement(group.rank(), set.params())? {
+        Some(Placement::Device { ordinal }) => group.uses_device_collectives(ordinal),
+        _ => Ok(false),
+    }
+}
+
+/// `len` elements of `buffer` from element `offset`.
+#[cfg(feature = "nccl")]
+fn view(buffer: DeviceBuffer, offset: usize, len: usize) -> DeviceBuffer {
+    DeviceBuffer {
+        ptr: buffer.ptr + (offset * buffer.dtype.size()) as u64,
+        len,
+        dtype: buffer.dtype,
     }
 }
