@@ -6,7 +6,8 @@
 //! with a distinct value per element and a last dimension of 3, the bytes
 //! NCCL would be handed (a fresh tensor, a slice, a transposed view, a
 //! concatenated bucket), the averaged gradients of a model on a CUDA device,
-//! and SyncBatchNorm over NCCL against Burn's BatchNorm on the global batch.
+//! SyncBatchNorm over NCCL against Burn's BatchNorm on the global batch,
+//! and the sharded optimizer's NCCL rounds against one process's AdamW.
 //! `gpu_check22 nccl` runs them under the launcher with
 //! `BURN_DDP_BACKEND=nccl`; it prints `RESULT <name> PASS|FAIL <detail>`
 //! lines and exits 1 on any FAIL. `gpu_check22 toy [FLAGS]` is the toy
@@ -18,10 +19,11 @@
 #[path = "../toy/main.rs"]
 mod toy;
 
-use burn::nn::{BatchNormConfig, LinearConfig};
-use burn::optim::GradientsParams;
+use burn::module::Module;
+use burn::nn::{BatchNormConfig, Linear, LinearConfig};
+use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_ddp_22::{CollectiveBackend, ProcessGroup, ReduceOp};
+use burn_ddp_22::{CollectiveBackend, ProcessGroup, ReduceOp, ShardConfig, ShardedOptimizer};
 use burn_ddp_examples_common::cli::BackendChoice;
 use burn_ddp_examples_common::fail;
 
@@ -237,6 +239,102 @@ fn sync_batch_norm(group: &ProcessGroup, device: &Device) -> bool {
     )
 }
 
+/// Two Linear layers: 30 + 5 and 15 + 3 elements, so two ranks own one
+/// layer each and the round is padded.
+#[derive(Module, Debug)]
+struct Mlp {
+    first: Linear,
+    second: Linear,
+}
+
+impl Mlp {
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        self.second
+            .forward(burn::tensor::activation::relu(self.first.forward(x)))
+    }
+
+    fn loss(&self, rows: &[f32], device: &Device) -> Tensor<1> {
+        let x = Tensor::<1>::from_floats(rows, device).reshape([rows.len() / 6, 6]);
+        let out = self.forward(x);
+        (out.clone() * out).mean()
+    }
+
+    fn floats(&self) -> Vec<f32> {
+        let mut all = Vec::new();
+        for linear in [&self.first, &self.second] {
+            all.extend(floats(linear.weight.val().into_data()));
+            if let Some(bias) = &linear.bias {
+                all.extend(floats(bias.val().into_data()));
+            }
+        }
+        all
+    }
+}
+
+/// The sharded optimizer (AdamW) on a CUDA autodiff device, its rounds
+/// reduce-scattered and all-gathered by NCCL on the GPU, against plain AdamW
+/// on the whole global batch in this process: the parameters after three
+/// steps must agree, and the rounds must have gone through NCCL.
+fn sharded_optimizer(
+    group: &ProcessGroup,
+    device: &Device,
+    config: ShardConfig,
+    name: &str,
+) -> bool {
+    let device = device.clone().autodiff();
+    let (rank, world) = (group.rank(), group.world_size());
+    let batch = |r: usize| -> Vec<f32> {
+        (0..4 * 6)
+            .map(|i| ((i * 3 + r * 7) % 13) as f32 / 6.0 - 1.0)
+            .collect()
+    };
+    let start = Mlp {
+        first: LinearConfig::new(6, 5).init(&device),
+        second: LinearConfig::new(5, 3).init(&device),
+    };
+    // Rank 0's values everywhere, the reference starting from them too.
+    let mut model = match burn_ddp_22::wrap(start, group) {
+        Ok(model) => model,
+        Err(err) => return report(group, name, false, err.to_string()),
+    };
+    let mut optimizer =
+        match ShardedOptimizer::with_config(AdamWConfig::new().init(), group, &config) {
+            Ok(optimizer) => optimizer,
+            Err(err) => return report(group, name, false, err.to_string()),
+        };
+    let mut reference = model.clone();
+    let mut plain = AdamWConfig::new().init();
+    let everyone: Vec<f32> = (0..world).flat_map(batch).collect();
+    for _step in 0..3 {
+        let grads =
+            GradientsParams::from_grads(model.loss(&batch(rank), &device).backward(), &model);
+        model = match optimizer.step(0.05, model, grads) {
+            Ok(model) => model,
+            Err(err) => return report(group, name, false, err.to_string()),
+        };
+        let grads =
+            GradientsParams::from_grads(reference.loss(&everyone, &device).backward(), &reference);
+        reference = plain.step(0.05, reference, grads);
+    }
+    let (got, want) = (model.floats(), reference.floats());
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let on_gpu = optimizer.stats().device_buckets;
+    report(
+        group,
+        name,
+        got.len() == want.len() && worst <= 1e-5 && on_gpu > 0,
+        format!(
+            "largest difference from one process with the global batch {worst:e}, \
+             {on_gpu} rounds through NCCL, owners {:?}",
+            optimizer.plan().owners
+        ),
+    )
+}
+
 /// What scripts/gpu-check.sh runs of Burn 0.22.
 #[derive(clap::Parser, Debug)]
 #[command(
@@ -278,6 +376,19 @@ fn main() {
     let mut ok = collectives(&group, &device);
     ok &= gradients(&group, &device);
     ok &= sync_batch_norm(&group, &device);
+    ok &= sharded_optimizer(
+        &group,
+        &device,
+        ShardConfig::new(),
+        "sharded_optimizer_cuda",
+    );
+    // Every round all-reduced, each owner broadcasting its parameters.
+    ok &= sharded_optimizer(
+        &group,
+        &device,
+        ShardConfig::new().with_padding_limit(1.0),
+        "sharded_optimizer_replicated_cuda",
+    );
     let barrier = group.barrier();
     ok &= report(&group, "barrier", barrier.is_ok(), format!("{barrier:?}"));
     burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(group.rank()), e));

@@ -5,7 +5,9 @@
 //! all-reduces from 1 MiB to 1 GiB: straight NCCL on a device buffer against
 //! the path gradients take (a CUDA tensor through `burn_ddp::all_reduce`).
 //! `gpu_check overhead` times an MNIST CNN training step on `Autodiff<Cuda>`
-//! against `Ddp<Autodiff<Cuda>>` at world size 1. `gpu_check toy [FLAGS]` is
+//! against `Ddp<Autodiff<Cuda>>` at world size 1. `nccl` also runs
+//! SyncBatchNorm and the sharded optimizer (its rounds in NCCL) against one
+//! process on the global batch. `gpu_check toy [FLAGS]` is
 //! the toy trainer (examples/toy, its own code) on `Ddp<Autodiff<Cuda>>`, and
 //! `gpu_check toy-fused [FLAGS]` the same on Burn's fused CUDA backend (what
 //! `burn::backend::Cuda` is with burn-cuda's default features), so one binary
@@ -20,14 +22,17 @@ mod toy;
 
 use burn::backend::cuda::{Cuda, CudaDevice};
 use burn::backend::Autodiff;
+use burn::module::{Module, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::nn::Linear;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::Backend;
 use burn::tensor::Distribution;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_ddp::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use burn_ddp::nccl::{DeviceBuffer, NcclCommunicator};
-use burn_ddp::{CollectiveBackend, ProcessGroup, ReduceOp};
+use burn_ddp::{CollectiveBackend, ProcessGroup, ReduceOp, ShardConfig};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -324,6 +329,14 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     );
 
     all &= sync_batch_norm_on_cuda(group, device);
+    all &= sharded_optimizer_on_cuda(group, device, ShardConfig::new(), "sharded_optimizer_cuda");
+    // Every round all-reduced, each owner broadcasting its parameters.
+    all &= sharded_optimizer_on_cuda(
+        group,
+        device,
+        ShardConfig::new().with_padding_limit(1.0),
+        "sharded_optimizer_replicated_cuda",
+    );
 
     let barrier = comm.barrier();
     all &= report(
@@ -392,6 +405,128 @@ fn sync_batch_norm_on_cuda(group: &ProcessGroup, device: &CudaDevice) -> bool {
         "sync_batch_norm_cuda",
         out_ok && grad_ok && mean_ok,
         format!("output {out_ok}, input gradient {grad_ok}, running mean {mean_ok}"),
+    )
+}
+
+/// Two Linear layers with the same values on every rank and in every
+/// backend (no random initialisation to broadcast).
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    first: Linear<B>,
+    second: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn new(device: &B::Device) -> Self {
+        let values = |n: usize, salt: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 5 + salt) % 11) as f32 / 10.0 - 0.5)
+                .collect()
+        };
+        let linear = |d_in: usize, d_out: usize, salt: usize| Linear {
+            weight: Param::from_data(
+                TensorData::new(values(d_in * d_out, salt), [d_in, d_out]),
+                device,
+            ),
+            bias: Some(Param::from_data(
+                TensorData::new(values(d_out, salt + 3), [d_out]),
+                device,
+            )),
+        };
+        // 30 + 5 and 15 + 3 elements: two owners, a padded round.
+        Self {
+            first: linear(6, 5, 1),
+            second: linear(5, 3, 2),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.second
+            .forward(burn::tensor::activation::relu(self.first.forward(x)))
+    }
+
+    fn floats(&self) -> Vec<f32> {
+        let mut all = Vec::new();
+        for linear in [&self.first, &self.second] {
+            all.extend(
+                linear
+                    .weight
+                    .val()
+                    .into_data()
+                    .to_vec::<f32>()
+                    .unwrap_or_default(),
+            );
+            if let Some(bias) = &linear.bias {
+                all.extend(bias.val().into_data().to_vec::<f32>().unwrap_or_default());
+            }
+        }
+        all
+    }
+}
+
+/// The sharded optimizer (AdamW) on `Ddp<Autodiff<Cuda>>`, its rounds
+/// reduce-scattered and all-gathered by NCCL on the GPU, against plain AdamW
+/// on the whole global batch in this process: the parameters after three
+/// steps must agree, and the rounds must have gone through NCCL.
+fn sharded_optimizer_on_cuda(
+    group: &ProcessGroup,
+    device: &CudaDevice,
+    config: ShardConfig,
+    name: &str,
+) -> bool {
+    type Sharded = burn_ddp::Ddp<Autodiff<Cuda>>;
+    type Plain = Autodiff<Cuda>;
+    let (rank, world) = (group.rank(), group.world_size());
+    let batch = |r: usize| -> Vec<f32> {
+        (0..4 * 6)
+            .map(|i| ((i * 3 + r * 7) % 13) as f32 / 6.0 - 1.0)
+            .collect()
+    };
+    let mut model = match burn_ddp::wrap(Mlp::<Sharded>::new(device), group) {
+        Ok(model) => model,
+        Err(err) => return report(group, name, false, err.to_string()),
+    };
+    let mut optimizer =
+        match burn_ddp::ShardedOptimizer::with_config(AdamWConfig::new().init(), group, &config) {
+            Ok(optimizer) => optimizer,
+            Err(err) => return report(group, name, false, err.to_string()),
+        };
+    let mut reference = Mlp::<Plain>::new(device);
+    let mut plain = AdamWConfig::new().init();
+    let everyone: Vec<f32> = (0..world).flat_map(batch).collect();
+    for _step in 0..3 {
+        let x = Tensor::<Sharded, 1>::from_floats(batch(rank).as_slice(), device).reshape([4, 6]);
+        let out = model.forward(x);
+        let grads = {
+            let _local = burn_ddp::no_sync(); // the sharded step averages
+            GradientsParams::from_grads((out.clone() * out).mean().backward(), &model)
+        };
+        model = match optimizer.try_step(0.05, model, grads) {
+            Ok(model) => model,
+            Err(err) => return report(group, name, false, err.to_string()),
+        };
+        let x =
+            Tensor::<Plain, 1>::from_floats(everyone.as_slice(), device).reshape([4 * world, 6]);
+        let out = reference.forward(x);
+        let grads = GradientsParams::from_grads((out.clone() * out).mean().backward(), &reference);
+        reference = plain.step(0.05, reference, grads);
+    }
+    let (got, want) = (model.floats(), reference.floats());
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let on_gpu = optimizer.stats().device_buckets;
+    report(
+        group,
+        name,
+        got.len() == want.len() && worst <= 1e-5 && on_gpu > 0,
+        format!(
+            "largest difference from one process with the global batch {worst:e}, \
+             {on_gpu} rounds through NCCL, owners {:?}",
+            optimizer.plan().owners
+        ),
     )
 }
 
