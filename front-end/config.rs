@@ -85,6 +85,12 @@ pub struct ShardConfig {
     /// parameters.
     #[config(default = 1.5)]
     pub padding_limit: f64,
+    /// Clips the averaged gradients to this L2 norm over all parameters
+    /// together, as PyTorch's `clip_grad_norm_` before `step` (one
+    /// all-reduce of one number a step); `None`: no clipping. Burn's own
+    /// `with_grad_clipping` on the inner optimizer clips each parameter by
+    /// itself, and works too.
+    pub max_grad_norm: Option<f64>,
 }
 
 /// [`DdpConfig::gradient_compression`].

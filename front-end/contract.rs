@@ -119,6 +119,11 @@ pub(crate) trait FlatGrad: Sized {
     fn into_data(self) -> TensorData;
     /// A tensor of `data`, of element type `dtype`, on `device`.
     fn from_data(data: TensorData, device: &Self::Device, dtype: DType) -> Self;
+    /// The sum of its elements' squares (computed in f32 at least), for a
+    /// global gradient norm.
+    fn squared_sum(&self) -> f64;
+    /// Every element times `factor`.
+    fn scaled(self, factor: f64) -> Self;
     /// Its element type.
     #[cfg(feature = "cuda")]
     fn dtype(&self) -> DType;

@@ -9,7 +9,7 @@ use super::config::ShardConfig;
 use super::contract::FlatGrad;
 use super::gradients::TensorGradients;
 use super::sync::{check_backend, GradWalker};
-use crate::{CommError, ParamLayout, ProcessGroup, Result};
+use crate::{CommError, ParamLayout, ProcessGroup, ReduceOp, Result};
 use burn::optim::GradientsParams;
 use burn_ddp_comm::{GradientSet, Sharder};
 
@@ -41,6 +41,14 @@ impl ShardConfig {
                 ),
             );
         }
+        if let Some(norm) = self.max_grad_norm {
+            if !(norm.is_finite() && norm > 0.0) {
+                return bad(
+                    "max_grad_norm",
+                    format!("{norm} must be a positive number (or None: no clipping)"),
+                );
+            }
+        }
         let cap_bytes = ((mb * 1024.0 * 1024.0) as usize).max(1);
         Ok(Sharder::new(group, cap_bytes, limit))
     }
@@ -49,12 +57,14 @@ impl ShardConfig {
 /// The gradients in `grads` averaged over the ranks, keeping only those of
 /// the parameters this rank owns (the others are dropped once sent). Every
 /// trainable parameter takes part, in declaration order; one missing from
-/// `grads` counts as zero. In a world of one, `grads` as they are.
-/// Collective.
+/// `grads` counts as zero. In a world of one, `grads` as they are. With
+/// `max_grad_norm`, clipped to that norm over the whole model
+/// ([`clip_to_global_norm`]). Collective.
 pub(crate) fn scatter_gradients<G: FlatGrad>(
     sharder: &mut Sharder,
     walk: impl GradWalker<G>,
     mut grads: GradientsParams,
+    max_grad_norm: Option<f64>,
 ) -> Result<GradientsParams> {
     let group = sharder.group()?;
     let mut set = None;
@@ -85,11 +95,14 @@ pub(crate) fn scatter_gradients<G: FlatGrad>(
         // Host tensors with BURN_DDP_BACKEND=nccl are refused, as for DDP.
         check_backend(&group, &set)?;
     }
-    let averaged = if sharder.scatter_gradients(&mut set)? {
+    let mut averaged = if sharder.scatter_gradients(&mut set)? {
         set.into_averaged()
     } else {
         set.into_original()
     };
+    if let Some(max_norm) = max_grad_norm {
+        clip_to_global_norm(&group, &mut averaged, max_norm)?;
+    }
     let mut averaged = averaged.into_iter();
     walk(&mut |param| {
         if let Some(grad) = averaged.next().flatten() {
@@ -97,6 +110,30 @@ pub(crate) fn scatter_gradients<G: FlatGrad>(
         }
     });
     Ok(grads)
+}
+
+/// PyTorch's `clip_grad_norm_` over every parameter, on sharded gradients:
+/// each rank sums the squares of the averaged gradients it owns (owners are
+/// disjoint, so the ranks' sums add up to the whole model's), one all-reduce
+/// of that number gives the global norm, and every owned gradient is scaled
+/// by `max_norm / (norm + 1e-6)` where that is below 1. Collective.
+fn clip_to_global_norm<G: FlatGrad>(
+    group: &ProcessGroup,
+    owned: &mut [Option<G>],
+    max_norm: f64,
+) -> Result<()> {
+    let mut squares = [owned.iter().flatten().map(G::squared_sum).sum::<f64>()];
+    if group.synchronizes() {
+        group.all_reduce(&mut squares, ReduceOp::Sum)?;
+    }
+    let norm = squares[0].sqrt();
+    let factor = max_norm / (norm + 1e-6);
+    if factor < 1.0 {
+        for grad in owned.iter_mut() {
+            *grad = grad.take().map(|g| g.scaled(factor));
+        }
+    }
+    Ok(())
 }
 
 /// Every trainable parameter's value from its owner, in declaration order:
@@ -179,5 +216,44 @@ pub(crate) fn foreign_state(rank: usize, id: u64, params: usize) -> CommError {
              trained parameters has: load the model's record saved with the optimizer state \
              first (parameter ids come from it), or state saved for this model"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_shard_settings_are_errors_naming_the_rank_and_the_setting() {
+        let group = ProcessGroup::builder(0, 1).build().unwrap();
+        assert!(ShardConfig::new().sharder(&group).is_ok());
+        let clipped = ShardConfig::new().with_max_grad_norm(Some(1.0));
+        assert!(clipped.sharder(&group).is_ok());
+        let cases = [
+            (ShardConfig::new().with_bucket_cap_mb(0.0), "bucket_cap_mb"),
+            (ShardConfig::new().with_padding_limit(0.5), "padding_limit"),
+            (
+                ShardConfig::new().with_max_grad_norm(Some(-1.0)),
+                "max_grad_norm",
+            ),
+            (
+                ShardConfig::new().with_max_grad_norm(Some(f64::NAN)),
+                "max_grad_norm",
+            ),
+        ];
+        for (config, name) in cases {
+            let Err(err) = config.sharder(&group) else {
+                panic!("{name}: a bad setting was taken");
+            };
+            assert!(
+                matches!(&err, CommError::Config { rank: Some(0), setting, .. } if setting == name),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("rank 0: ShardConfig {name} = ")),
+                "{text}"
+            );
+        }
     }
 }

@@ -45,6 +45,8 @@ pub struct ShardedOptimizer {
     /// does not own (given whole, or loaded from a whole record): split at
     /// the next step or consolidation, when the model is known.
     unsplit: bool,
+    /// [`ShardConfig::max_grad_norm`].
+    max_grad_norm: Option<f64>,
 }
 
 impl ShardedOptimizer {
@@ -66,6 +68,7 @@ impl ShardedOptimizer {
         Ok(Self {
             inner,
             sharder: config.sharder(group)?,
+            max_grad_norm: config.max_grad_norm,
             unsplit: true,
         })
     }
@@ -89,7 +92,8 @@ impl ShardedOptimizer {
         grads: GradientsParams,
     ) -> Result<M> {
         self.split(&model)?;
-        let owned = scatter_gradients(&mut self.sharder, shim::grad_walker(&model), grads)?;
+        let walk = shim::grad_walker(&model);
+        let owned = scatter_gradients(&mut self.sharder, walk, grads, self.max_grad_norm)?;
         let model = self.inner.step(lr, model, owned);
         let values = gather_values(&mut self.sharder, shim::grad_walker(&model))?;
         Ok(shim::install_values(model, values))

@@ -198,6 +198,13 @@ impl FlatGrad for Tensor<1> {
     fn from_data(data: TensorData, device: &Device, dtype: DType) -> Self {
         Tensor::from_data(data, (device, dtype))
     }
+    fn squared_sum(&self) -> f64 {
+        let x = self.clone().cast(burn::tensor::FloatDType::F32);
+        f64::from((x.clone() * x).sum().into_scalar::<f32>())
+    }
+    fn scaled(self, factor: f64) -> Self {
+        self.mul_scalar(factor)
+    }
     #[cfg(feature = "cuda")]
     fn dtype(&self) -> DType {
         Tensor::dtype(self)

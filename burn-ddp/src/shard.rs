@@ -57,6 +57,8 @@ pub struct ShardedOptimizer<O, B> {
     /// does not own (given whole, or loaded from a whole record): split at
     /// the next step or consolidation, when the model is known.
     unsplit: bool,
+    /// [`ShardConfig::max_grad_norm`].
+    max_grad_norm: Option<f64>,
     _backend: PhantomData<fn() -> B>,
 }
 
@@ -66,6 +68,7 @@ impl<O: Clone, B> Clone for ShardedOptimizer<O, B> {
             inner: self.inner.clone(),
             sharder: self.sharder.clone(),
             unsplit: self.unsplit,
+            max_grad_norm: self.max_grad_norm,
             _backend: PhantomData,
         }
     }
@@ -85,6 +88,7 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
         Ok(Self {
             inner,
             sharder: config.sharder(group)?,
+            max_grad_norm: config.max_grad_norm,
             unsplit: true,
             _backend: PhantomData,
         })
@@ -102,7 +106,8 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
         O: Optimizer<M, B>,
     {
         self.split(&model)?;
-        let owned = scatter_gradients(&mut self.sharder, shim::grad_walker(&model), grads)?;
+        let walk = shim::grad_walker(&model);
+        let owned = scatter_gradients(&mut self.sharder, walk, grads, self.max_grad_norm)?;
         let model = self.inner.step(lr, model, owned);
         share_values(&mut self.sharder, model)
     }

@@ -245,6 +245,14 @@ impl<I: Backend> FlatGrad for Tensor<I, 1> {
     fn from_data(data: TensorData, device: &I::Device, dtype: DType) -> Self {
         Tensor::from_data(data, (device, dtype))
     }
+    fn squared_sum(&self) -> f64 {
+        let x = self.clone().cast(burn::tensor::FloatDType::F32);
+        use burn::tensor::ElementConversion;
+        (x.clone() * x).sum().into_scalar().elem::<f64>()
+    }
+    fn scaled(self, factor: f64) -> Self {
+        self.mul_scalar(factor)
+    }
     #[cfg(feature = "cuda")]
     fn dtype(&self) -> DType {
         Tensor::dtype(self)

@@ -13,6 +13,7 @@ mod sharded;
 mod sync_batch_norm;
 
 use crate::shim;
+use crate::shim::ddp;
 use burn::grad_clipping::GradientClippingConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamWConfig, SgdConfig};
@@ -103,6 +104,14 @@ pub fn run(name: &str) -> Res<()> {
             AdamWConfig::new().init(),
             0.01,
             Mode::PreAveraged,
+        ),
+        "sharded_conv_global_clip" => sharded::global_clip::<ConvTask, _, _, _>(
+            |group, max_norm| {
+                let config = ddp::ShardConfig::new().with_max_grad_norm(Some(max_norm));
+                shim::shard_with(AdamWConfig::new().init(), group, &config)
+            },
+            AdamWConfig::new().init(),
+            SgdConfig::new().init(),
         ),
         "sharded_accumulation" => sharded::accumulation(),
         "sharded_different_models" => sharded::different_models(),

@@ -79,6 +79,10 @@ pub fn run_suite(
             sharded_different_models,
         ),
         (
+            "sharded_optimizer_clipping_to_a_global_norm_equals_one_big_batch",
+            sharded_global_clip,
+        ),
+        (
             "sharded_optimizer_refuses_nccl_for_host_tensors",
             sharded_nccl_refused,
         ),
@@ -444,6 +448,30 @@ fn sharded_different_models() -> Result<(), String> {
         true,
         &["parameter #0", "[10, 1]", "[10, 2]", "rank {rank}"],
     )
+}
+
+/// Gradients clipped to a global norm on 1, 2 and 3 ranks: within 1e-5 of
+/// one process on the combined batch clipped the same way, and the clipping
+/// did act on some steps and not on others (a norm computed per rank, or
+/// not clipped at all, would differ).
+fn sharded_global_clip() -> Result<(), String> {
+    for world in 1..=3 {
+        let outcomes = World::new(world).run("sharded_conv_global_clip");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            let context = || format!("{world} rank(s), rank {}:\n{}", o.rank, o.stdout);
+            let gap = o.value("vs_reference").and_then(|v| v.parse::<f64>().ok());
+            check(gap.is_some_and(|gap| gap <= 1e-5), context)?;
+            let clipped = o.value("clipped").and_then(|v| {
+                let mut words = v.split_whitespace();
+                let n: usize = words.next()?.parse().ok()?;
+                let of: usize = words.nth(1)?.parse().ok()?;
+                Some((n, of))
+            });
+            check(clipped.is_some_and(|(n, of)| n > 0 && n < of), context)?;
+        }
+    }
+    Ok(())
 }
 
 /// `BURN_DDP_BACKEND=nccl` with CPU tensors: the sharded step is refused

@@ -35,6 +35,8 @@ use std::sync::mpsc;
 pub(super) struct ShardedLearning<M> {
     sharder: Sharder,
     model: M,
+    /// [`ShardConfig::max_grad_norm`].
+    max_grad_norm: Option<f64>,
 }
 
 impl<M: LearnerModel> ShardedLearning<M> {
@@ -51,7 +53,11 @@ impl<M: LearnerModel> ShardedLearning<M> {
         let model = learner.model();
         let state = optimizer_record(learner, store, group.rank())?;
         learner.load_optim(owned_part(&mut sharder, &model, state)?);
-        Ok(Self { sharder, model })
+        Ok(Self {
+            sharder,
+            model,
+            max_grad_norm: config.max_grad_norm,
+        })
     }
 
     /// The current model (every parameter up to date).
@@ -64,7 +70,8 @@ impl<M: LearnerModel> ShardedLearning<M> {
     /// scheduler's step, as burn-train 0.22 does), then every other
     /// parameter from its owner. Collective.
     pub fn step(&mut self, learner: &mut Learner<M>, grads: GradientsParams) -> Result<()> {
-        let owned = scatter_gradients(&mut self.sharder, shim::grad_walker(&self.model), grads)?;
+        let walk = shim::grad_walker(&self.model);
+        let owned = scatter_gradients(&mut self.sharder, walk, grads, self.max_grad_norm)?;
         learner.lr_step();
         learner.optimizer_step(owned);
         let stepped = learner.model();

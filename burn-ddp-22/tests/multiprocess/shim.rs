@@ -261,6 +261,15 @@ pub fn shard(
     burn_ddp_22::ShardedOptimizer::new(inner, group).map_err(|err| err.to_string())
 }
 
+/// `inner` sharded over `group` as `config` says.
+pub fn shard_with(
+    inner: burn::optim::ModuleOptimizer,
+    group: &ProcessGroup,
+    config: &burn_ddp_22::ShardConfig,
+) -> Result<burn_ddp_22::ShardedOptimizer, String> {
+    burn_ddp_22::ShardedOptimizer::with_config(inner, group, config).map_err(|err| err.to_string())
+}
+
 /// A record's tensors and its bytes as a burnpack.
 fn record_size(record: burn::optim::record::OptimizerRecord) -> (usize, usize) {
     let entries = record.len();

@@ -31,6 +31,8 @@ use std::sync::mpsc;
 /// The sharded optimizer's owners and rounds, beside the Learner.
 pub(super) struct ShardedLearning {
     sharder: Sharder,
+    /// [`ShardConfig::max_grad_norm`].
+    max_grad_norm: Option<f64>,
 }
 
 impl ShardedLearning {
@@ -47,7 +49,10 @@ impl ShardedLearning {
         let state = optimizer_record(learner, store, group.rank())?;
         let part = owned_part(&mut sharder, &learner.model(), state)?;
         learner.load_optim(part);
-        Ok(Self { sharder })
+        Ok(Self {
+            sharder,
+            max_grad_norm: config.max_grad_norm,
+        })
     }
 
     /// One optimizer step on this rank's local gradients: the averaged
@@ -59,7 +64,8 @@ impl ShardedLearning {
         grads: GradientsParams,
     ) -> Result<()> {
         let model = learner.model();
-        let owned = scatter_gradients(&mut self.sharder, shim::grad_walker(&model), grads)?;
+        let walk = shim::grad_walker(&model);
+        let owned = scatter_gradients(&mut self.sharder, walk, grads, self.max_grad_norm)?;
         learner.optimizer_step(owned);
         let model = share_values(&mut self.sharder, learner.model())?;
         learner.load_model(model.into_record());

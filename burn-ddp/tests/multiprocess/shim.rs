@@ -342,6 +342,15 @@ pub fn shard<O>(
     burn_ddp::ShardedOptimizer::new(inner, group).map_err(|err| err.to_string())
 }
 
+/// `inner` sharded over `group` as `config` says.
+pub fn shard_with<O>(
+    inner: O,
+    group: &ProcessGroup,
+    config: &burn_ddp::ShardConfig,
+) -> Result<burn_ddp::ShardedOptimizer<O, Wrapped>, String> {
+    burn_ddp::ShardedOptimizer::with_config(inner, group, config).map_err(|err| err.to_string())
+}
+
 /// A record keyed by parameter (Burn 0.21's optimizers): its entries and
 /// its bytes in Burn's binary format, full precision.
 fn record_size<R: burn::record::Record<Wrapped>>(
