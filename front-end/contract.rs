@@ -119,8 +119,8 @@ pub(crate) trait FlatGrad: Sized {
     fn into_data(self) -> TensorData;
     /// A tensor of `data`, of element type `dtype`, on `device`.
     fn from_data(data: TensorData, device: &Self::Device, dtype: DType) -> Self;
-    /// The sum of its elements' squares (computed in f32 at least), for a
-    /// global gradient norm.
+    /// The sum of its elements' squares (in f32, or f64 for f64 elements),
+    /// for a global gradient norm.
     fn squared_sum(&self) -> f64;
     /// Every element times `factor`.
     fn scaled(self, factor: f64) -> Self;

@@ -116,7 +116,9 @@ pub(crate) fn scatter_gradients<G: FlatGrad>(
 /// each rank sums the squares of the averaged gradients it owns (owners are
 /// disjoint, so the ranks' sums add up to the whole model's), one all-reduce
 /// of that number gives the global norm, and every owned gradient is scaled
-/// by `max_norm / (norm + 1e-6)` where that is below 1. Collective.
+/// by `max_norm / (norm + 1e-6)` where that is below 1 (a NaN norm makes
+/// every gradient NaN, as in PyTorch, rather than passing unclipped).
+/// Collective.
 fn clip_to_global_norm<G: FlatGrad>(
     group: &ProcessGroup,
     owned: &mut [Option<G>],
@@ -128,7 +130,7 @@ fn clip_to_global_norm<G: FlatGrad>(
     }
     let norm = squares[0].sqrt();
     let factor = max_norm / (norm + 1e-6);
-    if factor < 1.0 {
+    if factor.is_nan() || factor < 1.0 {
         for grad in owned.iter_mut() {
             *grad = grad.take().map(|g| g.scaled(factor));
         }

@@ -199,8 +199,14 @@ impl FlatGrad for Tensor<1> {
         Tensor::from_data(data, (device, dtype))
     }
     fn squared_sum(&self) -> f64 {
-        let x = self.clone().cast(burn::tensor::FloatDType::F32);
-        f64::from((x.clone() * x).sum().into_scalar::<f32>())
+        // Halves summed in f32 (a square past 65504 would be infinite in f16).
+        let x = match Tensor::dtype(self) {
+            DType::F64 => self.clone(),
+            _ => self.clone().cast(burn::tensor::FloatDType::F32),
+        };
+        let sum = (x.clone() * x).sum().into_data();
+        let value = sum.iter::<f64>().next().unwrap_or(0.0);
+        value
     }
     fn scaled(self, factor: f64) -> Self {
         self.mul_scalar(factor)

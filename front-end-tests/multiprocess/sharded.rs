@@ -317,8 +317,6 @@ pub fn checkpoint(phase: &str) -> Res<()> {
     ddp::destroy_process_group().map_err(e)
 }
 
-/// Rank 1's layer is wider than rank 0's: the sharded step fails on every
-/// rank, naming the parameter's shapes, instead of mixing unrelated numbers.
 /// One sharded step on the toy, the same model on every rank (with
 /// `BURN_DDP_BACKEND=nccl` and host tensors: refused before anything moves).
 pub fn one_step() -> Res<()> {
@@ -330,9 +328,11 @@ pub fn one_step() -> Res<()> {
     let grads = model.local_grads(loss);
     ShardedStep::step(&mut sharded, 0.1, model, grads)?;
     println!("stepped");
-    Ok(())
+    ddp::destroy_process_group().map_err(e)
 }
 
+/// Rank 1's layer is wider than rank 0's: the sharded step fails on every
+/// rank, naming the parameter's shapes, instead of mixing unrelated numbers.
 pub fn different_models() -> Res<()> {
     let group = ddp::init_process_group().map_err(e)?;
     let device = shim::device();
