@@ -119,9 +119,10 @@ pub(crate) trait FlatGrad: Sized {
     fn into_data(self) -> TensorData;
     /// A tensor of `data`, of element type `dtype`, on `device`.
     fn from_data(data: TensorData, device: &Self::Device, dtype: DType) -> Self;
-    /// The sum of its elements' squares (in f32, or f64 for f64 elements),
-    /// for a global gradient norm.
-    fn squared_sum(&self) -> f64;
+    /// The sum of the squares of every element of `grads` (a global
+    /// gradient norm's square), added up on their device and read back
+    /// once, not once per gradient; squared in f32 (f64 elements in f64).
+    fn sum_of_squares(grads: &[&Self]) -> f64;
     /// Every element times `factor`.
     fn scaled(self, factor: f64) -> Self;
     /// Its element type.

@@ -124,7 +124,8 @@ fn clip_to_global_norm<G: FlatGrad>(
     owned: &mut [Option<G>],
     max_norm: f64,
 ) -> Result<()> {
-    let mut squares = [owned.iter().flatten().map(G::squared_sum).sum::<f64>()];
+    let mine: Vec<&G> = owned.iter().flatten().collect();
+    let mut squares = [G::sum_of_squares(&mine)];
     if group.synchronizes() {
         group.all_reduce(&mut squares, ReduceOp::Sum)?;
     }

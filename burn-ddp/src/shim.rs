@@ -245,16 +245,24 @@ impl<I: Backend> FlatGrad for Tensor<I, 1> {
     fn from_data(data: TensorData, device: &I::Device, dtype: DType) -> Self {
         Tensor::from_data(data, (device, dtype))
     }
-    fn squared_sum(&self) -> f64 {
-        // Halves summed in f32 (a square past 65504 would be infinite in
-        // f16), read back as the sum's own dtype, not the backend's element.
-        let x = match Tensor::dtype(self) {
-            DType::F64 => self.clone(),
-            _ => self.clone().cast(burn::tensor::FloatDType::F32),
-        };
-        let sum = (x.clone() * x).sum().into_data();
-        let value = sum.iter::<f64>().next().unwrap_or(0.0);
-        value
+    fn sum_of_squares(grads: &[&Self]) -> f64 {
+        // Halves squared in f32: a square past 65504 is infinite in f16.
+        let total = grads
+            .iter()
+            .map(|&grad| {
+                let x = match Tensor::dtype(grad) {
+                    DType::F64 => grad.clone(),
+                    _ => grad.clone().cast(burn::tensor::FloatDType::F32),
+                };
+                (x.clone() * x).sum().cast(burn::tensor::FloatDType::F32)
+            })
+            .reduce(|a, b| a + b);
+        // Read as the total's own dtype, not the backend's element type.
+        total.map_or(0.0, |total| {
+            let data = total.into_data();
+            let value = data.iter::<f64>().next().unwrap_or(0.0);
+            value
+        })
     }
     fn scaled(self, factor: f64) -> Self {
         self.mul_scalar(factor)
