@@ -26,8 +26,8 @@ pub fn for_backend(backend: BackendChoice, trainer: &str) -> Device {
 /// `cuda:LOCAL_RANK`, as `torch.cuda.set_device(local_rank)`.
 #[cfg(feature = "cuda")]
 fn gpu_of_this_rank() -> Device {
-    let env = burn_ddp_22::LaunchEnv::from_env().unwrap_or_else(|e| fail(None, e));
-    burn_ddp_22::cuda_device_for_rank(env.local_rank, env.local_world_size)
+    let env = burn_ddp_22::group::LaunchEnv::from_env().unwrap_or_else(|e| fail(None, e));
+    burn_ddp_22::cuda::cuda_device_for_rank(env.local_rank, env.local_world_size)
         .unwrap_or_else(|e| fail(Some(env.rank), e))
 }
 

@@ -191,3 +191,104 @@ fn the_examples_pick_their_backends() {
     let packages = resolved_features("burn-ddp-22-examples");
     assert!(packages.contains_key("burn-flex"), "{packages:?}");
 }
+
+/// The `crate::` paths of a shared source (a file compiled into both
+/// front-ends) that go around its door, as `(line, path)`: the door is the
+/// shared folder itself (`crate::shared::...`, as every crate mounts it) and,
+/// for the test programs, the crate's test shim (`crate::shim`). A
+/// macro's `$crate::shared::` is the folder too; comments are not code.
+fn paths_around_the_door(text: &str, door: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or_default();
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let after = &rest[at + "crate::".len()..];
+            let path: String = after
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            let names = |name: &str| {
+                after.starts_with(name)
+                    && !after[name.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+            };
+            let through_door = names("shared") || names(door);
+            if !through_door {
+                found.push((number + 1, format!("crate::{path}")));
+            }
+            rest = after;
+        }
+    }
+    found
+}
+
+/// Every `.rs` file under `dir`, recursively, with its text.
+fn rust_sources(dir: &std::path::Path) -> Vec<(std::path::PathBuf, String)> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(rust_sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            files.push((path, text));
+        }
+    }
+    files
+}
+
+/// The shared sources reach the crate that compiles them only through
+/// `shared-src/contract.rs` (the library) and `crate::shim` (the test
+/// programs): a `crate::data::...` in a shared file would be a second,
+/// unwritten contract each crate must happen to keep.
+#[test]
+fn shared_sources_reach_their_crate_only_through_the_contract() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (folder, door, contract) in [
+        ("shared-src", "shared", "contract.rs"),
+        ("shared-tests", "shim", ""),
+    ] {
+        let mut around = Vec::new();
+        for (path, text) in rust_sources(&root.join(folder)) {
+            if path.file_name().is_some_and(|name| name == contract) {
+                continue;
+            }
+            for (line, found) in paths_around_the_door(&text, door) {
+                around.push(format!("{}:{line}: {found}", path.display()));
+            }
+        }
+        assert!(
+            around.is_empty(),
+            "shared sources naming their crate outside the contract (name the item in \
+             shared-src/contract.rs, or in the test shim for shared-tests/, or use the \
+             lower crates directly):\n{}",
+            around.join("\n")
+        );
+    }
+}
+
+/// The check above catches what it is for, and lets the door through.
+#[test]
+fn the_contract_check_catches_a_path_around_the_door() {
+    let text = "use crate::shared::contract::Visit; // crate::data in a comment\n\
+                let s = crate::distributed_sampler(group, len)?;\n\
+                $crate::shared::sync_batch_norm::check(x);\n\
+                use crate::data::{DistributedDataset, Sampler};";
+    assert_eq!(
+        paths_around_the_door(text, "shared"),
+        [
+            (2, "crate::distributed_sampler".to_string()),
+            (4, "crate::data::".to_string())
+        ]
+    );
+    assert_eq!(
+        paths_around_the_door(
+            "use crate::shim; use crate::shimmer::ddp; use crate::Result;",
+            "shim"
+        ),
+        [
+            (1, "crate::shimmer::ddp".to_string()),
+            (1, "crate::Result".to_string())
+        ]
+    );
+}

@@ -15,7 +15,6 @@
 // programs train on; the routing generated for it names it.
 #![cfg_attr(feature = "ndarray", allow(deprecated))]
 
-use crate::{CommError, ProcessGroup, ReduceOp, Result};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -27,6 +26,7 @@ use burn::backend::{
     DispatchTensorKind,
 };
 use burn::tensor::{Shape, Tensor};
+use burn_ddp_comm::{CommError, ProcessGroup, ReduceOp, Result};
 
 /// The sum over the ranks of a plain (untracked) tensor of backend `B`, for
 /// the backward pass, through the shared collectives (NCCL for CUDA tensors

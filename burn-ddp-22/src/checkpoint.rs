@@ -6,87 +6,27 @@
 //! written with `burn_ddp_training::files::write_atomic` (a temporary file beside
 //! the target, flushed, renamed over it).
 
+use crate::shared::checkpoint::RecordFault;
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::store::{ModuleRecord, RecordError};
 use burn::tensor::Bytes;
-use burn_ddp_training::files::{self, FileError, Sections};
-use std::fmt;
+use burn_ddp_training::files::{self, Sections};
 use std::path::{Path, PathBuf};
 
 /// The extension of the checkpoint files.
 pub const EXTENSION: &str = "ckpt";
 
-/// Why a checkpoint could not be written or read.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum CheckpointError {
-    /// The file or its folder (see [`FileError`]).
-    File(FileError),
-    /// The file is not a whole checkpoint (another file, a truncated one).
-    Format {
-        /// The file involved.
-        path: PathBuf,
-        /// What is wrong with it.
-        problem: String,
-    },
-    /// A part could not be encoded or decoded, or does not fit the model (a
-    /// different model or configuration: Burn's validation names the
-    /// parameter and shapes).
-    Record {
-        /// The file involved.
-        path: PathBuf,
-        /// What Burn said.
-        source: RecordError,
-    },
-}
+/// Why a checkpoint could not be written or read (never `Shape` on Burn
+/// 0.22: Burn's own validation refuses other shapes, as `Record`).
+pub type CheckpointError = crate::shared::checkpoint::CheckpointError<RecordError>;
 
-impl fmt::Display for CheckpointError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CheckpointError::File(err) => err.fmt(f),
-            CheckpointError::Format { path, problem } => write!(
-                f,
-                "checkpoint {}: {problem}; give a file saved by burn_ddp_22::checkpoint::save_atomic",
-                path.display()
-            ),
-            CheckpointError::Record { path, source } => write!(
-                f,
-                "checkpoint {}: not a record of this model ({source}); was it written by a \
-                 different model or configuration?",
-                path.display()
-            ),
-        }
-    }
-}
-
-impl CheckpointError {
-    /// What the error means for resuming from a snapshot: a record Burn
-    /// refuses (another model's parameters or shapes) is another run's, which
-    /// no snapshot of the folder fixes; a file that cannot be read or is not
-    /// whole is corrupt (an older snapshot may do).
-    pub fn for_snapshot(self) -> burn_ddp_training::snapshots::LoadError {
-        use burn_ddp_training::snapshots::LoadError;
-        match self {
-            CheckpointError::Record { .. } => LoadError::Refused(Box::new(self)),
-            other => LoadError::Corrupt(Box::new(other)),
-        }
-    }
-}
-
-impl std::error::Error for CheckpointError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            CheckpointError::File(err) => Some(err),
-            CheckpointError::Record { source, .. } => Some(source),
-            CheckpointError::Format { .. } => None,
-        }
-    }
-}
-
-impl From<FileError> for CheckpointError {
-    fn from(err: FileError) -> Self {
-        CheckpointError::File(err)
+/// Burn 0.22 validates a record against the model as it loads it: an error
+/// there is another model's record (or damaged bytes, which the sections'
+/// checks catch first as `Format`).
+impl RecordFault for RecordError {
+    fn another_model(&self) -> bool {
+        true
     }
 }
 

@@ -3,8 +3,10 @@
 //! others through host memory). Float and int tensors of f32, f64, f16,
 //! bf16, i32 and i64 elements are supported.
 
-use crate::{ProcessGroup, ReduceOp, Result};
+pub use crate::autograd::all_reduce_sum_tracked;
 use burn::tensor::Tensor;
+pub use burn_ddp_comm::ReduceOp;
+use burn_ddp_comm::{ProcessGroup, Result};
 
 /// The kinds of tensors the collectives take (float and int).
 pub trait CollectiveKind: burn::tensor::kind::Basic {}
@@ -15,12 +17,12 @@ impl CollectiveKind for burn::tensor::Int {}
 ///
 /// ```no_run
 /// use burn::tensor::Tensor;
-/// use burn_ddp_22::ReduceOp;
+/// use burn_ddp_22::collective::ReduceOp;
 ///
 /// # fn main() -> burn_ddp_22::Result<()> {
 /// let group = burn_ddp_22::init_process_group()?;
 /// let loss = Tensor::<1>::from_floats([0.5], &Default::default());
-/// let mean = burn_ddp_22::all_reduce(&group, loss, ReduceOp::Mean)?; // the same on every rank
+/// let mean = burn_ddp_22::collective::all_reduce(&group, loss, ReduceOp::Mean)?; // the same on every rank
 /// if group.rank() == 0 {
 ///     println!("loss {}", mean.into_scalar::<f32>());
 /// }

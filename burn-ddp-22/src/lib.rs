@@ -47,50 +47,60 @@
 
 mod autograd;
 pub mod checkpoint;
-mod collective;
+pub mod collective;
 pub mod data;
 mod device;
-mod replicas;
-mod shard;
+pub mod replicas;
+pub mod shard;
 mod shard_record;
 mod shared;
 mod shim;
-mod sync;
+pub mod sync;
 pub mod sync_batch_norm;
 #[cfg(feature = "train")]
 pub mod train;
 mod wrap;
 
-// The shared sources, where the crate's own modules name them.
-use shared::dtype;
-
-pub use autograd::all_reduce_sum_tracked;
-pub use burn_ddp_comm::{
-    CollectiveBackend, CommError, Element, LaunchEnv, Launcher, ParamLayout, ProcessGroup,
-    ProcessGroupBuilder, ReduceOp, Reducer, Result, Round, RoundMode, ShardPlan, SyncStats,
-    WeakProcessGroup, BACKEND_VAR,
-};
-pub use burn_ddp_training::snapshots;
-pub use burn_ddp_training::stop::{catch_stop_signals, stop_requested, stop_signal};
-pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter, CollectiveKind};
-pub use data::{
-    batch_size_per_rank, distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum,
-};
-#[cfg(feature = "cuda")]
-pub use device::cuda_device_for_rank;
-/// For a GPU check program: the bytes NCCL would be handed for a tensor.
-#[cfg(feature = "cuda")]
-#[doc(hidden)]
-pub use device::nccl_view;
-pub use replicas::{check_replicas, parameters_fingerprint};
+// What the program in the README uses; everything else is in the modules.
+pub use burn_ddp_comm::{CommError, ProcessGroup, Result};
+pub use data::distributed_sampler;
 pub use shard::ShardedOptimizer;
-pub use shared::config::{BucketConfig, DdpConfig, GradientCompression, ShardConfig};
-pub use shared::session::{
-    default_group, destroy_process_group, init_process_group, reset_sync_stats, sync_stats,
-};
-pub use sync::{sync_gradients, sync_stats_of};
-pub use sync_batch_norm::{sync_batch_norm, SyncBatchNorm, SyncBatchNormConfig};
+pub use shared::config::{DdpConfig, ShardConfig};
+pub use shared::session::{destroy_process_group, init_process_group};
+pub use sync::sync_gradients;
+pub use sync_batch_norm::{SyncBatchNorm, SyncBatchNormConfig};
 pub use wrap::wrap;
+
+/// The process group and the launcher's environment it is made from
+/// (`torch.distributed`'s `init_process_group`, `new_group`, ...).
+pub mod group {
+    pub use crate::shared::session::{default_group, destroy_process_group, init_process_group};
+    pub use burn_ddp_comm::{
+        CollectiveBackend, LaunchEnv, Launcher, ProcessGroup, ProcessGroupBuilder,
+        WeakProcessGroup, BACKEND_VAR,
+    };
+}
+
+/// The settings of [`wrap`](crate::wrap) and of the sharded optimizer.
+pub mod config {
+    pub use crate::shared::config::{BucketConfig, DdpConfig, GradientCompression, ShardConfig};
+}
+
+/// Stopping every rank at the same step on Ctrl-C or SIGTERM.
+pub use burn_ddp_training::stop;
+
+/// Snapshots of a whole training state, for `--max-restarts` and `--resume`.
+pub use burn_ddp_training::snapshots;
+
+/// CUDA tensors over NCCL (feature `cuda`): each rank's GPU, NCCL itself.
+#[cfg(feature = "cuda")]
+pub mod cuda {
+    pub use crate::device::cuda_device_for_rank;
+    /// For a GPU check program: the bytes NCCL would be handed for a tensor.
+    #[doc(hidden)]
+    pub use crate::device::nccl_view;
+    pub use burn_ddp_comm::nccl;
+}
 
 /// docs/burn-0.22.md's code blocks, compiled as doctests.
 #[cfg(doctest)]

@@ -5,14 +5,16 @@
 //! `sync_gradients` + `optimizer.step`, with the bytes of one all-reduce.
 
 use crate::shard_record;
-use crate::shared::config::ShardConfig;
+pub use crate::shared::config::ShardConfig;
 use crate::shared::shard::{gather_values, scatter_gradients};
-use crate::{shim, ProcessGroup, Result, ShardPlan, SyncStats};
+use crate::shim;
 use burn::module::Module;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
 use burn::optim::record::OptimizerRecord;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn_ddp_comm::Sharder;
+use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
+pub use burn_ddp_comm::{Round, RoundMode, ShardPlan};
 
 /// A Burn optimizer whose state is split across the ranks: each rank steps
 /// and keeps state for the parameters it owns, and the updated parameters

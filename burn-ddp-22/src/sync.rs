@@ -7,10 +7,13 @@
 //! `optimizer.step`, where PyTorch's DDP averages inside `backward()`.
 
 use crate::shared::session::SESSION;
+pub use crate::shared::session::{reset_sync_stats, sync_stats};
 use crate::shared::walk::first_trainable;
-use crate::{shim, ProcessGroup, Reducer, Result, SyncStats};
+use crate::shim;
 use burn::module::Module;
 use burn::optim::GradientsParams;
+pub use burn_ddp_comm::SyncStats;
+use burn_ddp_comm::{ProcessGroup, Reducer, Result};
 use std::sync::Mutex;
 
 /// What synchronising `model`'s gradients cost so far: its own reducer's

@@ -6,7 +6,6 @@
 //! would give it: each rank's output feeds every rank's loss, so the
 //! gradient of its input is the sum of every rank's output gradient.
 
-use crate::{ProcessGroup, ReduceOp, Result};
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -16,6 +15,7 @@ use burn_autodiff::Autodiff;
 use burn_backend::backend::{AutodiffBackend, Backend};
 use burn_backend::tensor::FloatTensor;
 use burn_backend::{Shape, TensorMetadata};
+use burn_ddp_comm::{ProcessGroup, ReduceOp, Result};
 use std::any::{Any, TypeId};
 use std::sync::RwLock;
 

@@ -5,94 +5,23 @@
 //! precision reads it too), written by `burn_ddp_training::files::write_atomic`
 //! (a temporary file beside the target, flushed, renamed over it).
 
+use crate::shared::checkpoint::RecordFault;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder, RecorderError};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
-use burn_ddp_training::files::{self, FileError};
-use std::fmt;
+use burn_ddp_training::files;
 use std::path::{Path, PathBuf};
 
-/// Why a checkpoint could not be written or read.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum CheckpointError {
-    /// The file or its folder (see [`FileError`]).
-    File(FileError),
-    /// The record could not be encoded or decoded (a different model, a
-    /// corrupt file).
-    Record {
-        /// The file involved.
-        path: PathBuf,
-        /// What Burn's recorder said.
-        source: RecorderError,
-    },
-    /// The record fits the model's structure but a parameter has another
-    /// shape (a model built with other sizes): Burn would load it silently.
-    Shape {
-        /// The file involved.
-        path: PathBuf,
-        /// The parameter's path in the module (`fc1.weight`).
-        parameter: String,
-        /// Its shape in the model.
-        expected: Vec<usize>,
-        /// Its shape in the checkpoint.
-        found: Vec<usize>,
-    },
-}
+/// Why a checkpoint could not be written or read (never `Format` on Burn
+/// 0.21: its checkpoints are bare records, which Burn's recorder decodes).
+pub type CheckpointError = crate::shared::checkpoint::CheckpointError<RecorderError>;
 
-impl fmt::Display for CheckpointError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CheckpointError::File(err) => err.fmt(f),
-            CheckpointError::Record { path, source } => write!(
-                f,
-                "checkpoint {}: not a record of this model ({source}); was it written by a \
-                 different model or configuration?",
-                path.display()
-            ),
-            CheckpointError::Shape {
-                path,
-                parameter,
-                expected,
-                found,
-            } => write!(
-                f,
-                "checkpoint {}: parameter {parameter} has shape {found:?}, the model's is \
-                 {expected:?}; it was written by a model of other sizes: build the model with \
-                 the configuration saved beside the checkpoint, or start without resuming",
-                path.display()
-            ),
-        }
-    }
-}
-
-impl CheckpointError {
-    /// What the error means for resuming from a snapshot: a file that cannot
-    /// be read or decoded is corrupt (an older snapshot may do); a record of
-    /// another shape is another model's, which no snapshot of the folder fixes.
-    pub fn for_snapshot(self) -> burn_ddp_training::snapshots::LoadError {
-        use burn_ddp_training::snapshots::LoadError;
-        match self {
-            CheckpointError::Shape { .. } => LoadError::Refused(Box::new(self)),
-            other => LoadError::Corrupt(Box::new(other)),
-        }
-    }
-}
-
-impl std::error::Error for CheckpointError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            CheckpointError::File(err) => Some(err),
-            CheckpointError::Record { source, .. } => Some(source),
-            CheckpointError::Shape { .. } => None,
-        }
-    }
-}
-
-impl From<FileError> for CheckpointError {
-    fn from(err: FileError) -> Self {
-        CheckpointError::File(err)
+/// Burn 0.21's recorder fails on bytes it cannot decode; another model's
+/// shapes are found by [`load_record_checked`] instead (`Shape`).
+impl RecordFault for RecorderError {
+    fn another_model(&self) -> bool {
+        false
     }
 }
 

@@ -3,20 +3,22 @@
 //! time by the tensor's type; the others through host memory). Float and int
 //! tensors of f32, f64, f16, bf16, i32 and i64 elements are supported.
 
-use crate::{ProcessGroup, ReduceOp, Result};
+pub use crate::autograd::all_reduce_sum_tracked;
 use burn::tensor::{backend::Backend, BasicOps, Tensor};
+pub use burn_ddp_comm::ReduceOp;
+use burn_ddp_comm::{ProcessGroup, Result};
 
 /// Reduces `tensor` over all ranks; every rank gets the result (`dist.all_reduce`).
 ///
 /// ```no_run
 /// use burn::backend::NdArray;
 /// use burn::tensor::Tensor;
-/// use burn_ddp::ReduceOp;
+/// use burn_ddp::collective::ReduceOp;
 ///
 /// # fn main() -> burn_ddp::Result<()> {
 /// let group = burn_ddp::init_process_group()?;
 /// let loss = Tensor::<NdArray, 1>::from_floats([0.5], &Default::default());
-/// let mean = burn_ddp::all_reduce(&group, loss, ReduceOp::Mean)?; // the same on every rank
+/// let mean = burn_ddp::collective::all_reduce(&group, loss, ReduceOp::Mean)?; // the same on every rank
 /// if group.rank() == 0 {
 ///     println!("loss {}", mean.into_scalar());
 /// }

@@ -49,55 +49,72 @@
 mod autograd;
 mod backend;
 pub mod checkpoint;
-mod collective;
+pub mod collective;
 pub mod data;
 mod device;
 mod no_sync;
-mod replicas;
-mod shard;
+pub mod replicas;
+pub mod shard;
 mod shard_record;
 mod shared;
 mod shim;
-pub(crate) mod sync;
+pub mod sync;
 pub mod sync_batch_norm;
-pub mod tracking;
+mod tracking;
 #[cfg(feature = "train")]
 pub mod train;
-pub(crate) mod wrap;
+mod wrap;
 
-// The shared sources, where the crate's own modules name them.
-use shared::dtype;
-
-pub use autograd::{all_reduce_sum_tracked, enable_sync_batch_norm, AutodiffCollectives};
+// What the program in the README uses; everything else is in the modules.
 pub use backend::Ddp;
-#[cfg(feature = "cuda")]
-pub use burn_ddp_comm::nccl;
-pub use burn_ddp_comm::{
-    CollectiveBackend, CommError, Element, LaunchEnv, Launcher, ParamLayout, ProcessGroup,
-    ProcessGroupBuilder, ReduceOp, Reducer, Result, Round, RoundMode, ShardPlan, SyncStats,
-    WeakProcessGroup, BACKEND_VAR,
-};
-pub use burn_ddp_training::snapshots;
-pub use burn_ddp_training::stop::{catch_stop_signals, stop_requested, stop_signal};
-pub use collective::{all_gather, all_reduce, broadcast, reduce_scatter};
-pub use data::{
-    batch_size_per_rank, distributed_sampler, evaluation_sampler, sum_over_ranks, RankSum,
-};
-#[doc(hidden)]
-#[cfg(feature = "cuda")]
-pub use device::nccl_view;
-#[cfg(feature = "cuda")]
-pub use device::{cuda_device_for_rank, FusedCuda, PlainCuda};
-pub use replicas::{check_replicas, parameters_fingerprint};
+pub use burn_ddp_comm::{CommError, ProcessGroup, Result};
+pub use data::distributed_sampler;
 pub use shard::ShardedOptimizer;
-pub use shared::config::{BucketConfig, GradientCompression, ShardConfig};
-pub use shared::session::{
-    default_group, destroy_process_group, init_process_group, reset_sync_stats, sync_stats,
-};
-pub use sync::{no_sync, no_sync_for, sync_enabled, sync_gradients, sync_stats_of, NoSyncGuard};
-pub use sync_batch_norm::{sync_batch_norm, SyncBatchNorm, SyncBatchNormConfig};
-pub use tracking::TrackedAutodiff;
+pub use shared::config::ShardConfig;
+pub use shared::session::{destroy_process_group, init_process_group};
+pub use sync::no_sync;
+pub use sync_batch_norm::{SyncBatchNorm, SyncBatchNormConfig};
 pub use wrap::wrap;
+
+/// The process group and the launcher's environment it is made from
+/// (`torch.distributed`'s `init_process_group`, `new_group`, ...).
+pub mod group {
+    pub use crate::shared::session::{default_group, destroy_process_group, init_process_group};
+    pub use burn_ddp_comm::{
+        CollectiveBackend, LaunchEnv, Launcher, ProcessGroup, ProcessGroupBuilder,
+        WeakProcessGroup, BACKEND_VAR,
+    };
+}
+
+/// The settings of [`wrap`](crate::wrap) and of the sharded optimizer.
+pub mod config {
+    pub use crate::shared::config::{BucketConfig, DdpConfig, GradientCompression, ShardConfig};
+}
+
+/// `Ddp<B>` and what it builds on: the backend that averages gradients inside
+/// `backward()`, the autodiff backends it decorates, and the differentiable
+/// sum over the ranks (SyncBatchNorm's).
+pub mod autodiff {
+    pub use crate::autograd::{enable_sync_batch_norm, AutodiffCollectives};
+    pub use crate::backend::Ddp;
+    pub use crate::tracking::{tracked_parameters, TrackedAutodiff};
+}
+
+/// Stopping every rank at the same step on Ctrl-C or SIGTERM.
+pub use burn_ddp_training::stop;
+
+/// Snapshots of a whole training state, for `--max-restarts` and `--resume`.
+pub use burn_ddp_training::snapshots;
+
+/// CUDA tensors over NCCL (feature `cuda`): each rank's GPU, the CUDA
+/// backends `Ddp<B>` averages on the device, NCCL itself.
+#[cfg(feature = "cuda")]
+pub mod cuda {
+    #[doc(hidden)]
+    pub use crate::device::nccl_view;
+    pub use crate::device::{cuda_device_for_rank, FusedCuda, PlainCuda};
+    pub use burn_ddp_comm::nccl;
+}
 
 /// How gradients are synchronised; defaults follow PyTorch's DDP.
 ///

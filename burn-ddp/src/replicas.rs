@@ -1,9 +1,10 @@
 //! Checking that every rank holds the same parameters (the walk and the
 //! digests are the shared `replicas`).
 
-use crate::{shim, ProcessGroup, Result};
+use crate::shim;
 use burn::module::Module;
 use burn::tensor::backend::Backend;
+use burn_ddp_comm::{ProcessGroup, Result};
 
 /// Checks that every rank of `group` holds exactly rank 0's parameters, every
 /// parameter tensor of `model` (trained or not) compared by a digest of its

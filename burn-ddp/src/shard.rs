@@ -9,16 +9,18 @@
 //! for the same result.
 
 use crate::shard_record::{gather_whole, owned_part};
-use crate::shared::config::ShardConfig;
+pub use crate::shared::config::ShardConfig;
 use crate::shared::session::SESSION;
 use crate::shared::shard::{gather_values, scatter_gradients};
 use crate::shared::walk::first_trainable;
+use crate::shim;
 use crate::tracking::WrappingScope;
-use crate::{shim, ProcessGroup, Result, ShardPlan, SyncStats};
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn_ddp_comm::Sharder;
+use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
+pub use burn_ddp_comm::{Round, RoundMode, ShardPlan};
 use std::marker::PhantomData;
 
 /// A Burn optimizer whose state is split across the ranks: each rank steps

@@ -10,12 +10,15 @@
 use crate::no_sync::{self, Silence};
 use crate::shared::gradients::TensorGradients;
 use crate::shared::session::SESSION;
+pub use crate::shared::session::{reset_sync_stats, sync_stats};
 use crate::shared::walk::first_trainable;
+use crate::shim;
 use crate::tracking::{self, LiveParam, TrackedAutodiff};
-use crate::{shim, CommError, ProcessGroup, Reducer, Result, SyncStats};
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
+pub use burn_ddp_comm::SyncStats;
+use burn_ddp_comm::{CommError, ProcessGroup, Reducer, Result};
 use burn_ddp_training::session::{ModelScope, DEFAULT_SCOPE};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -55,7 +58,7 @@ pub fn sync_stats_of<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> Opt
 ///     accumulator.accumulate(&model, burn::optim::GradientsParams::from_grads(loss.backward(), &model));
 /// }
 /// // One all-reduce for the four micro-batches.
-/// let grads = burn_ddp::sync_gradients(&model, accumulator.grads())?;
+/// let grads = burn_ddp::sync::sync_gradients(&model, accumulator.grads())?;
 /// model = optimizer.step(0.01, model, grads);
 /// # Ok(())
 /// # }

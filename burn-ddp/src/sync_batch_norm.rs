@@ -103,7 +103,7 @@ fn tracked_sum<B: Backend>(group: &ProcessGroup, tensor: Tensor<B, 1>) -> Result
             format!(
                 "SyncBatchNorm in training needs a sum over the ranks that autodiff goes \
                  through, which {} has not registered: train on burn-ddp's `Ddp<..>` backend, \
-                 or call `burn_ddp::enable_sync_batch_norm::<YourAutodiffBackend>()` once \
+                 or call `burn_ddp::autodiff::enable_sync_batch_norm::<YourAutodiffBackend>()` once \
                  before training (the Learner, or a loop with `sync_gradients`)",
                 std::any::type_name::<B>()
             ),

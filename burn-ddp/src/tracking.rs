@@ -44,8 +44,16 @@ pub struct ParamSlot<B: AutodiffBackend> {
     pub dtype: DType,
 }
 
-/// An autodiff backend whose parameters burn-ddp can follow.
-pub trait TrackedAutodiff: crate::autograd::AutodiffCollectives {
+/// An autodiff backend whose parameters burn-ddp can follow: Burn's
+/// `Autodiff`, over any backend and checkpointing strategy.
+pub trait TrackedAutodiff: crate::autograd::AutodiffCollectives + Slots {}
+
+impl<B: Backend, C: CheckpointStrategy> TrackedAutodiff for Autodiff<B, C> {}
+
+/// How a parameter's slot is read off a tensor of the backend: public in
+/// name only (this module is private), so no other crate implements
+/// [`TrackedAutodiff`] or sees the slots.
+pub trait Slots: AutodiffBackend {
     /// The slot of a leaf tensor that requires gradients, `None` for any other tensor.
     fn param_slot(tensor: &FloatTensor<Self>) -> Option<ParamSlot<Self>>;
 
@@ -53,7 +61,7 @@ pub trait TrackedAutodiff: crate::autograd::AutodiffCollectives {
     fn node_id(tensor: &FloatTensor<Self>) -> Option<u64>;
 }
 
-impl<B: Backend, C: CheckpointStrategy> TrackedAutodiff for Autodiff<B, C> {
+impl<B: Backend, C: CheckpointStrategy> Slots for Autodiff<B, C> {
     fn param_slot(tensor: &FloatTensor<Self>) -> Option<ParamSlot<Self>> {
         if !Self::float_is_require_grad(tensor) || !tensor.node.parents.is_empty() {
             return None;
@@ -249,7 +257,9 @@ pub(crate) fn live_params<B: TrackedAutodiff>() -> Vec<LiveParam<B>> {
     })
 }
 
-/// Number of entries held (live or not yet pruned), for memory tests.
-pub fn tracked_len() -> usize {
+/// How many parameter tensors `Ddp<B>` follows on this process (live, or
+/// dropped and not yet forgotten: the next backward pass prunes those), to
+/// check that replaced parameters are not kept alive.
+pub fn tracked_parameters() -> usize {
     with_registry(|registry| registry.entries.len())
 }

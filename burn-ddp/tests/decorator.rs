@@ -100,7 +100,7 @@ fn backend_name_says_ddp() {
 fn parameters_are_tracked_and_dead_ones_forgotten() {
     let device = Default::default();
     let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
-    let before = burn_ddp::tracking::tracked_len();
+    let before = burn_ddp::autodiff::tracked_parameters();
     let mut model = ConvNet::<Wrapped>::new(&device);
     let mut optim = SgdConfig::new().init();
     for _ in 0..300 {
@@ -111,6 +111,7 @@ fn parameters_are_tracked_and_dead_ones_forgotten() {
     }
     // 4 parameters live; dead ones are pruned in batches, so the registry stays
     // bounded instead of growing by 4 per step (1200 here).
-    let held = burn_ddp::tracking::tracked_len() - before.min(burn_ddp::tracking::tracked_len());
+    let held = burn_ddp::autodiff::tracked_parameters()
+        - before.min(burn_ddp::autodiff::tracked_parameters());
     assert!(held <= 200, "registry holds {held} entries after 300 steps");
 }

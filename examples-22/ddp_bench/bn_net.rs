@@ -27,7 +27,7 @@ impl Norm for BatchNorm {
 
 impl Norm for SyncBatchNorm {
     fn create(channels: usize, device: &Device) -> Self {
-        burn_ddp_22::sync_batch_norm(&BatchNormConfig::new(channels), device)
+        burn_ddp_22::sync_batch_norm::sync_batch_norm(&BatchNormConfig::new(channels), device)
     }
     fn apply(&self, x: Tensor<4>) -> Tensor<4> {
         self.forward(x)

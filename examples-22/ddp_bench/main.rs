@@ -141,7 +141,7 @@ fn share(group: &burn_ddp_22::ProcessGroup, iters: usize, batch: usize, device: 
     let (mut synced_bytes, mut local_bytes) = (Vec::new(), Vec::new());
     for i in 0..iters + 2 {
         if i == 2 {
-            burn_ddp_22::reset_sync_stats();
+            burn_ddp_22::sync::reset_sync_stats();
         }
         // Start every measured step together: a local step lets the ranks
         // drift apart, and the next sync would otherwise absorb that drift.
@@ -172,7 +172,7 @@ fn share(group: &burn_ddp_22::ProcessGroup, iters: usize, batch: usize, device: 
             local: l,
             sync_label: "sync_gradients call",
             sync,
-            stats: burn_ddp_22::sync_stats(),
+            stats: burn_ddp_22::sync::sync_stats(),
             sync_allocated,
         });
     }
@@ -227,8 +227,12 @@ fn sync_bn(group: &burn_ddp_22::ProcessGroup, iters: usize, batch: usize, device
         let started = Instant::now();
         for n in [3 * 8, 3 * 16, 3 * 16, 3 * 8] {
             let stats = Tensor::<1>::zeros([n], &Device::flex());
-            burn_ddp_22::all_reduce(group, stats, burn_ddp_22::ReduceOp::Sum)
-                .unwrap_or_else(|e| fail(rank, e));
+            burn_ddp_22::collective::all_reduce(
+                group,
+                stats,
+                burn_ddp_22::collective::ReduceOp::Sum,
+            )
+            .unwrap_or_else(|e| fail(rank, e));
         }
         alone.push(started.elapsed().as_secs_f64());
     }

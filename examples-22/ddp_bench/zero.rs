@@ -151,7 +151,7 @@ pub fn run(
         median_ms(&plain_times),
         median_ms(&sharded_times),
     );
-    let per_step = |stats: burn_ddp_22::SyncStats| {
+    let per_step = |stats: burn_ddp_22::sync::SyncStats| {
         let steps = (iters + 1) as f64;
         format!(
             "wait {:.0} ms, pack {:.0} ms, collectives {:.0} ms, unpack {:.0} ms",
@@ -163,7 +163,7 @@ pub fn run(
     };
     if let Some(stats) = plain
         .as_ref()
-        .and_then(|(model, _)| burn_ddp_22::sync_stats_of(model))
+        .and_then(|(model, _)| burn_ddp_22::sync::sync_stats_of(model))
     {
         println!("rank {rank}: DDP per step: {}", per_step(stats));
     }

@@ -23,9 +23,10 @@ use burn::module::Module;
 use burn::nn::{BatchNormConfig, Linear, LinearConfig};
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_ddp_22::{
-    CollectiveBackend, ProcessGroup, ReduceOp, RoundMode, ShardConfig, ShardedOptimizer,
-};
+use burn_ddp_22::collective::ReduceOp;
+use burn_ddp_22::group::CollectiveBackend;
+use burn_ddp_22::shard::RoundMode;
+use burn_ddp_22::{ProcessGroup, ShardConfig, ShardedOptimizer};
 use burn_ddp_examples_common::cli::BackendChoice;
 use burn_ddp_examples_common::fail;
 
@@ -54,8 +55,8 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
 
     let values: Vec<f32> = (0..4096).map(|i| i as f32 * (rank + 1.0)).collect();
     let tensor = Tensor::<1>::from_data(TensorData::new(values, [4096]), device);
-    let summed =
-        burn_ddp_22::all_reduce(group, tensor, ReduceOp::Sum).map(|t| floats(t.into_data()));
+    let summed = burn_ddp_22::collective::all_reduce(group, tensor, ReduceOp::Sum)
+        .map(|t| floats(t.into_data()));
     let factor = world * (world + 1.0) / 2.0;
     let want: Vec<f32> = (0..4096).map(|i| i as f32 * factor).collect();
     all &= report(
@@ -66,7 +67,7 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
     );
 
     let ints = Tensor::<1, Int>::from_data(TensorData::new(vec![rank as i32; 8], [8]), device);
-    let max = burn_ddp_22::all_reduce(group, ints, ReduceOp::Max).map(|t| {
+    let max = burn_ddp_22::collective::all_reduce(group, ints, ReduceOp::Max).map(|t| {
         t.into_data()
             .convert::<i32>()
             .try_to_vec::<i32>()
@@ -84,7 +85,7 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
     // misplaced element shows.
     let distinct = |r: f32| -> Vec<f32> { (0..6).map(|i| r * 100.0 + i as f32).collect() };
     let rows = Tensor::<2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
-    let gathered = burn_ddp_22::all_gather(group, rows.clone());
+    let gathered = burn_ddp_22::collective::all_gather(group, rows.clone());
     let fine = gathered.as_ref().is_ok_and(|parts| {
         parts.len() == group.world_size()
             && parts
@@ -100,7 +101,8 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
     );
 
     let root = group.world_size() - 1;
-    let broadcast = burn_ddp_22::broadcast(group, rows, root).map(|t| floats(t.into_data()));
+    let broadcast =
+        burn_ddp_22::collective::broadcast(group, rows, root).map(|t| floats(t.into_data()));
     all &= report(
         group,
         "tensor_broadcast",
@@ -113,7 +115,8 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
     let w = group.world_size();
     let tall: Vec<f32> = (0..6 * w).map(|i| i as f32 + rank).collect();
     let tall = Tensor::<2>::from_data(TensorData::new(tall, [2 * w, 3]), device);
-    let part = burn_ddp_22::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
+    let part =
+        burn_ddp_22::collective::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
     let offset = world * (world - 1.0) / 2.0;
     let r = group.rank();
     let want: Vec<f32> = (6 * r..6 * r + 6)
@@ -146,7 +149,7 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
     ];
     for (name, tensor) in cases {
         let want = floats(tensor.clone().into_data());
-        let seen = burn_ddp_22::nccl_view(group, tensor).map(|bytes| {
+        let seen = burn_ddp_22::cuda::nccl_view(group, tensor).map(|bytes| {
             bytes.map(|b| {
                 b.chunks_exact(4)
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -204,7 +207,7 @@ fn sync_batch_norm(group: &ProcessGroup, device: &Device) -> bool {
             .collect()
     };
     let config = BatchNormConfig::new(4);
-    let norm = burn_ddp_22::sync_batch_norm(&config, &device);
+    let norm = burn_ddp_22::sync_batch_norm::sync_batch_norm(&config, &device);
     let mine = Tensor::<1>::from_floats(rows(rank).as_slice(), &device)
         .reshape([3, 4, 5])
         .require_grad();
@@ -371,11 +374,12 @@ fn main() {
         println!("RESULT setup FAIL {e}");
         fail(None, e)
     });
-    let device = burn_ddp_22::cuda_device_for_rank(group.local_rank(), group.local_world_size())
-        .unwrap_or_else(|e| {
-            println!("RESULT setup FAIL {e}");
-            fail(Some(group.rank()), e)
-        });
+    let device =
+        burn_ddp_22::cuda::cuda_device_for_rank(group.local_rank(), group.local_world_size())
+            .unwrap_or_else(|e| {
+                println!("RESULT setup FAIL {e}");
+                fail(Some(group.rank()), e)
+            });
     if group.device_backend() != CollectiveBackend::Nccl {
         let why =
             "run with BURN_DDP_BACKEND=nccl (scripts/gpu-check.sh does): these checks need NCCL";

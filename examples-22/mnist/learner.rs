@@ -60,7 +60,7 @@ pub fn train(args: &MnistArgs, device: Device) {
     let rank = group.rank();
     // Each rank's loader batch: the ranks together train with world_size times it.
     let batch_size = match args.global_batch_size {
-        Some(global) => burn_ddp_22::batch_size_per_rank(&group, global) // burn-ddp
+        Some(global) => burn_ddp_22::data::batch_size_per_rank(&group, global) // burn-ddp
             .unwrap_or_else(|e| fail(None, e)),
         None => args.batch_size,
     };
@@ -146,8 +146,8 @@ pub fn train(args: &MnistArgs, device: Device) {
         std::process::exit(128 + signal);
     }
     // burn-ddp: every rank holds rank 0's parameters (a digest per tensor).
-    let compared =
-        burn_ddp_22::check_replicas(&result.model, &group).unwrap_or_else(|e| fail(None, e));
+    let compared = burn_ddp_22::replicas::check_replicas(&result.model, &group)
+        .unwrap_or_else(|e| fail(None, e));
     if group.is_main() {
         println!(
             "replicas identical: {compared} parameter tensors on {} ranks",
@@ -156,7 +156,7 @@ pub fn train(args: &MnistArgs, device: Device) {
         // Equal for two runs exactly when they ended with the same parameters.
         println!(
             "parameters fingerprint: {:016x}",
-            burn_ddp_22::parameters_fingerprint(&result.model)
+            burn_ddp_22::replicas::parameters_fingerprint(&result.model)
         );
         // burn-ddp: rank 0 alone saves, for every rank, atomically.
         let path = burn_ddp_22::checkpoint::save_atomic(

@@ -21,8 +21,8 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_ddp_22::collective::ReduceOp;
 use burn_ddp_22::data::DistributedDataset;
-use burn_ddp_22::ReduceOp;
 use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::idx;
@@ -86,7 +86,7 @@ fn main() {
     let args = MnistArgs::parse();
     // With --learner, Burn's Learner sends rank 0's messages to experiment.log;
     // the other ranks (and the hand-written loop) print warnings and errors.
-    if !args.learner || burn_ddp_22::LaunchEnv::from_env().is_ok_and(|env| env.rank != 0) {
+    if !args.learner || burn_ddp_22::group::LaunchEnv::from_env().is_ok_and(|env| env.rank != 0) {
         common::cli::init_logger();
     }
     if !args.learner && (args.checkpoint_dir.is_some() || args.resume.is_some()) {
@@ -153,7 +153,7 @@ fn train(args: &MnistArgs, device: Device) {
     // Each rank's loader batch: --batch-size, or its share of --global-batch-size.
     let batch_size = match args.global_batch_size {
         Some(global) => {
-            burn_ddp_22::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
+            burn_ddp_22::data::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
         }
         None => args.batch_size,
     };
@@ -173,7 +173,7 @@ fn train(args: &MnistArgs, device: Device) {
         .set_device(device.clone())
         .build(shard);
     // The test set is split without padding, so summed counts are exact.
-    let test_sampler = burn_ddp_22::evaluation_sampler(&group, test_set.len())
+    let test_sampler = burn_ddp_22::data::evaluation_sampler(&group, test_set.len())
         .unwrap_or_else(|e| fail(Some(rank), e));
     let test_loader = DataLoaderBuilder::new(MnistBatcher)
         .batch_size(args.test_batch_size)
@@ -188,7 +188,7 @@ fn train(args: &MnistArgs, device: Device) {
 
     // Ctrl-C or SIGTERM: every rank stops before the same step (asked each
     // step) and rank 0 saves the model trained so far.
-    burn_ddp_22::catch_stop_signals();
+    burn_ddp_22::stop::catch_stop_signals();
     let mut stopped = None;
     'training: for epoch in 0..epochs {
         epoch_handle.set_epoch(epoch);
@@ -199,7 +199,7 @@ fn train(args: &MnistArgs, device: Device) {
         let (mut total_loss, mut steps, mut samples) = (0.0f64, 0usize, 0usize);
         for batch in train_loader.iter().take(steps_per_epoch) {
             if let Some(signal) =
-                burn_ddp_22::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
+                burn_ddp_22::stop::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
             {
                 stopped = Some(Stopped {
                     signal,
@@ -224,11 +224,11 @@ fn train(args: &MnistArgs, device: Device) {
             .all_reduce(&mut average, ReduceOp::Sum)
             .unwrap_or_else(|e| fail(Some(rank), e));
         let average = average[0] / world_size as f64;
-        let [all_samples] =
-            burn_ddp_22::sum_over_ranks(&group, [samples]).unwrap_or_else(|e| fail(Some(rank), e));
+        let [all_samples] = burn_ddp_22::data::sum_over_ranks(&group, [samples])
+            .unwrap_or_else(|e| fail(Some(rank), e));
         let elapsed = started.elapsed().as_secs_f64();
         let (correct, total) = evaluate(&model, test_loader.as_ref(), rank);
-        let [correct, total] = burn_ddp_22::sum_over_ranks(&group, [correct, total])
+        let [correct, total] = burn_ddp_22::data::sum_over_ranks(&group, [correct, total])
             .unwrap_or_else(|e| fail(Some(rank), e));
         if group.is_main() {
             println!(

@@ -19,8 +19,8 @@ use burn::nn::loss::{MseLoss, Reduction};
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Tensor, TensorData};
+use burn_ddp_22::collective::ReduceOp;
 use burn_ddp_22::data::DistributedDataset;
-use burn_ddp_22::ReduceOp;
 use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::stopped::Stopped;
@@ -137,7 +137,7 @@ pub(crate) fn train(args: &ToyArgs, device: Device) {
     // Each rank's loader batch: --batch-size, or its share of --global-batch-size.
     let batch_size = match args.global_batch_size {
         Some(global) => {
-            burn_ddp_22::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
+            burn_ddp_22::data::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
         }
         None => args.batch_size,
     };
@@ -210,7 +210,7 @@ pub(crate) fn train(args: &ToyArgs, device: Device) {
     let criterion = MseLoss::new();
 
     // Ctrl-C or SIGTERM: every rank stops before the same step (asked each step).
-    burn_ddp_22::catch_stop_signals();
+    burn_ddp_22::stop::catch_stop_signals();
     let mut stopped = None;
     let mut last_saved = None;
     println!("Rank {rank} starting training...");
@@ -220,7 +220,7 @@ pub(crate) fn train(args: &ToyArgs, device: Device) {
         let mut num_batches = 0usize;
         for batch in loader.iter() {
             if let Some(signal) =
-                burn_ddp_22::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
+                burn_ddp_22::stop::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
             {
                 stopped = Some(Stopped {
                     signal,
@@ -278,7 +278,7 @@ pub(crate) fn train(args: &ToyArgs, device: Device) {
         std::process::exit(stop.exit_code());
     }
     burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
-    let sync = burn_ddp_22::sync_stats();
+    let sync = burn_ddp_22::sync::sync_stats();
     if rank == 0 && sync.syncs > 0 {
         println!(
             "Gradient sync: {} buckets, {} of them on the GPU over NCCL",
@@ -289,7 +289,7 @@ pub(crate) fn train(args: &ToyArgs, device: Device) {
         // Equal for two runs exactly when they ended with the same parameters.
         println!(
             "Parameters fingerprint: {:016x}",
-            burn_ddp_22::parameters_fingerprint(&model)
+            burn_ddp_22::replicas::parameters_fingerprint(&model)
         );
         println!("Training complete.");
     }

@@ -28,7 +28,7 @@ impl<B: Backend> Norm<B> for BatchNorm<B> {
 
 impl<B: Backend> Norm<B> for SyncBatchNorm<B> {
     fn create(channels: usize, device: &B::Device) -> Self {
-        burn_ddp::sync_batch_norm(&BatchNormConfig::new(channels), device)
+        burn_ddp::sync_batch_norm::sync_batch_norm(&BatchNormConfig::new(channels), device)
     }
     fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         self.forward(x)

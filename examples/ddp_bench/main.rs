@@ -25,7 +25,8 @@ use burn::nn::{BatchNorm, Linear, LinearConfig};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
-use burn_ddp::{Ddp, DdpConfig, ReduceOp, SyncBatchNorm};
+use burn_ddp::collective::ReduceOp;
+use burn_ddp::{Ddp, DdpConfig, SyncBatchNorm};
 use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::alloc;
@@ -208,7 +209,7 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     let (mut synced_bytes, mut local_bytes) = (Vec::new(), Vec::new());
     for i in 0..iters + 2 {
         if i == 2 {
-            burn_ddp::reset_sync_stats();
+            burn_ddp::sync::reset_sync_stats();
         }
         // Start every measured step together: a no_sync step lets the ranks
         // drift apart, and the next sync would otherwise absorb that drift.
@@ -243,7 +244,7 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
             local: l,
             sync_label: "backward with sync - without",
             sync,
-            stats: burn_ddp::sync_stats(),
+            stats: burn_ddp::sync::sync_stats(),
             sync_allocated,
         });
     }
@@ -308,7 +309,8 @@ fn sync_bn(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
         let started = Instant::now();
         for n in [3 * 8, 3 * 16, 3 * 16, 3 * 8] {
             let stats = Tensor::<Flex, 1>::zeros([n], &Default::default());
-            burn_ddp::all_reduce(group, stats, ReduceOp::Sum).unwrap_or_else(|e| fail(rank, e));
+            burn_ddp::collective::all_reduce(group, stats, ReduceOp::Sum)
+                .unwrap_or_else(|e| fail(rank, e));
         }
         alone.push(started.elapsed().as_secs_f64());
     }

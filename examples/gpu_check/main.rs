@@ -3,7 +3,7 @@
 //! `gpu_check nccl` checks NCCL collectives on device buffers for correctness,
 //! in a world of any size (one GPU per rank). `gpu_check bench` times bucket
 //! all-reduces from 1 MiB to 1 GiB: straight NCCL on a device buffer against
-//! the path gradients take (a CUDA tensor through `burn_ddp::all_reduce`).
+//! the path gradients take (a CUDA tensor through `burn_ddp::collective::all_reduce`).
 //! `gpu_check overhead` times an MNIST CNN training step on `Autodiff<Cuda>`
 //! against `Ddp<Autodiff<Cuda>>` at world size 1. `nccl` also runs
 //! SyncBatchNorm and the sharded optimizer (its rounds in NCCL) against one
@@ -30,9 +30,12 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::Distribution;
 use burn::tensor::{Int, Tensor, TensorData};
+use burn_ddp::collective::ReduceOp;
+use burn_ddp::group::CollectiveBackend;
 use burn_ddp::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use burn_ddp::nccl::{DeviceBuffer, NcclCommunicator};
-use burn_ddp::{CollectiveBackend, ProcessGroup, ReduceOp, RoundMode, ShardConfig};
+use burn_ddp::shard::RoundMode;
+use burn_ddp::{ProcessGroup, ShardConfig};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -46,7 +49,7 @@ use std::time::Instant;
 enum Check {
     /// NCCL collectives on device buffers, at any world size (one GPU per rank).
     Nccl,
-    /// Bucket all-reduce times: straight NCCL against burn_ddp::all_reduce.
+    /// Bucket all-reduce times: straight NCCL against burn_ddp::collective::all_reduce.
     Bench,
     /// An MNIST CNN step on Autodiff<Cuda> against Ddp<Autodiff<Cuda>>, world 1.
     Overhead,
@@ -63,17 +66,17 @@ fn main() {
     burn_ddp_examples_common::cli::init_logger();
     let mode = match <Check as clap::Parser>::parse() {
         Check::Overhead => return overhead(),
-        Check::Toy(args) => return toy_on_cuda::<burn_ddp::PlainCuda>(&args),
-        Check::ToyFused(args) => return toy_on_cuda::<burn_ddp::FusedCuda>(&args),
+        Check::Toy(args) => return toy_on_cuda::<burn_ddp::cuda::PlainCuda>(&args),
+        Check::ToyFused(args) => return toy_on_cuda::<burn_ddp::cuda::FusedCuda>(&args),
         Check::ToyReference(args) => {
-            let device = burn_ddp::cuda_device_for_rank(0, 1).unwrap_or_else(|e| die(e));
-            return toy::train::<Autodiff<burn_ddp::PlainCuda>>(&args, device);
+            let device = burn_ddp::cuda::cuda_device_for_rank(0, 1).unwrap_or_else(|e| die(e));
+            return toy::train::<Autodiff<burn_ddp::cuda::PlainCuda>>(&args, device);
         }
         Check::Nccl => "nccl",
         Check::Bench => "bench",
     };
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| die(e));
-    let device = burn_ddp::cuda_device_for_rank(group.local_rank(), group.local_world_size())
+    let device = burn_ddp::cuda::cuda_device_for_rank(group.local_rank(), group.local_world_size())
         .unwrap_or_else(|e| die(e));
     if group.device_backend() != CollectiveBackend::Nccl {
         die("run with BURN_DDP_BACKEND=nccl (scripts/gpu-check.sh does): these checks need NCCL");
@@ -93,7 +96,7 @@ fn main() {
 /// Stops this rank with `err` (naming the rank) and a failed setup row for
 /// the script.
 fn die(err: impl std::fmt::Display) -> ! {
-    let err = match burn_ddp::LaunchEnv::from_env() {
+    let err = match burn_ddp::group::LaunchEnv::from_env() {
         Ok(env) => format!("rank {}: {err}", env.rank),
         Err(_) => err.to_string(),
     };
@@ -197,7 +200,8 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     // The tensor path: a CUDA tensor (Burn's memory) reduced in place.
     let values: Vec<f32> = (0..4096).map(|i| i as f32 * (rank + 1.0)).collect();
     let tensor = Tensor::<Cuda, 1>::from_data(TensorData::new(values.clone(), [4096]), device);
-    let summed = burn_ddp::all_reduce(group, tensor, ReduceOp::Sum).map(|t| t.into_data());
+    let summed =
+        burn_ddp::collective::all_reduce(group, tensor, ReduceOp::Sum).map(|t| t.into_data());
     let factor = world * (world + 1.0) / 2.0;
     let fine = is_scaled_index(&summed, factor);
     all &= report(
@@ -209,7 +213,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
 
     let ints =
         Tensor::<Cuda, 1, Int>::from_data(TensorData::new(vec![rank as i32; 8], [8]), device);
-    let max = burn_ddp::all_reduce(group, ints, ReduceOp::Max).map(|t| t.into_data());
+    let max = burn_ddp::collective::all_reduce(group, ints, ReduceOp::Max).map(|t| t.into_data());
     let fine = max.as_ref().is_ok_and(|d| {
         d.as_slice::<i32>()
             .unwrap()
@@ -227,7 +231,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     // of 3 (not a power of two): a padded row or a misplaced element shows.
     let distinct = |r: f32| -> Vec<f32> { (0..6).map(|i| r * 100.0 + i as f32).collect() };
     let rows = Tensor::<Cuda, 2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
-    let gathered = burn_ddp::all_gather(group, rows.clone());
+    let gathered = burn_ddp::collective::all_gather(group, rows.clone());
     let fine = is_gathered(&gathered, group.world_size(), distinct);
     all &= report(
         group,
@@ -237,7 +241,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     );
 
     let root = group.world_size() - 1;
-    let broadcast = burn_ddp::broadcast(group, rows, root).map(|t| t.into_data());
+    let broadcast = burn_ddp::collective::broadcast(group, rows, root).map(|t| t.into_data());
     let fine = broadcast
         .as_ref()
         .is_ok_and(|d| d.as_slice::<f32>().unwrap() == distinct(root as f32));
@@ -253,7 +257,8 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     let w = group.world_size();
     let tall: Vec<f32> = (0..6 * w).map(|i| i as f32 + rank).collect();
     let tall = Tensor::<Cuda, 2>::from_data(TensorData::new(tall, [2 * w, 3]), device);
-    let part = burn_ddp::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
+    let part =
+        burn_ddp::collective::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
     let offset = world * (world - 1.0) / 2.0;
     let want: Vec<f32> = (6 * rank as usize..6 * rank as usize + 6)
         .map(|i| world * i as f32 + offset)
@@ -289,7 +294,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     ];
     for (name, tensor) in cases {
         let want: Vec<f32> = tensor.clone().into_data().to_vec::<f32>().unwrap();
-        let seen = burn_ddp::nccl_view(group, tensor).map(|bytes| {
+        let seen = burn_ddp::cuda::nccl_view(group, tensor).map(|bytes| {
             bytes.map(|b| {
                 b.chunks_exact(4)
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -307,10 +312,11 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
 
     // Burn's fused backend (burn-cuda's default): resolved to CUDA tensors for
     // NCCL and registered back; the values must come through as on plain CUDA.
-    type Fused = burn_ddp::FusedCuda;
+    type Fused = burn_ddp::cuda::FusedCuda;
     let fused = Tensor::<Fused, 1>::from_data(TensorData::new(values.clone(), [4096]), device)
         .mul_scalar(1.0); // queued in the fusion stream, not yet run
-    let summed = burn_ddp::all_reduce(group, fused, ReduceOp::Sum).map(|t| t.into_data());
+    let summed =
+        burn_ddp::collective::all_reduce(group, fused, ReduceOp::Sum).map(|t| t.into_data());
     let fine = is_scaled_index(&summed, factor);
     all &= report(
         group,
@@ -319,7 +325,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{:?}", summed.err()),
     );
     let rows = Tensor::<Fused, 2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
-    let gathered = burn_ddp::all_gather(group, rows);
+    let gathered = burn_ddp::collective::all_gather(group, rows);
     let fine = is_gathered(&gathered, group.world_size(), distinct);
     all &= report(
         group,
@@ -361,7 +367,7 @@ fn sync_batch_norm_on_cuda(group: &ProcessGroup, device: &CudaDevice) -> bool {
     // leaf that requires gradients, would count as a stray parameter).
     type Synced = Autodiff<Cuda>;
     type Plain = Autodiff<Cuda>;
-    burn_ddp::enable_sync_batch_norm::<Synced>();
+    burn_ddp::autodiff::enable_sync_batch_norm::<Synced>();
     let (rank, world) = (group.rank(), group.world_size());
     let rows = |r: usize| -> Vec<f32> {
         (0..3 * 4 * 5)
@@ -369,7 +375,7 @@ fn sync_batch_norm_on_cuda(group: &ProcessGroup, device: &CudaDevice) -> bool {
             .collect()
     };
     let config = burn::nn::BatchNormConfig::new(4);
-    let norm = burn_ddp::sync_batch_norm::<Synced>(&config, device);
+    let norm = burn_ddp::sync_batch_norm::sync_batch_norm::<Synced>(&config, device);
     let mine = Tensor::<Synced, 1>::from_floats(rows(rank).as_slice(), device)
         .reshape([3, 4, 5])
         .require_grad();
@@ -571,7 +577,7 @@ fn is_gathered<B: burn::tensor::backend::Backend>(
 
 /// Times one bucket all-reduce (mean) per size, over `iters` rounds after a
 /// warm-up: straight NCCL on a device buffer, then a CUDA tensor through
-/// `burn_ddp::all_reduce` (waits for Burn's kernels, addresses the buffer,
+/// `burn_ddp::collective::all_reduce` (waits for Burn's kernels, addresses the buffer,
 /// NCCL in place).
 fn bench(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> bool {
     let raw = Raw::new(device.index);
@@ -600,8 +606,10 @@ fn bench(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> 
         let mut tensor = Some(Tensor::<Cuda, 1>::ones([n], device));
         let path = time(&mut || {
             let t = tensor.take().unwrap();
-            tensor =
-                Some(burn_ddp::all_reduce(group, t, ReduceOp::Mean).unwrap_or_else(|e| die(e)));
+            tensor = Some(
+                burn_ddp::collective::all_reduce(group, t, ReduceOp::Mean)
+                    .unwrap_or_else(|e| die(e)),
+            );
         });
         let bytes = (n * 4) as f64;
         let busbw = |secs: f64| bytes / secs * 2.0 * (world - 1.0) / world / 1e9;
@@ -643,7 +651,7 @@ fn overhead() {
     let _group = burn_ddp::init_process_group().unwrap_or_else(|e| die(e));
     type Plain = Autodiff<Cuda>;
     type Wrapped = burn_ddp::Ddp<Autodiff<Cuda>>;
-    let device = burn_ddp::cuda_device_for_rank(0, 1).unwrap_or_else(|e| die(e));
+    let device = burn_ddp::cuda::cuda_device_for_rank(0, 1).unwrap_or_else(|e| die(e));
     let (mut plain, mut wrapped) = (
         net::Net::<Plain>::new(&device),
         net::Net::<Wrapped>::new(&device),
@@ -674,8 +682,8 @@ fn overhead() {
 
 /// The toy trainer on `Ddp<Autodiff<C>>` (plain or fused CUDA), with the toy's flags.
 fn toy_on_cuda<C: burn::tensor::backend::Backend<Device = CudaDevice>>(args: &toy::ToyArgs) {
-    let env = burn_ddp::LaunchEnv::from_env().unwrap_or_else(|e| die(e));
-    let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
+    let env = burn_ddp::group::LaunchEnv::from_env().unwrap_or_else(|e| die(e));
+    let device = burn_ddp::cuda::cuda_device_for_rank(env.local_rank, env.local_world_size)
         .unwrap_or_else(|e| die(e));
     toy::train::<burn_ddp::Ddp<Autodiff<C>>>(args, device);
 }

@@ -64,7 +64,7 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     let rank = group.rank();
     // Each rank's loader batch: the ranks together train with world_size times it.
     let batch_size = match args.global_batch_size {
-        Some(global) => burn_ddp::batch_size_per_rank(&group, global) // burn-ddp
+        Some(global) => burn_ddp::data::batch_size_per_rank(&group, global) // burn-ddp
             .unwrap_or_else(|e| fail(None, e)),
         None => args.batch_size,
     };
@@ -147,7 +147,7 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     }
     // burn-ddp: every rank holds rank 0's parameters (a digest per tensor).
     let compared =
-        burn_ddp::check_replicas(&result.model, &group).unwrap_or_else(|e| fail(None, e));
+        burn_ddp::replicas::check_replicas(&result.model, &group).unwrap_or_else(|e| fail(None, e));
     if group.is_main() {
         println!(
             "replicas identical: {compared} parameter tensors on {} ranks",
@@ -156,7 +156,7 @@ pub fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         // Equal for two runs exactly when they ended with the same parameters.
         println!(
             "parameters fingerprint: {:016x}",
-            burn_ddp::parameters_fingerprint(&result.model)
+            burn_ddp::replicas::parameters_fingerprint(&result.model)
         );
         // burn-ddp: rank 0 alone saves, for every rank. Burn's MNIST example
         // saves the trained model beside the experiment; atomically here.

@@ -29,8 +29,8 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn_ddp::collective::ReduceOp;
 use burn_ddp::data::DistributedDataset;
-use burn_ddp::ReduceOp;
 use clap::Parser;
 use common::stopped::Stopped;
 use common::{fail, run_config};
@@ -101,7 +101,7 @@ fn main() {
     if args.learner {
         // Burn's Learner sends rank 0's messages to experiment.log; the other
         // ranks print warnings and errors.
-        if burn_ddp::LaunchEnv::from_env().is_ok_and(|env| env.rank != 0) {
+        if burn_ddp::group::LaunchEnv::from_env().is_ok_and(|env| env.rank != 0) {
             common::cli::init_logger();
         }
         run_on_backend!(args, train_learner);
@@ -154,7 +154,7 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
     // Each rank's loader batch: --batch-size, or its share of --global-batch-size.
     let batch_size = match args.global_batch_size {
         Some(global) => {
-            burn_ddp::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
+            burn_ddp::data::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
         }
         None => args.batch_size,
     };
@@ -182,7 +182,7 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         .set_device(device.clone())
         .build(shard);
     // The test set is split without padding, so summed counts are exact.
-    let test_sampler = burn_ddp::evaluation_sampler(&group, test_set.len())
+    let test_sampler = burn_ddp::data::evaluation_sampler(&group, test_set.len())
         .unwrap_or_else(|e| fail(Some(rank), e));
     let test_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(MnistBatcher)
         .batch_size(args.test_batch_size)
@@ -231,7 +231,7 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
 
     // Ctrl-C or SIGTERM: every rank stops before the same step (asked each
     // step) and rank 0 saves the model trained so far.
-    burn_ddp::catch_stop_signals();
+    burn_ddp::stop::catch_stop_signals();
     let mut stopped = None;
     'training: for epoch in first_epoch..epochs {
         epoch_handle.set_epoch(epoch);
@@ -243,7 +243,7 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         let (mut total_loss, mut steps, mut samples) = (0.0f64, 0usize, 0usize);
         for (images, targets) in train_loader.iter().take(steps_per_epoch) {
             if let Some(signal) =
-                burn_ddp::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
+                burn_ddp::stop::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
             {
                 if let Some(bar) = &progress {
                     bar.finish_and_clear();
@@ -275,11 +275,11 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
             .all_reduce(&mut average, ReduceOp::Sum)
             .unwrap_or_else(|e| fail(Some(rank), e));
         let average = average[0] / world_size as f64;
-        let [all_samples] =
-            burn_ddp::sum_over_ranks(&group, [samples]).unwrap_or_else(|e| fail(Some(rank), e));
+        let [all_samples] = burn_ddp::data::sum_over_ranks(&group, [samples])
+            .unwrap_or_else(|e| fail(Some(rank), e));
         let elapsed = started.elapsed().as_secs_f64();
         let (correct, total) = evaluate(&model.valid(), test_loader.as_ref());
-        let [correct, total] = burn_ddp::sum_over_ranks(&group, [correct, total])
+        let [correct, total] = burn_ddp::data::sum_over_ranks(&group, [correct, total])
             .unwrap_or_else(|e| fail(Some(rank), e));
         if group.is_main() {
             println!(
@@ -311,7 +311,7 @@ fn train<B: AutodiffBackend>(args: &MnistArgs, device: B::Device) {
         // Equal for two runs exactly when they ended with the same parameters.
         println!(
             "parameters fingerprint: {:016x}",
-            burn_ddp::parameters_fingerprint(&model)
+            burn_ddp::replicas::parameters_fingerprint(&model)
         );
         let path = burn_ddp::checkpoint::save_atomic::<B, _>(model.into_record(), &args.output)
             .unwrap_or_else(|e| fail(Some(rank), e));

@@ -24,7 +24,7 @@ pub fn load(
         let test = idx::load_split(dir, "t10k").map_err(|e| e.to_string())?;
         return Ok((train, test));
     }
-    let local_rank = burn_ddp::LaunchEnv::from_env()
+    let local_rank = burn_ddp::group::LaunchEnv::from_env()
         .map(|env| env.local_rank)
         .unwrap_or(0);
     let first = if local_rank == 0 {

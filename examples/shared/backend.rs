@@ -15,14 +15,14 @@ macro_rules! run_on_backend {
             #[cfg(feature = "cuda")]
             BackendChoice::Cuda | BackendChoice::CudaFused => {
                 // cuda:LOCAL_RANK, as `torch.cuda.set_device(local_rank)`.
-                let env = burn_ddp::LaunchEnv::from_env()
+                let env = burn_ddp::group::LaunchEnv::from_env()
                     .unwrap_or_else(|e| burn_ddp_examples_common::fail(None, e));
-                let device = burn_ddp::cuda_device_for_rank(env.local_rank, env.local_world_size)
+                let device = burn_ddp::cuda::cuda_device_for_rank(env.local_rank, env.local_world_size)
                     .unwrap_or_else(|e| burn_ddp_examples_common::fail(Some(env.rank), e));
                 if $args.backend == BackendChoice::Cuda {
-                    $train::<Ddp<Autodiff<burn_ddp::PlainCuda>>>(&$args, device)
+                    $train::<Ddp<Autodiff<burn_ddp::cuda::PlainCuda>>>(&$args, device)
                 } else {
-                    $train::<Ddp<Autodiff<burn_ddp::FusedCuda>>>(&$args, device)
+                    $train::<Ddp<Autodiff<burn_ddp::cuda::FusedCuda>>>(&$args, device)
                 }
             }
             #[cfg(not(feature = "cuda"))]

@@ -36,8 +36,8 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn_ddp::collective::ReduceOp;
 use burn_ddp::data::DistributedDataset;
-use burn_ddp::ReduceOp;
 use clap::Parser;
 use common::stopped::Stopped;
 use common::{fail, run_config};
@@ -181,7 +181,7 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
     // Each rank's loader batch: --batch-size, or its share of --global-batch-size.
     let batch_size = match args.global_batch_size {
         Some(global) => {
-            burn_ddp::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
+            burn_ddp::data::batch_size_per_rank(&group, global).unwrap_or_else(|e| fail(None, e))
         }
         None => args.batch_size,
     };
@@ -237,7 +237,7 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
     let criterion = MseLoss::new();
 
     // Ctrl-C or SIGTERM: every rank stops before the same step (asked each step).
-    burn_ddp::catch_stop_signals();
+    burn_ddp::stop::catch_stop_signals();
     let mut stopped = None;
     let mut last_saved = None;
     println!("Rank {rank} starting training...");
@@ -247,7 +247,7 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
         let mut num_batches = 0usize;
         for (features, labels) in loader.iter() {
             if let Some(signal) =
-                burn_ddp::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
+                burn_ddp::stop::stop_requested(&group).unwrap_or_else(|e| fail(Some(rank), e))
             {
                 stopped = Some(Stopped {
                     signal,
@@ -311,7 +311,7 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
         std::process::exit(stop.exit_code());
     }
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
-    let sync = burn_ddp::sync_stats();
+    let sync = burn_ddp::sync::sync_stats();
     if rank == 0 && sync.syncs > 0 {
         println!(
             "Gradient sync: {} buckets, {} of them on the GPU over NCCL",
@@ -322,7 +322,7 @@ pub(crate) fn train<B: AutodiffBackend>(args: &ToyArgs, device: B::Device) {
         // Equal for two runs exactly when they ended with the same parameters.
         println!(
             "Parameters fingerprint: {:016x}",
-            burn_ddp::parameters_fingerprint(&model)
+            burn_ddp::replicas::parameters_fingerprint(&model)
         );
         println!("Training complete.");
     }

@@ -1,6 +1,6 @@
 //! The multi-process checks both Burn front-ends share: each front-end's
 //! `tests/multiprocess` binary is a program (one rank of a scenario: the
-//! scenarios of front-end-tests/multiprocess, written once, and the
+//! scenarios of shared-tests/multiprocess, written once, and the
 //! front-end's own) and [`run_suite`], which starts the scenarios as real
 //! processes and checks what they print and how they exit: the tensor
 //! collectives, half precision, training against a single-process

@@ -245,7 +245,7 @@ fn equivalence() -> Result<(), String> {
         SgdConfig::new().init::<Wrapped, Net<Wrapped>>(),
         SgdConfig::new().init::<Plain, Net<Plain>>(),
     );
-    burn_ddp::reset_sync_stats();
+    burn_ddp::sync::reset_sync_stats();
     for step in 0..STEPS {
         // Rank r takes items r, r + world, ... of the step's global batch.
         let global: Vec<usize> = (step * BATCH * world..(step + 1) * BATCH * world).collect();
@@ -261,7 +261,7 @@ fn equivalence() -> Result<(), String> {
     }
     let (ours, theirs) = (flat_params(&model), flat_params(&reference));
     let diff = max_relative_gap(&ours, &theirs);
-    let stats = burn_ddp::sync_stats();
+    let stats = burn_ddp::sync::sync_stats();
     println!("max_rel_diff {diff:e}");
     println!(
         "syncs {} buckets {} device_buckets {}",

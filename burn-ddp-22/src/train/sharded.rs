@@ -17,14 +17,12 @@
 
 use crate::shard_record::{gather_whole, owned_part, record_bytes, record_from_bytes};
 use crate::shared::shard::{gather_values, scatter_gradients};
+use crate::shared::train::quiet::SaveNow;
 use crate::{shim, CommError, ProcessGroup, Result, ShardConfig};
 use burn::optim::lr_scheduler::LrSchedulerRecord;
 use burn::optim::{GradientsParams, OptimizerRecord};
 use burn::store::ModuleRecord;
-use burn::train::checkpoint::{
-    AsyncCheckpointer, Checkpoint, Checkpointer, CheckpointerError, CheckpointingAction,
-    CheckpointingStrategy,
-};
+use burn::train::checkpoint::{AsyncCheckpointer, Checkpoint, Checkpointer, CheckpointerError};
 use burn::train::metric::store::EventStoreClient;
 use burn::train::{Learner, LearnerModel, LearningCheckpointer};
 use burn_ddp_comm::Sharder;
@@ -157,18 +155,5 @@ impl<R: Checkpoint> Checkpointer<R> for Keep<R> {
         Err(CheckpointerError::Unknown(
             "nothing to restore: this checkpointer only reads the state".into(),
         ))
-    }
-}
-
-/// Saves once, at once.
-struct SaveNow;
-
-impl CheckpointingStrategy for SaveNow {
-    fn checkpointing(
-        &mut self,
-        _epoch: usize,
-        _store: &EventStoreClient,
-    ) -> Vec<CheckpointingAction> {
-        vec![CheckpointingAction::Save]
     }
 }

@@ -317,6 +317,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
         let starting_epoch = components.checkpoint.unwrap_or(0) + 1;
         self.broadcast_parameters(&mut learner);
         self.ddp
+            .job()
             .figures()
             .start_at(starting_epoch, self.ddp.directory(), self.ddp.is_main());
         let summary = components.summary.clone().filter(|_| self.ddp.is_main());
@@ -340,7 +341,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
         // Without the model's description: burn-train keeps `with_model` to itself.
         let summary = summary
             .and_then(|summary| summary.init().ok())
-            .map(|summary| globalize(self.ddp.figures(), summary));
+            .map(|summary| globalize(self.ddp.job().figures(), summary));
         interrupter.fail_on_error(processor.process_train(LearnerEvent::End(summary)));
         let model = model.valid();
         interrupter.fail_on_error(processor.flush());
@@ -398,7 +399,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             grads: None,
             sharded,
         };
-        if let Err(err) = self.ddp.fit(&mut epochs, plan) {
+        if let Err(err) = self.ddp.job().fit(&mut epochs, plan) {
             self.fail(err);
         }
         if let Some(sharded) = epochs.sharded.take() {

@@ -1,5 +1,5 @@
 //! Burn 0.22's spelling of what both test binaries' shims share (each
-//! re-exports it for the shared sources of front-end-tests/): a model's
+//! re-exports it for the shared sources of shared-tests/): a model's
 //! parameters as one flat list, and an optimizer step. Burn 0.22's modules
 //! name no backend, so [`Params`] holds for every module.
 
@@ -94,7 +94,10 @@ impl Norm for burn::nn::BatchNorm {
 
 impl Norm for burn_ddp_22::SyncBatchNorm {
     fn create(channels: usize, device: &burn::tensor::Device) -> Self {
-        burn_ddp_22::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
+        burn_ddp_22::sync_batch_norm::sync_batch_norm(
+            &burn::nn::BatchNormConfig::new(channels),
+            device,
+        )
     }
     fn apply<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         self.forward(x)

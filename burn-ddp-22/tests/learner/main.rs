@@ -1,5 +1,5 @@
 //! Burn 0.22's Learner under burn-ddp-22's strategy, across real processes:
-//! the ranks run the program both front-ends share (front-end-tests/learner,
+//! the ranks run the program both front-ends share (shared-tests/learner,
 //! through this crate's `shim`) and this crate's own loader-error scenario
 //! (Burn 0.22's datasets return errors); the shared checks are testkit's.
 

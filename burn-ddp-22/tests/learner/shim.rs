@@ -1,4 +1,4 @@
-//! Burn 0.22's spelling of what front-end-tests/learner uses: the
+//! Burn 0.22's spelling of what shared-tests/learner uses: the
 //! classifier (no backend parameter: one type for training, validation and
 //! the accumulation scenario), its batches and loaders, and what Burn 0.22's
 //! `SupervisedTraining` and `Learner` spell otherwise.

@@ -1,5 +1,5 @@
 //! burn-ddp-22 across real processes: the scenarios both front-ends share
-//! (front-end-tests/multiprocess, through this crate's `shim`: tensor
+//! (shared-tests/multiprocess, through this crate's `shim`: tensor
 //! collectives, half precision, training with `sync_gradients` against
 //! single-process references, ...), whose checks are testkit's, and its own:
 //! a layout change of a wrapped model, a killed rank and a stopped one.

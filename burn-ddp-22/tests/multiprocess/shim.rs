@@ -1,4 +1,4 @@
-//! Burn 0.22's spelling of what front-end-tests/multiprocess uses: the
+//! Burn 0.22's spelling of what shared-tests/multiprocess uses: the
 //! models (no backend parameter: the model the ranks train and its
 //! single-process reference are one type), the devices (Flex, with autodiff
 //! for training), the tensors, and a backward pass whose gradients
@@ -15,7 +15,8 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Int, TensorData};
-use burn_ddp_22::{ProcessGroup, SyncStats};
+use burn_ddp_22::sync::SyncStats;
+use burn_ddp_22::ProcessGroup;
 
 pub use burn::tensor::{Device, Tensor};
 
@@ -70,7 +71,7 @@ impl<M: Module> DdpModel for M {
         burn_ddp_22::sync_gradients(self, self.local_grads(loss)).map_err(|err| err.to_string())
     }
     fn sync_stats(&self) -> Option<SyncStats> {
-        burn_ddp_22::sync_stats_of(self)
+        burn_ddp_22::sync::sync_stats_of(self)
     }
 }
 
@@ -203,7 +204,7 @@ pub type ReferenceBnConv = bn::BnConv<burn::nn::BatchNorm>;
 pub type SyncNorm = burn_ddp_22::SyncBatchNorm;
 
 pub fn sync_norm(channels: usize, device: &Device) -> SyncNorm {
-    burn_ddp_22::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
+    burn_ddp_22::sync_batch_norm::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
 }
 
 /// BatchNorm models, generic over their normalisation.

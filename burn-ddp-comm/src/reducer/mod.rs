@@ -8,7 +8,7 @@
 //! (hand over each gradient, take the average back) and calls
 //! [`Reducer::synchronize`].
 
-mod front_end;
+mod gradient_set;
 mod host_copies;
 mod layout;
 mod plan;
@@ -16,7 +16,7 @@ mod shard_plan;
 mod sharder;
 mod stats;
 
-pub use front_end::{DeviceBucket, GradientSet, ParamInfo, Piece, Placement};
+pub use gradient_set::{DeviceBucket, GradientSet, ParamInfo, Piece, Placement};
 pub use host_copies::{ElementBytes, HostCopies};
 pub use layout::{check_layouts_agree, check_same_layout, ParamLayout};
 pub use plan::{Bucket, BucketConfig, BucketPlan};

@@ -12,7 +12,7 @@
 //! and each owner broadcasts its updated chunk.
 
 #[cfg(any(feature = "nccl", test))]
-use super::front_end::Piece;
+use super::gradient_set::Piece;
 use super::layout::ParamLayout;
 use crate::element::DType;
 

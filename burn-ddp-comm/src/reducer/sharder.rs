@@ -7,7 +7,7 @@
 //! Like the [`Reducer`](super::Reducer) it knows parameters only by layout:
 //! a front-end hands gradients and values over through a [`GradientSet`].
 
-use super::front_end::{GradientSet, Placement};
+use super::gradient_set::{GradientSet, Placement};
 use super::layout::{self, check_same_layout, ParamLayout};
 use super::shard_plan::{RoundMode, ShardPlan};
 use super::stats::SyncStats;

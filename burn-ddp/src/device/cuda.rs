@@ -243,7 +243,7 @@ impl CudaBuffer for CudaTensor {
 /// stream wrote it), waits for every kernel queued on that stream, and hands
 /// out its device address. Only a packed buffer is handed out.
 fn pin(rank: usize, tensor: &CudaTensor) -> Result<Pinned> {
-    let dtype = crate::dtype::wire_or_error(rank, tensor.dtype, "collectives")?;
+    let dtype = crate::shared::dtype::wire_or_error(rank, tensor.dtype, "collectives")?;
     let device = |what: &str, detail: String| {
         CommError::device(
             rank,

@@ -15,14 +15,13 @@
 use crate::shard::share_values;
 use crate::shard_record::{gather_whole, owned_part};
 use crate::shared::shard::scatter_gradients;
+use crate::shared::train::quiet::SaveNow;
 use crate::{shim, CommError, ProcessGroup, Result, ShardConfig};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::record::Record;
 use burn::tensor::backend::Backend;
-use burn::train::checkpoint::{
-    AsyncCheckpointer, Checkpointer, CheckpointerError, CheckpointingAction, CheckpointingStrategy,
-};
+use burn::train::checkpoint::{AsyncCheckpointer, Checkpointer, CheckpointerError};
 use burn::train::metric::store::EventStoreClient;
 use burn::train::{Learner, LearnerOptimizerRecord, LearningCheckpointer, LearningComponentsTypes};
 use burn_ddp_comm::Sharder;
@@ -147,18 +146,5 @@ impl<R: Record<B>, B: Backend> Checkpointer<R, B> for Keep<R> {
         Err(CheckpointerError::Unknown(
             "nothing to restore: this checkpointer only reads the state".into(),
         ))
-    }
-}
-
-/// Saves once, at once.
-struct SaveNow;
-
-impl CheckpointingStrategy for SaveNow {
-    fn checkpointing(
-        &mut self,
-        _epoch: usize,
-        _store: &EventStoreClient,
-    ) -> Vec<CheckpointingAction> {
-        vec![CheckpointingAction::Save]
     }
 }

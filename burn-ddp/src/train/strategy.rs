@@ -256,6 +256,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         // start identical whatever each rank loaded.
         self.broadcast_parameters(&mut learner);
         self.ddp
+            .job()
             .figures()
             .start_at(starting_epoch, self.ddp.directory(), self.ddp.is_main());
         let summary = components.summary.clone().filter(|_| self.ddp.is_main());
@@ -282,7 +283,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
         );
         let summary = summary
             .and_then(|summary| summary.init().ok())
-            .map(|summary| globalize(self.ddp.figures(), summary));
+            .map(|summary| globalize(self.ddp.job().figures(), summary));
         processor.process_train(LearnerEvent::End(summary));
         let model = model.valid();
         let renderer = processor.renderer();
@@ -334,7 +335,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             grads: None,
             sharded,
         };
-        if let Err(err) = self.ddp.fit(&mut epochs, plan) {
+        if let Err(err) = self.ddp.job().fit(&mut epochs, plan) {
             self.fail(err);
         }
         (epochs.learner.model(), epochs.components.event_processor)

@@ -1,5 +1,5 @@
 //! Burn 0.21's spelling of what both test binaries' shims share (each
-//! re-exports it for the shared sources of front-end-tests/): a model's
+//! re-exports it for the shared sources of shared-tests/): a model's
 //! parameters as one flat list, and an optimizer step named without its
 //! backend. Burn 0.21's modules take their backend as a type parameter, so
 //! [`Params`] is implemented per model type, for every backend, by
@@ -121,7 +121,10 @@ impl<B: Backend> Norm<B> for burn::nn::BatchNorm<B> {
 
 impl<B: Backend> Norm<B> for burn_ddp::SyncBatchNorm<B> {
     fn create(channels: usize, device: &B::Device) -> Self {
-        burn_ddp::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
+        burn_ddp::sync_batch_norm::sync_batch_norm(
+            &burn::nn::BatchNormConfig::new(channels),
+            device,
+        )
     }
     fn apply<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         self.forward(x)

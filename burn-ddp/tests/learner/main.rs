@@ -1,5 +1,5 @@
 //! Burn's Learner under burn-ddp's strategy, across real processes: the
-//! ranks run the program both front-ends share (front-end-tests/learner,
+//! ranks run the program both front-ends share (shared-tests/learner,
 //! through this crate's `shim`), the checks are testkit's.
 
 #[path = "../common/mod.rs"]

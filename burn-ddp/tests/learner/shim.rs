@@ -1,4 +1,4 @@
-//! Burn 0.21's spelling of what front-end-tests/learner uses: the
+//! Burn 0.21's spelling of what shared-tests/learner uses: the
 //! classifier (generic over its backend: the Learner trains it on
 //! `Autodiff<NdArray>`, validates it on `NdArray`, and the accumulation
 //! scenario trains it on `Ddp<Autodiff<NdArray>>`), its batches and loaders,
@@ -72,7 +72,7 @@ pub fn seed(device: &Device, seed: u64) {
 /// The Learner trains on a plain `Autodiff<NdArray>` (not `Ddp<..>`): the
 /// program registers its sum over the ranks for the model's SyncBatchNorm.
 pub fn enable_sync_batch_norm() {
-    burn_ddp::enable_sync_batch_norm::<Plain>();
+    burn_ddp::autodiff::enable_sync_batch_norm::<Plain>();
 }
 
 pub fn valid(model: &Model) -> ValidModel {

@@ -60,11 +60,11 @@ pub fn memory() -> Res<()> {
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = opt.step(0.01, model, grads);
         if step == 200 {
-            tracked_early = burn_ddp::tracking::tracked_len();
+            tracked_early = burn_ddp::autodiff::tracked_parameters();
             rss_early = resident_kib();
         }
     }
-    let tracked = burn_ddp::tracking::tracked_len();
+    let tracked = burn_ddp::autodiff::tracked_parameters();
     let rss = resident_kib();
     println!("tracked {tracked_early} -> {tracked}; rss_kib {rss_early} -> {rss}");
     if tracked > tracked_early.max(2) * 2 + 64 {
@@ -104,7 +104,10 @@ pub fn sync_batch_norm_unregistered() -> Res<()> {
     type Plain = burn::backend::Autodiff<burn::backend::Flex>;
     burn_ddp::init_process_group().map_err(e)?;
     let device = Default::default();
-    let norm = burn_ddp::sync_batch_norm::<Plain>(&burn::nn::BatchNormConfig::new(3), &device);
+    let norm = burn_ddp::sync_batch_norm::sync_batch_norm::<Plain>(
+        &burn::nn::BatchNormConfig::new(3),
+        &device,
+    );
     let _ = norm.forward(Tensor::<Plain, 3>::ones([2, 3, 4], &device));
     Err("the forward pass went through".into())
 }
@@ -120,12 +123,15 @@ pub fn sync_batch_norm_checkpointing() -> Res<()> {
     // A plain autodiff backend (its sum registered by the program): the input
     // is a leaf that requires gradients, which `Ddp<..>` would count as a
     // parameter outside every wrapped model.
-    fn input_gradient<B: crate::shim::ddp::AutodiffCollectives>(
+    fn input_gradient<B: crate::shim::ddp::autodiff::AutodiffCollectives>(
         group: &burn_ddp::ProcessGroup,
     ) -> Res<(Vec<f32>, u64)> {
-        burn_ddp::enable_sync_batch_norm::<B>();
+        burn_ddp::autodiff::enable_sync_batch_norm::<B>();
         let device = Default::default();
-        let norm = burn_ddp::sync_batch_norm::<B>(&burn::nn::BatchNormConfig::new(3), &device);
+        let norm = burn_ddp::sync_batch_norm::sync_batch_norm::<B>(
+            &burn::nn::BatchNormConfig::new(3),
+            &device,
+        );
         let r = group.rank() as f32;
         let values: Vec<f32> = (0..24).map(|i| ((i * 5) % 7) as f32 + r).collect();
         let x = Tensor::<B, 1>::from_floats(values.as_slice(), &device)

@@ -203,7 +203,7 @@ pub fn run() -> Res<()> {
         // gradients stay local (PyTorch's `with netD.no_sync()`).
         let (before, d_before, g_before) = traffic(&group, &g, &d);
         let grads = {
-            let _d_local = burn_ddp::no_sync_for(&d);
+            let _d_local = burn_ddp::sync::no_sync_for(&d);
             GradientsParams::from_grads(loss_g(&g, &d, &mine, &device).backward(), &g)
         };
         let (after, d_after, g_after) = traffic(&group, &g, &d);
@@ -260,11 +260,11 @@ fn traffic(
     g: &Generator<Wrapped>,
     d: &Discriminator<Wrapped>,
 ) -> (u64, u64, u64) {
-    let of = |stats: Option<burn_ddp::SyncStats>| stats.map_or(0, |s| s.bytes);
+    let of = |stats: Option<burn_ddp::sync::SyncStats>| stats.map_or(0, |s| s.bytes);
     (
         group.collective_bytes(),
-        of(burn_ddp::sync_stats_of(d)),
-        of(burn_ddp::sync_stats_of(g)),
+        of(burn_ddp::sync::sync_stats_of(d)),
+        of(burn_ddp::sync::sync_stats_of(g)),
     )
 }
 

@@ -1,5 +1,5 @@
 //! burn-ddp across real processes: the scenarios both front-ends share
-//! (front-end-tests/multiprocess, through this crate's `shim`: tensor
+//! (shared-tests/multiprocess, through this crate's `shim`: tensor
 //! collectives, half precision, `Ddp<B>` training against single-process
 //! references, ...), whose checks are testkit's, and the `Ddp<B>`
 //! decorator's own: a layout change of a model never wrapped, two models
@@ -88,7 +88,7 @@ fn sync_batch_norm_unregistered() -> Result<(), String> {
         &[
             "rank {rank}: SyncBatchNorm with 3 channels",
             "Autodiff<burn_flex",
-            "burn_ddp::enable_sync_batch_norm::<YourAutodiffBackend>()",
+            "burn_ddp::autodiff::enable_sync_batch_norm::<YourAutodiffBackend>()",
         ],
     )
 }

@@ -1,4 +1,4 @@
-//! Burn 0.21's spelling of what front-end-tests/multiprocess uses: the
+//! Burn 0.21's spelling of what shared-tests/multiprocess uses: the
 //! models (generic over their backend, so the model the ranks train on
 //! `Ddp<Autodiff<NdArray>>` and its single-process reference on
 //! `Autodiff<NdArray>` are two types), the devices, the tensors, and a
@@ -19,7 +19,8 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, TensorData};
-use burn_ddp::{Ddp, ProcessGroup, SyncStats};
+use burn_ddp::sync::SyncStats;
+use burn_ddp::{Ddp, ProcessGroup};
 
 /// The traits of this shim the shared sources call methods of.
 pub mod prelude {
@@ -88,7 +89,7 @@ macro_rules! ddp_models {
                 Ok(GradientsParams::from_grads(loss.backward(), self))
             }
             fn sync_stats(&self) -> Option<SyncStats> {
-                burn_ddp::sync_stats_of(self)
+                burn_ddp::sync::sync_stats_of(self)
             }
         }
     )*};
@@ -249,7 +250,7 @@ pub type ReferenceBnConv = bn::BnConv<BnPlain, burn::nn::BatchNorm<BnPlain>>;
 pub type SyncNorm = burn_ddp::SyncBatchNorm<BnWrapped>;
 
 pub fn sync_norm(channels: usize, device: &burn::tensor::Device<Flex>) -> SyncNorm {
-    burn_ddp::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
+    burn_ddp::sync_batch_norm::sync_batch_norm(&burn::nn::BatchNormConfig::new(channels), device)
 }
 
 /// BatchNorm models, generic over their backend and their normalisation.
@@ -320,7 +321,7 @@ pub mod bn {
             Ok(GradientsParams::from_grads(loss.backward(), self))
         }
         fn sync_stats(&self) -> Option<SyncStats> {
-            burn_ddp::sync_stats_of(self)
+            burn_ddp::sync::sync_stats_of(self)
         }
     }
 

@@ -148,14 +148,14 @@ pub fn tracked_sum() -> Res<()> {
     let device = shim::bn_device();
     let x = shim::Trained::<1>::from_floats([r + 1.0, 2.0 * (r + 1.0)], &device).require_grad();
     let w = shim::Trained::<1>::from_floats([r + 1.0, 1.0], &device);
-    let sum = ddp::all_reduce_sum_tracked(&group, x.clone()).map_err(e)?;
+    let sum = ddp::collective::all_reduce_sum_tracked(&group, x.clone()).map_err(e)?;
     println!("sum {:?}", shim::floats(sum.to_data()));
     let grads = (sum * w).sum().backward();
     let grad = x.grad(&grads).ok_or("x has no gradient")?;
     println!("grad {:?}", shim::floats(grad.into_data()));
     // Without gradients, the same sum.
     let plain = shim::Trained::<1>::from_floats([r + 1.0, 2.0 * (r + 1.0)], &device);
-    let sum = ddp::all_reduce_sum_tracked(&group, plain).map_err(e)?;
+    let sum = ddp::collective::all_reduce_sum_tracked(&group, plain).map_err(e)?;
     println!("untracked {:?}", shim::floats(sum.into_data()));
     ddp::destroy_process_group().map_err(e)
 }

@@ -3,7 +3,7 @@
 
 use super::contract::{Kind, ParamView, Visit};
 use super::walk::Walker;
-use crate::{ProcessGroup, Result};
+use burn_ddp_comm::{ProcessGroup, Result};
 use burn_ddp_training::replicas::{self, ParamDigest};
 
 /// Every rank holds exactly rank 0's tensors (see the crate's `check_replicas`).

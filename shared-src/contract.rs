@@ -1,12 +1,15 @@
-//! What each front-end's shim provides for its Burn version: the traits the
-//! shared sources are written against. The shim implements them (for its
-//! Burn's tensors, module walks, metric entries); the shared code uses them
-//! and never names the shim, so the dependencies run one way: shared code →
-//! this contract ← the shim.
+//! The one door between the shared sources and the crate that compiles
+//! them: the traits the shared code is written against, which each crate's
+//! shim implements for its Burn's tensors, module walks and metric entries,
+//! and, named below, the few items the shared code takes from the crate
+//! itself. Nowhere else in this folder does a path start with `crate::`
+//! (other than `crate::shared::`, the folder itself): tests/library_features.rs
+//! fails the build on one. The dependencies run one way: shared code → this
+//! contract ← the crate.
 
-use crate::{CommError, ProcessGroup, Result};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, TensorData};
+use burn_ddp_comm::{CommError, ProcessGroup, Result};
 use burn_ddp_comm::{Placement, ReduceOp};
 
 /// A `TensorData`'s element type (a field in Burn 0.21, a method in 0.22).
@@ -204,4 +207,20 @@ pub(crate) trait FigureEntry {
 pub(crate) trait Quiet {
     /// Training ended with `summary`.
     fn summary(&mut self, summary: burn::train::LearnerSummary);
+}
+
+/// The crate's `Dataset` over a rank's shard (Burn's `Dataset` trait has an
+/// error type from 0.22 on).
+#[cfg(feature = "train")]
+pub(crate) use crate::data::DistributedDataset;
+
+/// Whether an epoch's Learner checkpoint files read back whole, in the
+/// formats of the crate's Burn.
+#[cfg(feature = "train")]
+pub(crate) use crate::train::checkpoints::check_whole as check_whole_checkpoint;
+
+/// What the shared sources' unit tests run on: the crate's test backend.
+#[cfg(test)]
+pub(crate) mod testing {
+    pub(crate) use crate::shim::{test_device, test_tensor, TestGrad};
 }

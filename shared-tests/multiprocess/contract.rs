@@ -1,7 +1,8 @@
 //! What each crate's multiprocess shim implements for its Burn (the shared
 //! scenarios call only these and the shim's names).
 
-use crate::shim::ddp::{ProcessGroup, SyncStats};
+use crate::shim::ddp::sync::SyncStats;
+use crate::shim::ddp::ProcessGroup;
 use crate::shim::Params;
 use burn::optim::GradientsParams;
 

@@ -16,7 +16,7 @@
 //! collectives) are exact.
 
 use super::session::default_group;
-use crate::{CommError, LaunchEnv, ProcessGroup};
+use burn_ddp_comm::{CommError, LaunchEnv, ProcessGroup};
 
 /// The group a SyncBatchNorm in training combines its statistics over: the
 /// default group when it has several ranks; `None` in a world of one (then
@@ -100,7 +100,7 @@ macro_rules! normalise_over_ranks {
     ($norm:expr, $input:expr, $group:expr, $sum:path, $dims:expr) => {{
         let norm = $norm;
         let input = $input;
-        let group: &$crate::ProcessGroup = $group;
+        let group: &::burn_ddp_comm::ProcessGroup = $group;
         let device = input.device();
         let dims = input.dims();
         let channels = norm.gamma.val().dims()[0];

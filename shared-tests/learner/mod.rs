@@ -338,7 +338,7 @@ fn early_stop() -> Res<()> {
     let run = setup()?;
     let world = run.ddp.group().world_size();
     let (train, valid) = loaders::<shim::Model>(&run, BATCH)?;
-    ddp::reset_sync_stats();
+    ddp::sync::reset_sync_stats();
     let result = SupervisedTraining::new(&run.dir, train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .num_epochs(env_usize(EPOCHS_VAR, 10))
@@ -351,7 +351,7 @@ fn early_stop() -> Res<()> {
             LR,
         ));
     drop(result);
-    let syncs = ddp::sync_stats().syncs as usize;
+    let syncs = ddp::sync::sync_stats().syncs as usize;
     println!("epochs_run {}", syncs / steps_per_epoch(world, BATCH));
     ddp::destroy_process_group().map_err(e)
 }
@@ -381,7 +381,7 @@ fn artifact_dir() -> Res<()> {
 fn interrupt_rank_1() -> Res<()> {
     let run = setup()?;
     let (train, valid) = loaders::<shim::Model>(&run, BATCH)?;
-    ddp::reset_sync_stats();
+    ddp::sync::reset_sync_stats();
     let training = SupervisedTraining::new(&run.dir, train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .num_epochs(env_usize(EPOCHS_VAR, 3))
@@ -395,7 +395,7 @@ fn interrupt_rank_1() -> Res<()> {
         LR,
     ));
     drop(result);
-    println!("optimizer_steps {}", ddp::sync_stats().syncs);
+    println!("optimizer_steps {}", ddp::sync::sync_stats().syncs);
     ddp::destroy_process_group().map_err(e)
 }
 
@@ -408,7 +408,7 @@ fn accumulation() -> Res<()> {
     let run = setup()?;
     let world = run.ddp.group().world_size();
     let (train, valid) = loaders::<shim::AccumulationModel>(&run, MICRO)?;
-    ddp::reset_sync_stats();
+    ddp::sync::reset_sync_stats();
     let result = SupervisedTraining::new(&run.dir, train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .num_epochs(EPOCHS)
@@ -423,7 +423,7 @@ fn accumulation() -> Res<()> {
             SgdConfig::new().init(),
             LR,
         ));
-    println!("syncs {}", ddp::sync_stats().syncs);
+    println!("syncs {}", ddp::sync::sync_stats().syncs);
     let micro_batches = steps_per_epoch(world, MICRO);
     let steps = if shim::STEPS_ON_LEFTOVER_MICRO_BATCHES {
         micro_batches.div_ceil(K)

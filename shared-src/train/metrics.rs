@@ -33,9 +33,9 @@ pub(crate) struct GlobalMetricLogger {
 
 impl GlobalMetricLogger {
     pub(crate) fn new(ddp: &DdpTraining) -> Self {
-        ddp.figures().attach(ddp.directory());
+        ddp.job().figures().attach(ddp.directory());
         Self {
-            figures: Arc::clone(ddp.figures()),
+            figures: Arc::clone(ddp.job().figures()),
             names: HashMap::new(),
         }
     }

@@ -2,7 +2,7 @@
 //! its closed form; empty tensors, f64, a bad root and a refused element type.
 
 use super::{e, Res};
-use crate::shim::ddp::ReduceOp;
+use crate::shim::ddp::collective::ReduceOp;
 use crate::shim::{self, ddp, Tensor};
 use burn::tensor::{DType, Int, TensorData};
 
@@ -26,22 +26,22 @@ pub fn run() -> Res<()> {
             .reshape([2, 3])
     };
     let total: f32 = (1..=n).map(|r| r as f32).sum();
-    let sum = ddp::all_reduce(&group, mine(rank), ReduceOp::Sum).map_err(e)?;
+    let sum = ddp::collective::all_reduce(&group, mine(rank), ReduceOp::Sum).map_err(e)?;
     same(
         "sum",
         sum.into_data(),
         mine(0).mul_scalar(total).into_data(),
     )?;
-    let mean = ddp::all_reduce(&group, mine(rank), ReduceOp::Mean).map_err(e)?;
+    let mean = ddp::collective::all_reduce(&group, mine(rank), ReduceOp::Mean).map_err(e)?;
     mean.into_data().assert_approx_eq::<f32>(
         &mine(0).mul_scalar(total / n as f32).into_data(),
         Default::default(),
     );
-    let max = ddp::all_reduce(&group, mine(rank), ReduceOp::Max).map_err(e)?;
+    let max = ddp::collective::all_reduce(&group, mine(rank), ReduceOp::Max).map_err(e)?;
     same("max", max.into_data(), mine(n - 1).into_data())?;
 
     let ints = Tensor::<2, Int>::from_ints([[rank as i64, -(rank as i64)]], &device);
-    let gathered = ddp::all_gather(&group, ints).map_err(e)?;
+    let gathered = ddp::collective::all_gather(&group, ints).map_err(e)?;
     if gathered.len() != n {
         return Err(format!("all_gather returned {} tensors", gathered.len()));
     }
@@ -51,7 +51,7 @@ pub fn run() -> Res<()> {
     }
 
     // An empty tensor gathers as one empty tensor per rank.
-    let empty = ddp::all_gather(&group, Tensor::<1>::zeros([0], &device)).map_err(e)?;
+    let empty = ddp::collective::all_gather(&group, Tensor::<1>::zeros([0], &device)).map_err(e)?;
     if empty.len() != n || empty.iter().any(|t| t.dims() != [0]) {
         return Err(format!(
             "all_gather of empty tensors gave {} tensors",
@@ -65,16 +65,19 @@ pub fn run() -> Res<()> {
     } else {
         mine(rank).zeros_like()
     };
-    let got = ddp::broadcast(&group, value, root).map_err(e)?;
+    let got = ddp::collective::broadcast(&group, value, root).map_err(e)?;
     same("broadcast", got.into_data(), mine(7).into_data())?;
 
     // [2n, 3] split along dim 0: rank r gets rows 2r..2r+2 summed over ranks.
     let rows = Tensor::<1, Int>::arange(0..(6 * n) as i64, &device)
         .float()
         .reshape([2 * n, 3]);
-    let scattered =
-        ddp::reduce_scatter(&group, rows.clone().add_scalar(rank as f32), ReduceOp::Sum)
-            .map_err(e)?;
+    let scattered = ddp::collective::reduce_scatter(
+        &group,
+        rows.clone().add_scalar(rank as f32),
+        ReduceOp::Sum,
+    )
+    .map_err(e)?;
     let offset: f32 = (0..n).map(|r| r as f32).sum();
     let want = rows
         .slice(2 * rank..2 * rank + 2)
@@ -85,7 +88,7 @@ pub fn run() -> Res<()> {
     // f64 keeps its type through the host round trip.
     let wide = TensorData::new(vec![rank as f64 + 0.5], [1]);
     let wide = Tensor::<1>::from_data(wide, (&device, DType::F64));
-    let wide = ddp::all_reduce(&group, wide, ReduceOp::Sum).map_err(e)?;
+    let wide = ddp::collective::all_reduce(&group, wide, ReduceOp::Sum).map_err(e)?;
     let want: f64 = (0..n).map(|r| r as f64 + 0.5).sum();
     same(
         "f64 sum",
@@ -95,20 +98,22 @@ pub fn run() -> Res<()> {
 
     if n > 1 {
         let odd = Tensor::<2>::zeros([2 * n + 1, 1], &device);
-        let err = ddp::reduce_scatter(&group, odd, ReduceOp::Sum)
+        let err = ddp::collective::reduce_scatter(&group, odd, ReduceOp::Sum)
             .unwrap_err()
             .to_string();
         if !err.contains("multiple of") {
             return Err(format!("bad reduce_scatter error: {err}"));
         }
-        let err = ddp::broadcast(&group, mine(0), n).unwrap_err().to_string();
+        let err = ddp::collective::broadcast(&group, mine(0), n)
+            .unwrap_err()
+            .to_string();
         if !err.contains(&format!("broadcast from rank {n} in a world of {n}")) {
             return Err(format!("bad broadcast error: {err}"));
         }
     }
     let bytes = TensorData::new(vec![1u8, 2], [2]);
     let bytes = Tensor::<1, Int>::from_data(bytes, (&device, DType::U8));
-    match ddp::all_reduce(&group, bytes, ReduceOp::Sum) {
+    match ddp::collective::all_reduce(&group, bytes, ReduceOp::Sum) {
         Err(err) if err.to_string().contains("not U8") => {}
         other => return Err(format!("a u8 tensor should be refused: {other:?}")),
     }

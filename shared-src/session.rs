@@ -3,7 +3,7 @@
 //! `torch.distributed` keeps its default group. Everything below it is owned
 //! by it; this `static` is the only global of the front-end's API.
 
-use crate::{ProcessGroup, Result, SyncStats};
+use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
 use burn_ddp_training::Session;
 
 /// This process's session.

@@ -4,9 +4,10 @@
 //! front-end's `wrap` is these steps around its Burn's module walk.
 
 use super::contract::{Kind, ParamSlot, ParamView, Rewrite, Visit};
+use super::dtype;
 use super::walk::Walker;
-use crate::{CommError, ProcessGroup, Result};
 use burn_ddp_comm::ParamLayout;
+use burn_ddp_comm::{CommError, ProcessGroup, Result};
 use burn_ddp_training::session::{check_module, ModuleLayout};
 
 /// The shapes and types of a module's tensors, and its trainable ids, in
@@ -63,7 +64,7 @@ impl Visit for LayoutOf {
         if param.kind() == Kind::Bool {
             return; // never moved
         }
-        match crate::dtype::wire_or_error(self.rank, param.dtype(), "wrap") {
+        match dtype::wire_or_error(self.rank, param.dtype(), "wrap") {
             Ok(dtype) => {
                 let layout = ParamLayout {
                     shape: param.dims(),

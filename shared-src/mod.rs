@@ -9,6 +9,7 @@
 //! reads, the tensor collectives' host path, the session, and the Learner
 //! glue (feature `train`).
 
+pub(crate) mod checkpoint;
 pub(crate) mod collective;
 pub(crate) mod config;
 pub(crate) mod contract;

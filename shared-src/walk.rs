@@ -10,8 +10,8 @@
 //! the walks the shared code needs more than once.
 
 use super::contract::{CollectiveTensor, Kind, ParamSlot, ParamView, Retrain, TensorFacts, Visit};
-use crate::{ProcessGroup, Result};
 use burn::tensor::{DType, TensorData};
+use burn_ddp_comm::{ProcessGroup, Result};
 
 /// A parameter as a shim's walk hands it over: what Burn says of it, and its
 /// tensor (taken out while a rewrite replaces it).

@@ -5,7 +5,8 @@
 
 use super::contract::DdpModel;
 use super::{e, Res};
-use crate::shim::ddp::{ProcessGroup, ReduceOp};
+use crate::shim::ddp::collective::ReduceOp;
+use crate::shim::ddp::ProcessGroup;
 use crate::shim::prelude::*;
 use crate::shim::{self, ddp, Device};
 use burn::nn::loss::{CrossEntropyLossConfig, MseLoss, Reduction};
@@ -144,7 +145,7 @@ where
     // session's totals and by the model's own reducer.
     let param_bytes = 4 * model.flat_params().len() as u64;
     let own = model.sync_stats().ok_or("no stats for the model")?;
-    for stats in [ddp::sync_stats(), own] {
+    for stats in [ddp::sync::sync_stats(), own] {
         if stats.syncs != 10 || stats.bytes != 10 * param_bytes || stats.buckets < 10 {
             return Err(format!(
                 "10 synchronised steps of {param_bytes} bytes, but the stats say {stats:?}"
@@ -215,7 +216,7 @@ pub fn accumulation() -> Res<()> {
             let loss = ToyTask::loss(&model, &shards[rank][at..at + b], &device);
             accumulator.accumulate(&model, model.local_grads(loss));
         }
-        let grads = ddp::sync_gradients(&model, accumulator.grads()).map_err(e)?;
+        let grads = ddp::sync::sync_gradients(&model, accumulator.grads()).map_err(e)?;
         model = opt.step(0.05, model, grads);
 
         let global: Vec<usize> = shards
@@ -271,7 +272,7 @@ pub fn replicas() -> Res<()> {
         let grads = model.synced_grads(loss)?;
         model = opt.step(0.1, model, grads);
     }
-    let compared = ddp::check_replicas(&model, &group).map_err(e)?;
+    let compared = ddp::replicas::check_replicas(&model, &group).map_err(e)?;
     println!("compared {compared}");
 
     let alone = if rank == world - 1 {
@@ -281,7 +282,7 @@ pub fn replicas() -> Res<()> {
     } else {
         model.clone()
     };
-    match ddp::check_replicas(&alone, &group) {
+    match ddp::replicas::check_replicas(&alone, &group) {
         Ok(_) => return Err("a rank that stepped alone went unnoticed".into()),
         Err(err) => println!("replica_error_trained {err}"),
     }
@@ -296,7 +297,7 @@ pub fn replicas() -> Res<()> {
         id,
         bias.set_require_grad(false),
     ));
-    match ddp::check_replicas(&model, &group) {
+    match ddp::replicas::check_replicas(&model, &group) {
         Ok(_) => return Err("a rank with another buffer went unnoticed".into()),
         Err(err) => println!("replica_error_buffer {err}"),
     }
@@ -309,13 +310,13 @@ pub fn one_step() -> Res<()> {
     let group = ddp::init_process_group().map_err(e)?;
     let device = shim::device();
     let ones = shim::Tensor::<1>::ones([3], &device);
-    match ddp::all_reduce(&group, ones, ReduceOp::Sum) {
+    match ddp::collective::all_reduce(&group, ones, ReduceOp::Sum) {
         Ok(sum) => println!("tensor_sum {:?}", shim::floats(sum.into_data())),
         Err(err) => println!("tensor_error {err}"),
     }
     let model = ToyTask::build(&device).wrap(&group)?;
     let loss = ToyTask::loss(&model, &[0, 1, 2, 3], &device);
     model.synced_grads(loss)?;
-    println!("stepped {}", ddp::sync_stats().buckets);
+    println!("stepped {}", ddp::sync::sync_stats().buckets);
     ddp::destroy_process_group().map_err(e)
 }

@@ -2,9 +2,9 @@
 //! move, and the bytes of a `TensorData` that go with it.
 
 use super::contract::ElementType;
-use crate::Result;
 use burn::tensor::{DType, TensorData};
 use burn_ddp_comm::DType as Wire;
+use burn_ddp_comm::Result;
 
 /// Burn's types the collectives move, and their wire types.
 const TABLE: [(DType, Wire); 6] = [

@@ -7,8 +7,9 @@
 
 pub(crate) use super::contract::TensorOp;
 use super::contract::{CollectiveTensor, ElementType};
-use crate::{dtype, CommError, ProcessGroup, ReduceOp, Result};
+use super::dtype;
 use burn::tensor::TensorData;
+use burn_ddp_comm::{CommError, ProcessGroup, ReduceOp, Result};
 
 /// `data`'s elements as bytes and their wire type, or the error naming the
 /// rank, the type and the fix.
@@ -121,7 +122,7 @@ pub(crate) fn reduce_scatter<T: CollectiveTensor>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shim;
+    use crate::shared::contract::testing as shim;
     use burn_ddp_comm::CollectiveBackend;
 
     fn group(backend: CollectiveBackend) -> ProcessGroup {

@@ -7,9 +7,13 @@
 pub(crate) mod metrics;
 pub(crate) mod quiet;
 
-use crate::data::{DistributedDataset, DistributedSampler};
-use crate::{BucketConfig, ProcessGroup, Result, ShardConfig};
+use crate::shared::config::{BucketConfig, ShardConfig};
+use crate::shared::contract::{check_whole_checkpoint, DistributedDataset};
 use burn::data::dataset::Dataset;
+use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
+use burn_ddp_sampler::{
+    batch_size_per_rank, distributed_sampler, evaluation_sampler, DistributedSampler,
+};
 use burn_ddp_training::learner::{EpochReport, LearnerJob};
 use std::path::Path;
 use std::time::Duration;
@@ -28,14 +32,6 @@ pub struct DdpTraining {
     pub(crate) gradient_checkpointing: bool,
     /// Shards the Learner's optimizer state across the ranks (ZeRO stage 1).
     pub(crate) sharded: Option<ShardConfig>,
-}
-
-impl std::ops::Deref for DdpTraining {
-    type Target = LearnerJob;
-
-    fn deref(&self) -> &LearnerJob {
-        &self.job
-    }
 }
 
 impl DdpTraining {
@@ -71,6 +67,45 @@ impl DdpTraining {
         &self.job
     }
 
+    /// The group gradients are averaged over.
+    pub fn group(&self) -> &ProcessGroup {
+        self.job.group()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.job.rank()
+    }
+
+    /// Whether this is rank 0, the rank that writes files and reports.
+    pub fn is_main(&self) -> bool {
+        self.job.is_main()
+    }
+
+    /// The experiment folder.
+    pub fn directory(&self) -> &Path {
+        self.job.directory()
+    }
+
+    /// What averaging the model's gradients has cost so far.
+    pub fn sync_stats(&self) -> SyncStats {
+        self.job.sync_stats()
+    }
+
+    /// Creates the experiment folder (and its parents) on rank 0, keeping
+    /// what it holds (a resume's checkpoints); every rank returns once it
+    /// exists. Call it instead of `create_dir_all` on every rank. Collective.
+    pub fn create_artifact_dir(&self) -> Result<()> {
+        self.job.create_artifact_dir()
+    }
+
+    /// Empties the experiment folder on rank 0, as Burn's examples do at the
+    /// start of a fresh run (`remove_dir_all` then `create_dir_all`); every
+    /// rank returns once it is there and empty. Collective.
+    pub fn recreate_artifact_dir(&self) -> Result<()> {
+        self.job.recreate_artifact_dir()
+    }
+
     /// Calls `report` on rank 0 after each epoch's figures are summed (to print
     /// one line per epoch, feed a dashboard, ...).
     pub fn on_epoch_end(self, report: impl Fn(&EpochReport) + Send + Sync + 'static) -> Self {
@@ -101,14 +136,14 @@ impl DdpTraining {
     /// This rank's shard of a training set: PyTorch's `DistributedSampler`
     /// (shuffled with seed 0, padded to equal lengths), advanced every epoch.
     pub fn shard<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
-        let sampler = crate::distributed_sampler(self.group(), dataset.len())?;
+        let sampler = distributed_sampler(self.group(), dataset.len())?;
         Ok(self.shard_with(dataset, sampler))
     }
 
     /// This rank's shard of an evaluation set: every item on exactly one rank,
     /// unshuffled, so summed figures are exact.
     pub fn shard_eval<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
-        let sampler = crate::evaluation_sampler(self.group(), dataset.len())?;
+        let sampler = evaluation_sampler(self.group(), dataset.len())?;
         Ok(self.shard_with(dataset, sampler))
     }
 
@@ -134,8 +169,7 @@ impl DdpTraining {
     /// an error when every one is damaged. Collective: every rank calls it,
     /// before `SupervisedTraining::launch`.
     pub fn latest_checkpoint(&self) -> Result<Option<usize>> {
-        self.job
-            .latest_checkpoint(crate::train::checkpoints::check_whole)
+        self.job.latest_checkpoint(check_whole_checkpoint)
     }
 
     /// Every rank has `epoch`'s checkpoint in `<directory>/checkpoint`,
@@ -144,8 +178,7 @@ impl DdpTraining {
     /// before `SupervisedTraining::checkpoint(epoch)` when you choose the
     /// epoch yourself; [`latest_checkpoint`](Self::latest_checkpoint) does.
     pub fn verify_checkpoint(&self, epoch: usize) -> Result<()> {
-        self.job
-            .verify_checkpoint(epoch, crate::train::checkpoints::check_whole)
+        self.job.verify_checkpoint(epoch, check_whole_checkpoint)
     }
 
     /// Each rank's loader batch size for `global_batch` items per optimizer
@@ -153,6 +186,6 @@ impl DdpTraining {
     /// ranks trains with 128. A global batch the world size does not divide is
     /// an error naming the nearest multiples.
     pub fn batch_size_per_rank(&self, global_batch: usize) -> Result<usize> {
-        crate::batch_size_per_rank(self.group(), global_batch)
+        batch_size_per_rank(self.group(), global_batch)
     }
 }

@@ -9,11 +9,12 @@
 //! on the device and NCCL averages it there.
 
 pub(crate) use super::contract::FlatGrad;
-use crate::{dtype, ParamLayout, Result};
+use super::dtype;
 use burn::tensor::{DType, TensorData};
 #[cfg(feature = "cuda")]
 use burn_ddp_comm::Piece;
 use burn_ddp_comm::{GradientSet, HostCopies, ParamInfo, Placement};
+use burn_ddp_comm::{ParamLayout, Result};
 
 /// One synchronisation's gradients, in parameter order, flattened.
 pub(crate) struct TensorGradients<G: FlatGrad> {
@@ -141,7 +142,7 @@ impl<G: FlatGrad> GradientSet for TensorGradients<G> {
                     Some(grad) if grad.dtype() == dtype => grad,
                     // Concatenating would panic; the host path refuses it too.
                     Some(grad) => {
-                        return Err(crate::CommError::InvalidArgument {
+                        return Err(burn_ddp_comm::CommError::InvalidArgument {
                             rank: self.rank,
                             message: format!(
                                 "gradient of parameter #{p}: {:?} elements for a {dtype:?} \
@@ -176,7 +177,7 @@ impl<G: FlatGrad> GradientSet for TensorGradients<G> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shim::{self, TestGrad};
+    use crate::shared::contract::testing::{self as shim, TestGrad};
 
     #[test]
     #[allow(clippy::clone_on_copy)] // Burn 0.21's NdArray device is Copy, 0.22's Flex one is not

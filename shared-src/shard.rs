@@ -9,8 +9,8 @@ use super::config::ShardConfig;
 use super::contract::FlatGrad;
 use super::gradients::TensorGradients;
 use super::sync::{check_backend, GradWalker};
-use crate::{CommError, ParamLayout, ProcessGroup, ReduceOp, Result};
 use burn::optim::GradientsParams;
+use burn_ddp_comm::{CommError, ParamLayout, ProcessGroup, ReduceOp, Result};
 use burn_ddp_comm::{GradientSet, Sharder};
 
 impl ShardConfig {
@@ -188,7 +188,7 @@ pub(crate) fn ownership<G: FlatGrad>(
     let mut layout = Vec::new();
     let mut error = None;
     walk(&mut |param| {
-        match crate::dtype::gradient_wire(rank, param.dtype()) {
+        match super::dtype::gradient_wire(rank, param.dtype()) {
             Ok(dtype) => layout.push(ParamLayout {
                 shape: param.dims(),
                 dtype,

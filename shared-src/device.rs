@@ -4,7 +4,7 @@
 //! front-end's own `device::cuda` (Burn 0.21 and 0.22 reach it differently).
 
 use super::contract::{CudaBuffer, TensorOp};
-use crate::{ProcessGroup, Result};
+use burn_ddp_comm::{ProcessGroup, Result};
 
 /// Runs `op` over NCCL on `tensor`; returns the result's tensor (the input,
 /// written in place, for all-reduce and broadcast).

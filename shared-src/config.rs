@@ -2,8 +2,8 @@
 //! settings with `.save(path)`, read back with `::load(path)`): PyTorch DDP's
 //! defaults, in its units.
 
-use crate::ProcessGroup;
 use burn::config::Config;
+use burn_ddp_comm::ProcessGroup;
 use burn_ddp_training::session::WrapSettings;
 
 /// How gradients are grouped into buckets, in bytes: a Burn `Config`.
@@ -11,7 +11,7 @@ use burn_ddp_training::session::WrapSettings;
 ///
 /// ```
 /// use burn::config::Config;
-#[doc = concat!("let buckets = ", env!("CARGO_CRATE_NAME"), "::BucketConfig::new().with_cap_bytes(4 << 20);")]
+#[doc = concat!("let buckets = ", env!("CARGO_CRATE_NAME"), "::config::BucketConfig::new().with_cap_bytes(4 << 20);")]
 /// assert_eq!(buckets.first_cap_bytes, 1 << 20);
 /// ```
 #[derive(Config, Debug, PartialEq, Eq)]
@@ -29,7 +29,7 @@ impl BucketConfig {
     /// Buckets of `cap_mb` MiB, the first of `first_cap_mb` (PyTorch's
     /// `bucket_cap_mb`); a size that is not a positive number of MiB is an
     /// error naming `rank` and the setting.
-    pub fn from_mib(rank: usize, cap_mb: f64, first_cap_mb: f64) -> crate::Result<Self> {
+    pub fn from_mib(rank: usize, cap_mb: f64, first_cap_mb: f64) -> burn_ddp_comm::Result<Self> {
         let bytes = burn_ddp_comm::BucketConfig::from_mib(rank, cap_mb, first_cap_mb)?;
         Ok(Self {
             cap_bytes: bytes.cap_bytes,
@@ -116,12 +116,12 @@ impl From<GradientCompression> for burn_ddp_comm::WireCompression {
 
 impl DdpConfig {
     /// The bucket sizes in bytes; an error names `rank` and the bad setting.
-    pub fn bucket_config(&self, rank: usize) -> crate::Result<BucketConfig> {
+    pub fn bucket_config(&self, rank: usize) -> burn_ddp_comm::Result<BucketConfig> {
         BucketConfig::from_mib(rank, self.bucket_cap_mb, self.first_bucket_cap_mb)
     }
 
     /// What the session registers for a model wrapped over `group`.
-    pub(crate) fn settings(&self, group: &ProcessGroup) -> crate::Result<WrapSettings> {
+    pub(crate) fn settings(&self, group: &ProcessGroup) -> burn_ddp_comm::Result<WrapSettings> {
         Ok(WrapSettings {
             buckets: self.bucket_config(group.rank())?.into(),
             compression: self.gradient_compression.into(),
@@ -189,7 +189,7 @@ mod tests {
                 .bucket_config(3)
                 .unwrap_err();
             assert!(
-                matches!(&err, crate::CommError::Config { rank: Some(3), setting, .. }
+                matches!(&err, burn_ddp_comm::CommError::Config { rank: Some(3), setting, .. }
                     if setting == "bucket_cap_mb"),
                 "{err:?}"
             );

@@ -1,5 +1,6 @@
 //! What ranks other than 0 get instead of a display and checkpoint saving,
-//! and a renderer that only reports the end-of-training summary. Burn's
+//! a renderer that only reports the end-of-training summary, and a
+//! strategy that saves at once. Burn's
 //! renderer traits (which differ between Burn versions) are implemented for
 //! both in each front-end's `train::quiet`.
 
@@ -53,5 +54,20 @@ impl CheckpointingStrategy for NeverCheckpoint {
         _collector: &EventStoreClient,
     ) -> Vec<CheckpointingAction> {
         Vec::new()
+    }
+}
+
+/// A checkpointing strategy that saves at once, whatever the epoch (the
+/// sharded optimizer's capture of the Learner's optimizer state).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SaveNow;
+
+impl CheckpointingStrategy for SaveNow {
+    fn checkpointing(
+        &mut self,
+        _epoch: usize,
+        _collector: &EventStoreClient,
+    ) -> Vec<CheckpointingAction> {
+        vec![CheckpointingAction::Save]
     }
 }

@@ -6,9 +6,9 @@
 use super::contract::{EachGrad, FlatGrad};
 use super::gradients::TensorGradients;
 use super::session::SESSION;
-use crate::{ProcessGroup, Reducer, Result};
 use burn::optim::GradientsParams;
 use burn_ddp_comm::{CollectiveBackend, Placement};
+use burn_ddp_comm::{ProcessGroup, Reducer, Result};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -99,8 +99,8 @@ pub(crate) fn check_backend<G: FlatGrad>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shim::{self, TestGrad};
-    use crate::CommError;
+    use crate::shared::contract::testing::{self as shim, TestGrad};
+    use burn_ddp_comm::CommError;
 
     #[test]
     fn nccl_with_gradients_in_host_memory_is_refused_naming_why() {

@@ -3,7 +3,7 @@
 
 use super::contract::DdpModel;
 use super::{e, Res};
-use crate::shim::ddp::ReduceOp;
+use crate::shim::ddp::collective::ReduceOp;
 use crate::shim::{self, ddp, HalfTensor};
 use burn::nn::LinearConfig;
 use burn::tensor::{DType, TensorData};
@@ -25,7 +25,8 @@ pub fn run() -> Res<()> {
     let total: f32 = (1..=n).map(|r| r as f32).sum();
     // f64 too: a host round trip must keep every tensor's own type.
     for dtype in [DType::F16, DType::BF16, DType::F64] {
-        let sum = ddp::all_reduce(&group, mine(rank, dtype), ReduceOp::Sum).map_err(e)?;
+        let sum =
+            ddp::collective::all_reduce(&group, mine(rank, dtype), ReduceOp::Sum).map_err(e)?;
         if sum.dtype() != dtype {
             return Err(format!("{dtype:?} sum came back as {:?}", sum.dtype()));
         }
@@ -36,13 +37,13 @@ pub fn run() -> Res<()> {
         if as_f32(sum) != want {
             return Err(format!("{dtype:?} sum differs from {want:?}"));
         }
-        let gathered = ddp::all_gather(&group, mine(rank, dtype)).map_err(e)?;
+        let gathered = ddp::collective::all_gather(&group, mine(rank, dtype)).map_err(e)?;
         for (r, t) in gathered.into_iter().enumerate() {
             if as_f32(t) != as_f32(mine(r, DType::F32)) {
                 return Err(format!("{dtype:?} all_gather: rank {r}'s part differs"));
             }
         }
-        let sent = ddp::broadcast(&group, mine(rank, dtype), 0).map_err(e)?;
+        let sent = ddp::collective::broadcast(&group, mine(rank, dtype), 0).map_err(e)?;
         if as_f32(sent) != as_f32(mine(0, DType::F32)) {
             return Err(format!("{dtype:?} broadcast differs from rank 0's"));
         }
@@ -68,7 +69,7 @@ pub fn run() -> Res<()> {
                 averaged.dtype()
             ));
         }
-        let locals = ddp::all_gather(&group, local.cast(DType::F32)).map_err(e)?;
+        let locals = ddp::collective::all_gather(&group, local.cast(DType::F32)).map_err(e)?;
         let mut want = vec![0f32; 12];
         for t in locals {
             for (w, v) in want.iter_mut().zip(shim::floats(t.into_data())) {
