@@ -20,6 +20,7 @@ pub(crate) mod gradients;
 // For the device code (packed CUDA buffers), which not every build compiles.
 #[allow(dead_code)]
 pub(crate) mod layout;
+pub(crate) mod modules;
 pub(crate) mod replicas;
 pub(crate) mod session;
 pub(crate) mod shard;

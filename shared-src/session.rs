@@ -1,7 +1,9 @@
-//! The front-end's one process-wide value: its burn-ddp-training `Session`
-//! (the default group, the wrapped models, the synchronisation totals), as
-//! `torch.distributed` keeps its default group. Everything below it is owned
-//! by it; this `static` is the only global of the front-end's API.
+//! The front-end's session: its burn-ddp-training `Session` (the default
+//! group, the wrapped models, the synchronisation totals), process-wide as
+//! `torch.distributed` keeps its default group. The groups and reducers are
+//! owned by it. (Burn 0.21's `Ddp<B>` keeps process-wide state of its own
+//! beside it, for what its backward pass cannot be handed: docs/design.md,
+//! "Per-model state".)
 
 use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
 use burn_ddp_training::Session;

@@ -71,20 +71,7 @@ pub use sync::sync_gradients;
 pub use sync_batch_norm::{SyncBatchNorm, SyncBatchNormConfig};
 pub use wrap::wrap;
 
-/// The process group and the launcher's environment it is made from
-/// (`torch.distributed`'s `init_process_group`, `new_group`, ...).
-pub mod group {
-    pub use crate::shared::session::{default_group, destroy_process_group, init_process_group};
-    pub use burn_ddp_comm::{
-        CollectiveBackend, LaunchEnv, Launcher, ProcessGroup, ProcessGroupBuilder,
-        WeakProcessGroup, BACKEND_VAR,
-    };
-}
-
-/// The settings of [`wrap`](crate::wrap) and of the sharded optimizer.
-pub mod config {
-    pub use crate::shared::config::{BucketConfig, DdpConfig, GradientCompression, ShardConfig};
-}
+pub use shared::modules::{config, group};
 
 /// Stopping every rank at the same step on Ctrl-C or SIGTERM.
 pub use burn_ddp_training::stop;

@@ -8,6 +8,8 @@
 //!   per-rank `CUDA_VISIBLE_DEVICES`): it is that rank's `cuda:0`;
 //! - every rank sees `k` of its own: it takes the `LOCAL_RANK mod k`-th.
 
+use crate::error::CommError;
+
 /// The variable CUDA reads to hide or renumber GPUs.
 pub const VISIBLE_DEVICES_VAR: &str = "CUDA_VISIBLE_DEVICES";
 
@@ -30,20 +32,23 @@ pub struct GpuChoice {
 /// rank surely sees the same GPUs: under a `CUDA_VISIBLE_DEVICES` (Slurm's
 /// `--gpus-per-task`, a per-rank list) this rank cannot tell whether the
 /// others see the same ones; NCCL's set-up compares the GPUs' UUIDs and
-/// names two ranks on one GPU.
+/// names two ranks on one GPU. No GPU visible is a `CommError::Config` of
+/// `CUDA_VISIBLE_DEVICES`.
 pub fn choose_gpu(
     local_rank: usize,
     local_world_size: usize,
     visible: usize,
     visible_devices: Option<&str>,
-) -> Result<GpuChoice, String> {
+) -> Result<GpuChoice, CommError> {
     if visible == 0 {
         let why = match visible_devices {
             Some(list) => format!("{VISIBLE_DEVICES_VAR}={list:?} leaves none"),
             None => "check the driver with nvidia-smi".to_string(),
         };
-        return Err(format!(
-            "local rank {local_rank}: no CUDA device is visible ({why})"
+        return Err(CommError::config(
+            None,
+            VISIBLE_DEVICES_VAR,
+            format!("local rank {local_rank}: no CUDA device is visible ({why})"),
         ));
     }
     Ok(GpuChoice {
@@ -113,12 +118,12 @@ mod tests {
 
     #[test]
     fn no_visible_gpu_is_an_error_naming_the_rank_and_the_cause() {
-        let err = choose_gpu(1, 2, 0, Some("")).unwrap_err();
+        let err = choose_gpu(1, 2, 0, Some("")).unwrap_err().to_string();
         assert!(
             err.contains("local rank 1") && err.contains("CUDA_VISIBLE_DEVICES=\"\""),
             "{err}"
         );
-        let err = choose_gpu(0, 1, 0, None).unwrap_err();
+        let err = choose_gpu(0, 1, 0, None).unwrap_err().to_string();
         assert!(err.contains("nvidia-smi"), "{err}");
     }
 

@@ -1,7 +1,9 @@
 //! The communication layer of burn-ddp: the process group and its
 //! collectives over pluggable transports, and the gradient reducer.
 //!
-//! It knows nothing of Burn, nor of training, and keeps no global state: the
+//! It knows nothing of Burn, nor of training. Its one process-wide value is
+//! how many groups each rank has started (`group/join.rs`), so a new group's
+//! store keys never meet an earlier one's; everything else is owned. The
 //! layer below is `burn-ddp-rendezvous` (who am I, the job, the store; its
 //! `LaunchEnv`, `Launcher`, `StoreHost`, `JobToken` and `Store` are
 //! re-exported here), the layer above `burn-ddp-training` (the session with

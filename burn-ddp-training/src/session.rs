@@ -7,14 +7,16 @@
 //!
 //! A [`Session`] is an owned value: a front-end creates one (a `static`, as
 //! the default group is process-wide by PyTorch's contract), tests create as
-//! many as they like. Nothing below it (group, reducer) holds global state.
+//! many as they like. The layer below keeps one process-wide fact of its
+//! own: how many groups each rank started (so a new group's store keys never
+//! meet an old one's).
 
 use crate::Result;
 use burn_ddp_comm::{
     check_layouts_agree, check_same_layout, BucketConfig, CommError, LaunchEnv, ParamLayout,
     ProcessGroup, Reducer, SyncStats, WireCompression,
 };
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// The default group and every wrapped model of one front-end.
@@ -34,6 +36,9 @@ struct State {
     /// The id the next wrapped model gets (every rank wraps in the same
     /// order, so ids agree across ranks; 0 is [`DEFAULT_SCOPE`]).
     next_id: u64,
+    /// First parameters of the unwrapped models already said to go over
+    /// the default group.
+    defaulted: BTreeSet<u64>,
 }
 
 /// The default group and the reducer of the models that were never wrapped.
@@ -149,6 +154,7 @@ impl Session {
                 default: None,
                 models: Vec::new(),
                 next_id: DEFAULT_SCOPE + 1,
+                defaulted: BTreeSet::new(),
             }),
             totals: Mutex::new(SyncStats {
                 syncs: 0,
@@ -320,7 +326,32 @@ impl Session {
         if let Some(scope) = first_trainable.and_then(|id| self.of_param(id)) {
             return Ok(Some(SyncTarget::Model(scope)));
         }
-        Ok(self.required_if_distributed()?.map(SyncTarget::Default))
+        let target = self.required_if_distributed()?.map(SyncTarget::Default);
+        if let (Some(target), Some(first)) = (&target, first_trainable) {
+            if let Some(notice) = self.default_notice(first, target) {
+                log::info!("{notice}");
+            }
+        }
+        Ok(target)
+    }
+
+    /// What to say, once per model (by its first parameter), when a model
+    /// none of whose parameters was wrapped goes over the default group
+    /// while other models were wrapped: most often it is a wrapped model
+    /// whose parameters were replaced since (a record loaded), which keeps
+    /// working but with the default group's buckets and statistics.
+    fn default_notice(&self, first: u64, target: &SyncTarget) -> Option<String> {
+        let mut state = self.state();
+        if state.models.is_empty() || !state.defaulted.insert(first) {
+            return None;
+        }
+        let rank = target.group().map_or_else(|_| "?".to_string(), |g| g.rank().to_string());
+        Some(format!(
+            "rank {rank}: a model that was not wrapped is synchronised over the default group \
+             ({} model(s) wrapped in this process); if it is a wrapped model whose record was \
+             loaded since, wrap it again so it keeps its own group, buckets and statistics",
+            state.models.len()
+        ))
     }
 
     /// What synchronising the model whose first trainable parameter is
@@ -440,6 +471,26 @@ mod tests {
         assert!(session.target_for(Some(903)).unwrap().is_none());
         session.forget_group(&group);
         assert!(session.target_for(Some(902)).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_model_that_falls_back_to_the_default_group_is_said_once() {
+        let session = Session::new();
+        let group = session.init().unwrap();
+        let default = || session.target_for(Some(77)).unwrap().unwrap();
+        // Nothing wrapped: every model goes over the default group, unremarked.
+        assert!(session.default_notice(77, &default()).is_none());
+        session.wrap(&group, settings(), layout(&[71])).unwrap();
+        assert_eq!(default().scope(), DEFAULT_SCOPE);
+        let notice = session.default_notice(78, &default()).unwrap();
+        assert!(
+            notice.starts_with("rank 0: a model that was not wrapped")
+                && notice.contains("1 model(s) wrapped")
+                && notice.contains("wrap it again"),
+            "{notice}"
+        );
+        assert!(session.default_notice(78, &default()).is_none(), "said once");
+        session.destroy().unwrap();
     }
 
     #[test]

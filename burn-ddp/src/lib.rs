@@ -76,20 +76,7 @@ pub use sync::no_sync;
 pub use sync_batch_norm::{SyncBatchNorm, SyncBatchNormConfig};
 pub use wrap::wrap;
 
-/// The process group and the launcher's environment it is made from
-/// (`torch.distributed`'s `init_process_group`, `new_group`, ...).
-pub mod group {
-    pub use crate::shared::session::{default_group, destroy_process_group, init_process_group};
-    pub use burn_ddp_comm::{
-        CollectiveBackend, LaunchEnv, Launcher, ProcessGroup, ProcessGroupBuilder,
-        WeakProcessGroup, BACKEND_VAR,
-    };
-}
-
-/// The settings of [`wrap`](crate::wrap) and of the sharded optimizer.
-pub mod config {
-    pub use crate::shared::config::{BucketConfig, DdpConfig, GradientCompression, ShardConfig};
-}
+pub use shared::modules::{config, group};
 
 /// `Ddp<B>` and what it builds on: the backend that averages gradients inside
 /// `backward()`, the autodiff backends it decorates, and the differentiable

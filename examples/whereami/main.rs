@@ -127,7 +127,7 @@ fn gpu(env: &LaunchEnv) -> String {
                 choice.ordinal, choice.shared
             )
         }
-        Err(err) => format!("{shown} gpu=none gpu_error={}", field(&err)),
+        Err(err) => format!("{shown} gpu=none gpu_error={}", field(&err.to_string())),
     }
 }
 

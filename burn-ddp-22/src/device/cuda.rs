@@ -69,8 +69,7 @@ pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Resul
         local_world_size,
         count,
         visible_devices.as_deref(),
-    )
-    .map_err(|why| CommError::config(None, burn_ddp_comm::gpu::VISIBLE_DEVICES_VAR, why))?;
+    )?;
     if choice.shared && local_rank == 0 {
         log::warn!(
             "local rank {local_rank}: {local_world_size} ranks share {count} GPU(s) on this machine; NCCL \

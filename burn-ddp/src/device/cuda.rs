@@ -105,21 +105,19 @@ fn unfuse(
 pub fn cuda_device_for_rank(local_rank: usize, local_world_size: usize) -> Result<CudaDevice> {
     let count = burn_ddp_comm::nccl::cuda_device_count()?;
     let who = format!("local rank {local_rank}");
-    burn_ddp_comm::nccl::check_nvrtc(&who).map_err(|why| CommError::config(None, "device", why))?;
+    burn_ddp_comm::nccl::check_nvrtc(&who)?;
     burn_ddp_comm::nccl::check_cuda_headers(
         &who,
         cubecl::cuda::install::cuda_path().as_deref(),
         std::env::var_os("CUDA_PATH").is_some(),
-    )
-    .map_err(|why| CommError::config(None, "device", why))?;
+    )?;
     let visible_devices = std::env::var(burn_ddp_comm::gpu::VISIBLE_DEVICES_VAR).ok();
     let choice = burn_ddp_comm::gpu::choose_gpu(
         local_rank,
         local_world_size,
         count,
         visible_devices.as_deref(),
-    )
-    .map_err(|why| CommError::config(None, burn_ddp_comm::gpu::VISIBLE_DEVICES_VAR, why))?;
+    )?;
     if choice.shared && local_rank == 0 {
         log::warn!(
             "local rank {local_rank}: {local_world_size} ranks share {count} GPU(s) on this machine; NCCL \
