@@ -10,6 +10,7 @@ use burn_ddp_rendezvous::job::{
     generate_job_id, segments, valid_job_id, JobToken, JOB_ID_VAR, JOB_TOKEN_VAR,
 };
 use burn_ddp_rendezvous::store::StoreServer;
+use burn_ddp_rendezvous::RendezvousError;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
@@ -61,7 +62,11 @@ impl JobIdentity {
     fn for_job(config: &LaunchConfig) -> Result<Self, String> {
         let single_node = config.nnodes == 1;
         let token = match std::env::var(JOB_TOKEN_VAR) {
-            Ok(text) => Some(JobToken::new(text)?),
+            // The setting's own message, without the library's heading.
+            Ok(text) => Some(JobToken::new(text).map_err(|err| match err {
+                RendezvousError::Config { message, .. } => message,
+                other => other.to_string(),
+            })?),
             Err(_) if single_node => Some(
                 JobToken::generate().map_err(|err| format!("cannot make a job token: {err}"))?,
             ),
