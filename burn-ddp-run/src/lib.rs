@@ -20,12 +20,14 @@
 
 pub mod cargo_ddp;
 pub mod cli;
+mod error;
 mod output;
 mod rounds;
 mod signals;
 mod supervisor;
 
 pub use cli::{parse, LaunchConfig, LaunchOptions, LauncherArgs};
+pub use error::LaunchError;
 
 /// Installs the launcher's logger: its notices read `NAME: message` on stderr,
 /// as before; `RUST_LOG` (e.g. `burn_ddp_run=debug`) shows more.
