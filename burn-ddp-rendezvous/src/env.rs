@@ -384,8 +384,14 @@ impl Vars<'_> {
     fn job_token(&self, rank: usize) -> Result<Option<JobToken>> {
         match self.get(JOB_TOKEN_VAR) {
             None => Ok(None),
-            Some(text) => JobToken::new(text).map(Some).map_err(|why| {
-                RendezvousError::config(Some(rank), JOB_TOKEN_VAR, format!("rank {rank}: {why}"))
+            // The token's own error, said by the rank that read it.
+            Some(text) => JobToken::new(text).map(Some).map_err(|err| match err {
+                RendezvousError::Config { message, .. } => RendezvousError::config(
+                    Some(rank),
+                    JOB_TOKEN_VAR,
+                    format!("rank {rank}: {message}"),
+                ),
+                other => other,
             }),
         }
     }

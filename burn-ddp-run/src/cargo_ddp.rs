@@ -5,6 +5,7 @@
 //! `burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/mnist --epochs 1`.
 
 use crate::cli::{LaunchConfig, LaunchOptions};
+use crate::error::LaunchError;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser};
 use std::ffi::OsString;
@@ -144,7 +145,7 @@ impl CargoDdp {
     }
 
     /// Runs `cargo build --release` and returns the executable it built.
-    pub fn build(&self) -> Result<PathBuf, String> {
+    pub fn build(&self) -> Result<PathBuf, LaunchError> {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let output = std::process::Command::new(&cargo)
             .args([
@@ -156,9 +157,12 @@ impl CargoDdp {
             .stdin(Stdio::null())
             .stderr(Stdio::inherit())
             .output()
-            .map_err(|e| format!("cannot run {cargo}: {e}"))?;
+            .map_err(|source| LaunchError::Cargo {
+                cargo: cargo.clone(),
+                source,
+            })?;
         if !output.status.success() {
-            return Err("cargo build --release failed (see above)".into());
+            return Err(LaunchError::BuildFailed);
         }
         executable_from_messages(
             &String::from_utf8_lossy(&output.stdout),
@@ -172,7 +176,7 @@ impl CargoDdp {
 pub fn executable_from_messages(
     messages: &str,
     target: &Option<(String, String)>,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, LaunchError> {
     let mut found = Vec::new();
     for line in messages.lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -199,17 +203,18 @@ pub fn executable_from_messages(
     }
     match (found.len(), target) {
         (1, _) => Ok(found.remove(0)),
-        (0, Some((kind, name))) => Err(format!("cargo built no {kind} named {name:?}")),
-        (0, None) => Err("cargo built no binary; name one with --bin or --example".into()),
-        (_, _) => Err(format!(
-            "cargo built several binaries ({}); pick one with --bin NAME or --example NAME",
-            found
+        (0, Some((kind, name))) => Err(LaunchError::NoSuchTarget {
+            kind: kind.clone(),
+            name: name.clone(),
+        }),
+        (0, None) => Err(LaunchError::NoBinary),
+        (_, _) => Err(LaunchError::SeveralBinaries {
+            names: found
                 .iter()
                 .filter_map(|p| p.file_name())
                 .map(|n| n.to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+                .collect(),
+        }),
     }
 }
 
@@ -319,6 +324,10 @@ mod tests {
         );
         let missing = Some(("bin".to_string(), "nope".to_string()));
         let err = executable_from_messages(messages, &missing).unwrap_err();
-        assert!(err.contains("no bin named \"nope\""), "{err}");
+        assert!(
+            matches!(&err, LaunchError::NoSuchTarget { kind, name } if kind == "bin" && name == "nope")
+                && err.to_string() == "cargo built no bin named \"nope\"",
+            "{err}"
+        );
     }
 }

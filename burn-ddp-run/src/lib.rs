@@ -20,12 +20,20 @@
 
 pub mod cargo_ddp;
 pub mod cli;
+mod driver;
+mod error;
+mod job;
 mod output;
+mod peers;
+mod processes;
 mod rounds;
 mod signals;
-mod supervisor;
+mod summary;
+mod supervision;
+mod worker;
 
 pub use cli::{parse, LaunchConfig, LaunchOptions, LauncherArgs};
+pub use error::LaunchError;
 
 /// Installs the launcher's logger: its notices read `NAME: message` on stderr,
 /// as before; `RUST_LOG` (e.g. `burn_ddp_run=debug`) shows more.
@@ -47,10 +55,10 @@ pub fn init_logger(name: &'static str) {
 
 /// Runs a parsed launch; returns the process exit code.
 pub fn launch(config: &LaunchConfig) -> i32 {
-    match supervisor::run(config) {
+    match driver::run(config) {
         Ok(code) => code,
-        Err(message) => {
-            log::error!("{message}");
+        Err(err) => {
+            log::error!("{err}");
             1
         }
     }

@@ -15,6 +15,7 @@
 pub mod keys;
 pub mod segments;
 
+use crate::error::{RendezvousError, Result};
 use std::fmt;
 
 /// The job's secret, shared by its launcher(s) and ranks.
@@ -42,21 +43,24 @@ impl JobToken {
     }
 
     /// A token given by the user or a launcher: 1 to [`MAX_TOKEN_BYTES`]
-    /// printable ASCII characters.
-    pub fn new(text: impl Into<String>) -> Result<Self, String> {
+    /// printable ASCII characters. Anything else is a
+    /// [`RendezvousError::Config`] of [`JOB_TOKEN_VAR`] (no rank: the caller
+    /// knows whose token it read) whose message says how to make a good one.
+    pub fn new(text: impl Into<String>) -> Result<Self> {
         let text = text.into();
+        let refuse = |message: String| RendezvousError::config(None, JOB_TOKEN_VAR, message);
         if text.is_empty() || text.len() > MAX_TOKEN_BYTES {
-            return Err(format!(
+            return Err(refuse(format!(
                 "{JOB_TOKEN_VAR} must hold 1 to {MAX_TOKEN_BYTES} characters (got {}); \
                  `openssl rand -hex 16` makes a good one",
                 text.len()
-            ));
+            )));
         }
         if !text.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(format!(
+            return Err(refuse(format!(
                 "{JOB_TOKEN_VAR} must be printable ASCII without spaces; \
                  `openssl rand -hex 16` makes a good one"
-            ));
+            )));
         }
         Ok(Self(text))
     }
@@ -128,11 +132,19 @@ mod tests {
     #[test]
     fn bad_tokens_and_ids_are_refused_with_the_fix() {
         for bad in ["", "has space", "tab\t", &"x".repeat(MAX_TOKEN_BYTES + 1)] {
-            let err = JobToken::new(bad).unwrap_err();
-            assert!(
-                err.contains(JOB_TOKEN_VAR) && err.contains("openssl rand"),
-                "{err}"
-            );
+            match JobToken::new(bad).unwrap_err() {
+                RendezvousError::Config {
+                    rank: None,
+                    setting,
+                    message,
+                } => assert!(
+                    setting == JOB_TOKEN_VAR
+                        && message.starts_with(JOB_TOKEN_VAR)
+                        && message.contains("openssl rand"),
+                    "{setting}: {message}"
+                ),
+                other => panic!("not a setting's error: {other}"),
+            }
         }
         assert!(!valid_job_id(""));
         assert!(!valid_job_id("a/b"));
