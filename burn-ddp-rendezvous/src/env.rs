@@ -111,172 +111,27 @@ impl LaunchEnv {
     /// Reads variables through `lookup` (tests pass a map).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let vars = Vars { lookup: &lookup };
-        let (launcher, names) = if vars.present("RANK") {
-            let launcher = if vars.present(LAUNCHER_STORE_VAR) {
-                Launcher::BurnDdpRun
-            } else if vars.present("TORCHELASTIC_RUN_ID") {
-                Launcher::Torchrun
-            } else {
-                Launcher::Env
-            };
-            (launcher, TORCHRUN_NAMES)
-        } else if vars.present("OMPI_COMM_WORLD_RANK") {
-            (Launcher::OpenMpi, OPEN_MPI_NAMES)
-        } else if vars.present("SLURM_PROCID") {
-            (Launcher::Slurm, SLURM_NAMES)
-        } else {
-            if let Some(world) = vars.get("WORLD_SIZE") {
-                if world.trim() != "1" {
-                    return Err(RendezvousError::config(
-                        None,
-                        "RANK",
-                        format!(
-                            "WORLD_SIZE={world} is set but RANK is not; set RANK (0..{world}) for \
-                         every process, or start them with burn-ddp-run"
-                        ),
-                    ));
-                }
-            }
+        let Some((launcher, names)) = vars.launcher() else {
+            vars.check_world_of_one()?;
             return Ok(Self::single_process(vars.timeout()?));
         };
-
-        let rank = vars.number(names.rank)?.expect("checked present");
-        let world_size = vars.number(names.world_size)?.ok_or_else(|| {
-            RendezvousError::config(
-                Some(rank),
-                names.world_size,
-                format!(
-                    "{}={rank} is set but {} is not; set both (the launcher normally does)",
-                    names.rank, names.world_size
-                ),
-            )
-        })?;
-        if world_size == 0 {
-            return Err(RendezvousError::config(
-                None,
-                names.world_size,
-                format!("{}=0: the world needs at least one rank", names.world_size),
-            ));
-        }
-        if rank >= world_size {
-            return Err(RendezvousError::config(
-                Some(rank),
-                names.rank,
-                format!(
-                    "{}={rank} but {}={world_size}: ranks run from 0 to {}; \
-                 check the launcher's process count",
-                    names.rank,
-                    names.world_size,
-                    world_size - 1
-                ),
-            ));
-        }
+        let (rank, world_size) = vars.rank_and_world(names)?;
         let slurm = launcher == Launcher::Slurm;
         // A task of an srun step; a batch script itself has SLURM_PROCID=0 and
         // SLURM_NTASKS but no step.
         let srun_step = slurm && vars.present("SLURM_STEP_ID");
-        let local_world_size = match vars.number(names.local_world_size)? {
-            Some(n) => n,
-            // SLURM_NTASKS_PER_NODE is only set when asked for; the step's
-            // tasks-per-node list always is ("2(x2)").
-            None if slurm => ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]
-                .iter()
-                .find_map(|name| {
-                    let node = vars.number("SLURM_NODEID").ok().flatten().unwrap_or(0);
-                    slurm::tasks_on_node(&vars.get(name)?, node)
-                })
-                .unwrap_or(world_size),
-            None => world_size,
-        };
-        let local_rank = vars
-            .number(names.local_rank)?
-            .unwrap_or(rank % local_world_size);
-        if local_rank >= local_world_size {
-            return Err(RendezvousError::config(
-                Some(rank),
-                names.local_rank,
-                format!(
-                    "{}={local_rank} but {}={local_world_size}; local ranks run from 0 to {}",
-                    names.local_rank,
-                    names.local_world_size,
-                    local_world_size - 1
-                ),
-            ));
-        }
-
-        let master_addr = vars
-            .get("MASTER_ADDR")
-            .filter(|addr| !addr.is_empty())
-            .or_else(|| {
-                // Under srun, rank 0 runs on the step's first node.
-                let list = [
-                    "SLURM_STEP_NODELIST",
-                    "SLURM_JOB_NODELIST",
-                    "SLURM_NODELIST",
-                ]
-                .iter()
-                .find_map(|name| vars.get(name))?;
-                slurm::first_host(&list).filter(|_| srun_step)
-            });
-        let slurm_port = || {
-            let job = vars.get("SLURM_JOB_ID")?;
-            let port = slurm::port_for_step(&job, &vars.get("SLURM_STEP_ID")?)?;
-            srun_step.then_some(port)
-        };
-        let master_port = match vars.get("MASTER_PORT") {
-            Some(port) => port
-                .trim()
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| {
-                    RendezvousError::config(
-                        Some(rank),
-                        "MASTER_PORT",
-                        format!("MASTER_PORT={port:?} is not a port number (1-65535); rank {rank}"),
-                    )
-                })?,
-            None => slurm_port().unwrap_or(DEFAULT_MASTER_PORT),
-        };
-        if world_size > 1 && master_addr.is_none() && slurm && !srun_step {
-            return Err(RendezvousError::config(
-                Some(rank),
-                "SLURM_STEP_ID",
-                format!(
-                    "rank {rank} of {world_size}: this is Slurm's batch script itself \
-                 (SLURM_PROCID is set, SLURM_STEP_ID is not), not one of {world_size} tasks; \
-                 start the program with srun, which starts a task per rank"
-                ),
-            ));
-        }
+        let (local_rank, local_world_size) =
+            vars.place_on_machine(names, rank, world_size, slurm)?;
+        let master_addr = vars.master_addr(srun_step);
+        let master_port = vars.master_port(rank, srun_step)?;
         if world_size > 1 && master_addr.is_none() {
-            return Err(RendezvousError::config(
-                Some(rank),
-                "MASTER_ADDR",
-                format!(
-                    "rank {rank} of {world_size}: MASTER_ADDR is not set, so the ranks cannot \
-                 find each other; export MASTER_ADDR (the host of rank 0) and MASTER_PORT, \
-                 or start the job with burn-ddp-run"
-                ),
-            ));
+            return Err(no_master_addr(rank, world_size, slurm && !srun_step));
         }
-
         let node_rank = match names.node_rank {
             Some(name) => vars.number(name)?,
             None => None,
         };
         let restart_count = vars.number("TORCHELASTIC_RESTART_COUNT")?.unwrap_or(0);
-        let store_host = if vars.present(LAUNCHER_STORE_VAR) {
-            StoreHost::Launcher
-        } else if vars
-            .get("TORCHELASTIC_USE_AGENT_STORE")
-            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-        {
-            StoreHost::TorchrunAgent
-        } else {
-            StoreHost::RankZero
-        };
-
         Ok(Self {
             rank,
             world_size,
@@ -285,7 +140,7 @@ impl LaunchEnv {
             master_addr,
             master_port,
             launcher,
-            store_host,
+            store_host: vars.store_host(),
             timeout: vars.timeout()?,
             node_rank,
             run_id: vars.get("TORCHELASTIC_RUN_ID"),
@@ -317,6 +172,7 @@ impl LaunchEnv {
 }
 
 /// The variable names of one launcher family.
+#[derive(Clone, Copy)]
 struct Names {
     rank: &'static str,
     world_size: &'static str,
@@ -352,11 +208,203 @@ const SLURM_NAMES: Names = Names {
     node_rank: Some("SLURM_NODEID"),
 };
 
+/// The error for several ranks without a rendezvous address: Slurm's batch
+/// script run by itself (`batch_script`), or a launcher that did not set it.
+fn no_master_addr(rank: usize, world_size: usize, batch_script: bool) -> RendezvousError {
+    if batch_script {
+        return RendezvousError::config(
+            Some(rank),
+            "SLURM_STEP_ID",
+            format!(
+                "rank {rank} of {world_size}: this is Slurm's batch script itself \
+                 (SLURM_PROCID is set, SLURM_STEP_ID is not), not one of {world_size} tasks; \
+                 start the program with srun, which starts a task per rank"
+            ),
+        );
+    }
+    RendezvousError::config(
+        Some(rank),
+        "MASTER_ADDR",
+        format!(
+            "rank {rank} of {world_size}: MASTER_ADDR is not set, so the ranks cannot \
+             find each other; export MASTER_ADDR (the host of rank 0) and MASTER_PORT, \
+             or start the job with burn-ddp-run"
+        ),
+    )
+}
+
 struct Vars<'a> {
     lookup: &'a dyn Fn(&str) -> Option<String>,
 }
 
 impl Vars<'_> {
+    /// Who started this process and the names its variables go by; `None`
+    /// when no launcher did (a world of one).
+    fn launcher(&self) -> Option<(Launcher, Names)> {
+        if self.present("RANK") {
+            let launcher = if self.present(LAUNCHER_STORE_VAR) {
+                Launcher::BurnDdpRun
+            } else if self.present("TORCHELASTIC_RUN_ID") {
+                Launcher::Torchrun
+            } else {
+                Launcher::Env
+            };
+            Some((launcher, TORCHRUN_NAMES))
+        } else if self.present("OMPI_COMM_WORLD_RANK") {
+            Some((Launcher::OpenMpi, OPEN_MPI_NAMES))
+        } else if self.present("SLURM_PROCID") {
+            Some((Launcher::Slurm, SLURM_NAMES))
+        } else {
+            None
+        }
+    }
+
+    /// Without a launcher's RANK, a WORLD_SIZE other than 1 is a mistake.
+    fn check_world_of_one(&self) -> Result<()> {
+        match self.get("WORLD_SIZE") {
+            Some(world) if world.trim() != "1" => Err(RendezvousError::config(
+                None,
+                "RANK",
+                format!(
+                    "WORLD_SIZE={world} is set but RANK is not; set RANK (0..{world}) for \
+                     every process, or start them with burn-ddp-run"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The rank and the world size, checked against each other.
+    fn rank_and_world(&self, names: Names) -> Result<(usize, usize)> {
+        let rank = self
+            .number(names.rank)?
+            .expect("the launcher's rank is set");
+        let world_size = self.number(names.world_size)?.ok_or_else(|| {
+            RendezvousError::config(
+                Some(rank),
+                names.world_size,
+                format!(
+                    "{}={rank} is set but {} is not; set both (the launcher normally does)",
+                    names.rank, names.world_size
+                ),
+            )
+        })?;
+        if world_size == 0 {
+            return Err(RendezvousError::config(
+                None,
+                names.world_size,
+                format!("{}=0: the world needs at least one rank", names.world_size),
+            ));
+        }
+        if rank >= world_size {
+            return Err(RendezvousError::config(
+                Some(rank),
+                names.rank,
+                format!(
+                    "{}={rank} but {}={world_size}: ranks run from 0 to {}; \
+                     check the launcher's process count",
+                    names.rank,
+                    names.world_size,
+                    world_size - 1
+                ),
+            ));
+        }
+        Ok((rank, world_size))
+    }
+
+    /// The local rank and how many ranks share this machine.
+    fn place_on_machine(
+        &self,
+        names: Names,
+        rank: usize,
+        world_size: usize,
+        slurm: bool,
+    ) -> Result<(usize, usize)> {
+        let local_world_size = match self.number(names.local_world_size)? {
+            Some(n) => n,
+            // SLURM_NTASKS_PER_NODE is only set when asked for; the step's
+            // tasks-per-node list always is ("2(x2)").
+            None if slurm => ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]
+                .iter()
+                .find_map(|name| {
+                    let node = self.number("SLURM_NODEID").ok().flatten().unwrap_or(0);
+                    slurm::tasks_on_node(&self.get(name)?, node)
+                })
+                .unwrap_or(world_size),
+            None => world_size,
+        };
+        let local_rank = self
+            .number(names.local_rank)?
+            .unwrap_or(rank % local_world_size);
+        if local_rank >= local_world_size {
+            return Err(RendezvousError::config(
+                Some(rank),
+                names.local_rank,
+                format!(
+                    "{}={local_rank} but {}={local_world_size}; local ranks run from 0 to {}",
+                    names.local_rank,
+                    names.local_world_size,
+                    local_world_size - 1
+                ),
+            ));
+        }
+        Ok((local_rank, local_world_size))
+    }
+
+    /// MASTER_ADDR, else (under srun) the step's first node, where rank 0 runs.
+    fn master_addr(&self, srun_step: bool) -> Option<String> {
+        self.get("MASTER_ADDR")
+            .filter(|addr| !addr.is_empty())
+            .or_else(|| {
+                let list = [
+                    "SLURM_STEP_NODELIST",
+                    "SLURM_JOB_NODELIST",
+                    "SLURM_NODELIST",
+                ]
+                .iter()
+                .find_map(|name| self.get(name))?;
+                slurm::first_host(&list).filter(|_| srun_step)
+            })
+    }
+
+    /// MASTER_PORT, else (under srun) a port derived from the step, else the
+    /// default.
+    fn master_port(&self, rank: usize, srun_step: bool) -> Result<u16> {
+        let Some(port) = self.get("MASTER_PORT") else {
+            let slurm_port = || {
+                let job = self.get("SLURM_JOB_ID")?;
+                let port = slurm::port_for_step(&job, &self.get("SLURM_STEP_ID")?)?;
+                srun_step.then_some(port)
+            };
+            return Ok(slurm_port().unwrap_or(DEFAULT_MASTER_PORT));
+        };
+        port.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| {
+                RendezvousError::config(
+                    Some(rank),
+                    "MASTER_PORT",
+                    format!("MASTER_PORT={port:?} is not a port number (1-65535); rank {rank}"),
+                )
+            })
+    }
+
+    /// Who serves the store: the launcher, torchrun's agent, or rank 0.
+    fn store_host(&self) -> StoreHost {
+        if self.present(LAUNCHER_STORE_VAR) {
+            StoreHost::Launcher
+        } else if self
+            .get("TORCHELASTIC_USE_AGENT_STORE")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+        {
+            StoreHost::TorchrunAgent
+        } else {
+            StoreHost::RankZero
+        }
+    }
+
     fn get(&self, name: &str) -> Option<String> {
         (self.lookup)(name)
     }

@@ -36,7 +36,7 @@ pub use cli::{parse, LaunchConfig, LaunchOptions, LauncherArgs};
 pub use error::LaunchError;
 
 /// Installs the launcher's logger: its notices read `NAME: message` on stderr,
-/// as before; `RUST_LOG` (e.g. `burn_ddp_run=debug`) shows more.
+/// as torchrun's do; `RUST_LOG` (e.g. `burn_ddp_run=debug`) shows more.
 pub fn init_logger(name: &'static str) {
     use std::io::Write;
     let env = env_logger::Env::default().default_filter_or("info");

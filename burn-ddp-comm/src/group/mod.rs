@@ -107,27 +107,7 @@ impl ProcessGroup {
     }
 
     fn start(env: LaunchEnv, settings: Settings) -> Result<Self> {
-        if !crate::job::valid_job_id(&env.job_id) {
-            return Err(CommError::config(
-                Some(env.rank),
-                burn_ddp_rendezvous::job::JOB_ID_VAR,
-                format!(
-                    "rank {}: job id {:?} must be 1 to 64 characters of letters, digits, '.', '_' \
-                 and '-'",
-                    env.rank, env.job_id
-                ),
-            ));
-        }
-        if env.world_size == 0 || env.rank >= env.world_size {
-            return Err(CommError::config(
-                Some(env.rank),
-                "RANK",
-                format!(
-                    "rank {} is outside a world of {} ranks; ranks run from 0 to world_size - 1",
-                    env.rank, env.world_size
-                ),
-            ));
-        }
+        check_place(&env)?;
         if env.world_size == 1 {
             let group = GroupInner::assemble(
                 &env,
@@ -140,6 +120,29 @@ impl ProcessGroup {
             );
             return Ok(Self::from_inner(group));
         }
+        let group = Self::from_inner(Self::join(&env, settings)?);
+        if group.wire_compression() != WireCompression::None {
+            log::debug!(
+                "rank {}: f32 all-reduces cross machines as {:?}",
+                env.rank,
+                settings.compression
+            );
+        }
+        log::debug!(
+            "rank {}: process group of {} ready over {} (launcher {:?}, timeout {:?})",
+            env.rank,
+            env.world_size,
+            group.transport_name(),
+            env.launcher,
+            env.timeout
+        );
+        Ok(group)
+    }
+
+    /// Several ranks: the store (hosted here by rank 0 when it is the one
+    /// to), every rank's arrival, the transport's connections, then one vote
+    /// on whether the group stands (a rank claimed twice fails it).
+    fn join(env: &LaunchEnv, settings: Settings) -> Result<GroupInner> {
         let host = env.master_addr.clone().ok_or_else(|| {
             CommError::config(
                 Some(env.rank),
@@ -151,13 +154,13 @@ impl ProcessGroup {
             )
         })?;
         let server = match env.store_host {
-            StoreHost::RankZero if env.rank == 0 => Some(join::host_store(&host, &env)?),
+            StoreHost::RankZero if env.rank == 0 => Some(join::host_store(&host, env)?),
             _ => None,
         };
-        let keys = join::next_group_keys(&env);
-        let (store, local_ip) = join::connect_and_join(&host, &env, &keys)?;
+        let keys = join::next_group_keys(env);
+        let (store, local_ip) = join::connect_and_join(&host, env, &keys)?;
         log::debug!("rank {}: all {} ranks joined", env.rank, env.world_size);
-        let machine_ids = join::machine_ids(&*store, &env, &keys)?;
+        let machine_ids = join::machine_ids(&*store, env, &keys)?;
         let plan = host::plan(
             env.rank,
             settings.transport,
@@ -179,8 +182,8 @@ impl ProcessGroup {
         let mut failures = Failures::new(env.rank);
         failures.keys = Some(keys.clone());
         let spans_machines = !host::one_machine(&machine_ids);
-        let group = GroupInner::assemble(
-            &env,
+        let mut group = GroupInner::assemble(
+            env,
             settings,
             store,
             transport,
@@ -191,29 +194,12 @@ impl ProcessGroup {
         // Nobody leaves set-up (and possibly takes the store down) before all
         // are connected, and all decide together whether the group stands.
         if group.vote(saw_duplicate)? {
-            let err = join::duplicate_error(&*group.store, &env, &keys);
+            let err = join::duplicate_error(&*group.store, env, &keys);
             // Rank 0 may host the store: all read the reason before anyone leaves.
             let _ = group.vote(false);
             return Err(err);
         }
-        let mut group = group;
-        group.failures.duplicate_watch = join::watch_for_duplicates(&host, &env, &keys);
-        let group = Self::from_inner(group);
-        if group.wire_compression() != WireCompression::None {
-            log::debug!(
-                "rank {}: f32 all-reduces cross machines as {:?}",
-                env.rank,
-                settings.compression
-            );
-        }
-        log::debug!(
-            "rank {}: process group of {} ready over {} (launcher {:?}, timeout {:?})",
-            env.rank,
-            env.world_size,
-            group.transport_name(),
-            env.launcher,
-            env.timeout
-        );
+        group.failures.duplicate_watch = join::watch_for_duplicates(&host, env, &keys);
         Ok(group)
     }
 
@@ -540,6 +526,33 @@ impl GroupInner {
         }
         Ok(count[1] > 0)
     }
+}
+
+/// The job id and the rank's place in the world, checked before anything
+/// is started.
+fn check_place(env: &LaunchEnv) -> Result<()> {
+    if !crate::job::valid_job_id(&env.job_id) {
+        return Err(CommError::config(
+            Some(env.rank),
+            burn_ddp_rendezvous::job::JOB_ID_VAR,
+            format!(
+                "rank {}: job id {:?} must be 1 to 64 characters of letters, digits, '.', '_' \
+                 and '-'",
+                env.rank, env.job_id
+            ),
+        ));
+    }
+    if env.world_size == 0 || env.rank >= env.world_size {
+        return Err(CommError::config(
+            Some(env.rank),
+            "RANK",
+            format!(
+                "rank {} is outside a world of {} ranks; ranks run from 0 to world_size - 1",
+                env.rank, env.world_size
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
