@@ -345,7 +345,9 @@ impl Session {
         if state.models.is_empty() || !state.defaulted.insert(first) {
             return None;
         }
-        let rank = target.group().map_or_else(|_| "?".to_string(), |g| g.rank().to_string());
+        let rank = target
+            .group()
+            .map_or_else(|_| "?".to_string(), |g| g.rank().to_string());
         Some(format!(
             "rank {rank}: a model that was not wrapped is synchronised over the default group \
              ({} model(s) wrapped in this process); if it is a wrapped model whose record was \
@@ -489,7 +491,10 @@ mod tests {
                 && notice.contains("wrap it again"),
             "{notice}"
         );
-        assert!(session.default_notice(78, &default()).is_none(), "said once");
+        assert!(
+            session.default_notice(78, &default()).is_none(),
+            "said once"
+        );
         session.destroy().unwrap();
     }
 
