@@ -2,7 +2,7 @@
 //! model's reducer, which does the rest (buckets, the layout check, the
 //! collectives, the average).
 //!
-//! Two ways in: `Ddp<B>::backward` (parameters found by [`crate::tracking`],
+//! Two ways in: `Ddp<B>::backward` (parameters found by watching them being marked trainable,
 //! each wrapped model synchronised with its own reducer) and
 //! [`sync_gradients`] (parameters found by walking a module, for any
 //! autodiff backend).

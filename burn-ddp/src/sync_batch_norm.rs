@@ -78,7 +78,7 @@ impl<B: Backend> SyncBatchNorm<B> {
     ///
     /// In training with a process group of several ranks: if the backend's
     /// sum over the ranks is not registered (`Ddp<..>` registers its own; a
-    /// plain `Autodiff<..>` needs [`enable_sync_batch_norm`](crate::enable_sync_batch_norm)),
+    /// plain `Autodiff<..>` needs [`enable_sync_batch_norm`](crate::autodiff::enable_sync_batch_norm)),
     /// if the ranks' layers differ or their statistics cannot be summed
     /// (naming the rank and the layer), or if the launcher started several
     /// ranks and `init_process_group` was not called.
@@ -94,7 +94,7 @@ impl<B: Backend> SyncBatchNorm<B> {
 }
 
 /// The tracked sum over the ranks of `B`, registered for it by `Ddp<..>` or
-/// [`enable_sync_batch_norm`](crate::enable_sync_batch_norm).
+/// [`enable_sync_batch_norm`](crate::autodiff::enable_sync_batch_norm).
 fn tracked_sum<B: Backend>(group: &ProcessGroup, tensor: Tensor<B, 1>) -> Result<Tensor<B, 1>> {
     crate::autograd::tracked_sum_of(group, tensor).unwrap_or_else(|| {
         Err(CommError::config(

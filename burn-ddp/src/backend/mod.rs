@@ -120,7 +120,7 @@ impl<B: TrackedAutodiff> AutodiffBackend for Ddp<B> {
     /// `B`'s backward, then the gradients of every wrapped model averaged over
     /// all ranks of its group, model by model (all parameters over the default
     /// group when no model was wrapped), except on a thread inside
-    /// [`crate::no_sync`] or, for one model, [`crate::no_sync_for`].
+    /// [`crate::no_sync`] or, for one model, [`crate::sync::no_sync_for`].
     ///
     /// # Panics
     /// If the all-reduce fails (a rank died, timed out, or the models differ):

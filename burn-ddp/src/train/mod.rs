@@ -33,7 +33,7 @@
 //!   uninterrupted one would.
 //! - **Gradients**: every backward pass runs under [`no_sync`](crate::no_sync);
 //!   the strategy averages once per optimizer step with
-//!   [`sync_gradients`](crate::sync_gradients), walking the model. Gradient
+//!   [`sync_gradients`](crate::sync::sync_gradients), walking the model. Gradient
 //!   accumulation therefore communicates once per `k` micro-batches, and which
 //!   parameter tensors happen to be alive (rank 0's asynchronous checkpointer
 //!   holds clones of old ones) cannot change what is reduced. Works with
