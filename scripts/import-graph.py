@@ -8,7 +8,8 @@ the module files they point into, and reports every strongly connected
 group of two or more modules: a circle of imports. A module naming its own
 parent or child is containment, not a circle, and is left out (a `mod.rs`
 re-exporting its children, a child using its parent's items), and so are
-unit-test modules (`#[cfg(test)] mod tests`). Crates are
+unit-test modules (`#[cfg(test)] mod tests`, and the test-only modules
+that hand tests their types, as `contract::testing`). Crates are
 checked against each other the same way through Cargo's dependency graph
 (which Cargo already keeps acyclic).
 
@@ -65,7 +66,7 @@ def resolve(modules, base, segments):
     return ()
 
 
-TEST_MODULE = re.compile(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{")
+TEST_MODULE = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
 
 
 def without_tests(text):
