@@ -14,6 +14,8 @@
 //! - [`snapshots`], [`files`]: the newest snapshot that loads, files written
 //!   atomically;
 //! - [`stop`]: Ctrl-C and SIGTERM as a stop every rank agrees on;
+//! - [`failure`]: a failure where no `Result` fits (`backward()`) as one
+//!   line and a panic, without Rust's report or a backtrace;
 //! - [`replicas`], [`sum`]: every rank holds the same parameters; per-rank
 //!   figures summed over the group.
 //!
@@ -31,6 +33,7 @@
 
 #![deny(missing_docs)]
 
+pub mod failure;
 pub mod files;
 pub mod learner;
 pub mod replicas;

@@ -29,6 +29,8 @@ pub struct Machines {
     holders: Vec<std::process::Child>,
     /// Namespace holding the bridge.
     switch: String,
+    /// The bridge's end of each machine's veth (in `switch`).
+    ports: Vec<String>,
     /// Subnet `10.<a>.<b>.0/24`, unique to this test bed.
     subnet: [u8; 2],
     /// The `/etc/hosts` every machine sees: the host's, plus the machines.
@@ -87,6 +89,7 @@ impl Machines {
             namespaces: Vec::new(),
             holders: Vec::new(),
             switch: format!("bddp{tag}sw"),
+            ports: Vec::new(),
             subnet,
             // The time too: a file a killed test left cannot be in the way.
             hosts: std::env::temp_dir().join(format!(
@@ -120,6 +123,7 @@ impl Machines {
             ])?;
             run(&["ip", "link", "set", &inside, "netns", &ns])?;
             run(&["ip", "link", "set", &outside, "netns", &machines.switch])?;
+            machines.ports.push(outside.clone());
             run(&["ip", "-n", &ns, "link", "set", &inside, "name", "eth0"])?;
             let cidr = format!("{}/24", machines.addr(i));
             run(&["ip", "-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
@@ -256,6 +260,35 @@ impl Machines {
             "ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
             "rate", rate, "burst", "256kb", "latency", "50ms",
         ])
+    }
+
+    /// Cuts machine `i`'s link: both ends of its veth go down (its `eth0`, and
+    /// the bridge's port), as when a cable is pulled. No process dies and no
+    /// connection is reset; packets either way vanish (and new connections
+    /// from the machine fail: its route is gone).
+    pub fn cut(&self, i: usize) -> Result<(), String> {
+        self.set_link(i, "down")
+    }
+
+    /// Brings machine `i`'s link back up after [`Self::cut`]: its route comes
+    /// back, and connections that have not given up go on.
+    pub fn restore(&self, i: usize) -> Result<(), String> {
+        self.set_link(i, "up")
+    }
+
+    fn set_link(&self, i: usize, state: &str) -> Result<(), String> {
+        let port = &self.ports[i];
+        run(&[
+            "ip",
+            "-n",
+            &self.namespaces[i],
+            "link",
+            "set",
+            "eth0",
+            state,
+        ])?;
+        run(&["ip", "-n", &self.switch, "link", "set", port, state])?;
+        Ok(())
     }
 
     /// Kills every process on machine `i` with SIGKILL: the machine is gone.

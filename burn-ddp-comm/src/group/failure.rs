@@ -12,6 +12,13 @@ use std::time::Duration;
 /// How long a failing rank waits for a peer's report of whom it gave up on.
 const ORIGIN_WAIT: Duration = Duration::from_millis(500);
 
+/// How long a failing rank gives the store to answer each request of its
+/// error path, beyond the request's own wait. A store behind a dead link
+/// (its machine cut off) then costs the rank this once, not the group's
+/// timeout and more per request: the first request given up gives the
+/// connection up, and the rest fail at once.
+pub(super) const ERROR_PATH_GRACE: Duration = Duration::from_secs(2);
+
 /// How long rank 0, which may host the store, stays after learning that the
 /// group cannot stand, so the others can still read why from its store.
 const DUPLICATE_LINGER: Duration = Duration::from_millis(500);
@@ -59,15 +66,20 @@ impl Failures {
     }
 
     /// A transport failure, unless the group was found unable to stand: then
-    /// that is the cause (a peer that saw it first has left).
+    /// that is the cause (a peer that saw it first has left). Every request
+    /// to the store here is bounded by [`ERROR_PATH_GRACE`], so a store that
+    /// cannot be reached delays the error by that much at most.
     pub fn explain(&self, store: &dyn Store, err: CommError) -> CommError {
+        let store = store.impatient(ERROR_PATH_GRACE);
+        let store = &*store;
         let watched = self
             .duplicate_watch
             .as_ref()
             .and_then(KeyWatch::reason)
             .map(str::to_owned);
         // The watch may not have heard yet: ask the store once (this is the
-        // error path; a store that is gone answers at once).
+        // error path: a store that is gone answers at once, one behind a dead
+        // link within the grace).
         let reason = watched.or_else(|| {
             let key = self.keys.as_ref()?.duplicate();
             if !store.check(&[&key]).ok()? {
@@ -195,6 +207,90 @@ mod tests {
         );
         let keys = GroupKeys::under("t/");
         assert_eq!(store.get(&keys.blame(1), ORIGIN_WAIT).unwrap(), b"2");
+    }
+
+    /// A store behind a cut link: its usual requests would each wait out
+    /// their bound (the test fails if one is made); its impatient view's
+    /// first request gives up after the grace and the rest fail at once,
+    /// as the TCP clients' do (tested in burn-ddp-rendezvous).
+    struct CutOff {
+        given_up: AtomicBool,
+    }
+
+    impl CutOff {
+        fn request<T>(&self, grace: Duration) -> burn_ddp_rendezvous::Result<T> {
+            if !self.given_up.swap(true, Ordering::SeqCst) {
+                std::thread::sleep(grace);
+            }
+            Err(burn_ddp_rendezvous::RendezvousError::store(
+                Some(1),
+                crate::StoreErrorKind::ConnectionLost,
+                "no answer",
+            ))
+        }
+    }
+
+    impl Store for CutOff {
+        fn set(&self, _: &str, _: &[u8]) -> burn_ddp_rendezvous::Result<()> {
+            panic!("the error path used the store's usual bound")
+        }
+        fn get(&self, _: &str, _: Duration) -> burn_ddp_rendezvous::Result<Vec<u8>> {
+            panic!("the error path used the store's usual bound")
+        }
+        fn add(&self, _: &str, _: i64) -> burn_ddp_rendezvous::Result<i64> {
+            panic!("the error path used the store's usual bound")
+        }
+        fn wait(&self, _: &[&str], _: Duration) -> burn_ddp_rendezvous::Result<()> {
+            panic!("the error path used the store's usual bound")
+        }
+        fn check(&self, _: &[&str]) -> burn_ddp_rendezvous::Result<bool> {
+            panic!("the error path used the store's usual bound")
+        }
+        fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
+            Box::new(CutOffView { store: self, grace })
+        }
+    }
+
+    struct CutOffView<'a> {
+        store: &'a CutOff,
+        grace: Duration,
+    }
+
+    impl Store for CutOffView<'_> {
+        fn set(&self, _: &str, _: &[u8]) -> burn_ddp_rendezvous::Result<()> {
+            self.store.request(self.grace)
+        }
+        fn get(&self, _: &str, wait: Duration) -> burn_ddp_rendezvous::Result<Vec<u8>> {
+            self.store.request(wait + self.grace)
+        }
+        fn add(&self, _: &str, _: i64) -> burn_ddp_rendezvous::Result<i64> {
+            self.store.request(self.grace)
+        }
+        fn wait(&self, _: &[&str], wait: Duration) -> burn_ddp_rendezvous::Result<()> {
+            self.store.request(wait + self.grace)
+        }
+        fn check(&self, _: &[&str]) -> burn_ddp_rendezvous::Result<bool> {
+            self.store.request(self.grace)
+        }
+    }
+
+    #[test]
+    fn a_store_behind_a_cut_link_delays_the_error_by_the_grace_at_most() {
+        let store = CutOff {
+            given_up: AtomicBool::new(false),
+        };
+        let started = std::time::Instant::now();
+        let err = failures(1).explain(&store, CommError::peer(1, 0, "all_reduce", "timed out"));
+        let took = started.elapsed();
+        assert!(
+            took >= ERROR_PATH_GRACE && took < ERROR_PATH_GRACE + Duration::from_secs(1),
+            "{took:?}"
+        );
+        // The transport's error, as it was: nobody else's report could be read.
+        assert_eq!(
+            err.to_string(),
+            "rank 1: all_reduce with rank 0 failed: timed out"
+        );
     }
 
     #[test]

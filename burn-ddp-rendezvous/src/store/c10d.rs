@@ -16,13 +16,13 @@
 //! The server has no "get with timeout": like PyTorch's client, `get` waits for
 //! the key first and then reads it.
 
-use super::connect::connect_with_retry;
+use super::connect::{connect_with_retry, lock, By, Connection, Patience};
 use super::Store;
 use crate::error::{io_is_timeout, RendezvousError, Result, StoreErrorKind};
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Command bytes (PyTorch's `QueryType`, in declaration order).
 pub mod command {
@@ -58,7 +58,7 @@ const REPLY_BOUND: Duration = Duration::from_secs(30);
 /// A connection to a c10d `TCPStore` server, with every key placed under a
 /// namespace (as PyTorch's `PrefixStore` does for torchrun's workers).
 pub struct C10dStoreClient {
-    conn: Mutex<TcpStream>,
+    conn: Mutex<Connection>,
     rank: Option<usize>,
     server: SocketAddr,
     namespace: String,
@@ -72,14 +72,14 @@ impl C10dStoreClient {
             RendezvousError::store(rank, StoreErrorKind::Unreachable, message)
         })?;
         let client = Self {
-            conn: Mutex::new(conn),
+            conn: Connection::new(conn),
             rank,
             server,
             namespace: String::new(),
         };
         let mut hello = Request::new(command::VALIDATE);
         hello.u32(VALIDATION_MAGIC);
-        client.send(&hello.bytes, "validate")?;
+        client.exchange(&hello.bytes, Reply::None, Patience::Usual, "validate")?;
         Ok(client)
     }
 
@@ -98,13 +98,16 @@ impl C10dStoreClient {
     /// The local address of our connection (the interface peers can reach us on).
     pub fn local_ip(&self) -> Result<IpAddr> {
         let conn = self.conn.lock().unwrap();
-        conn.local_addr().map(|addr| addr.ip()).map_err(|err| {
-            self.error(
-                StoreErrorKind::ConnectionLost,
-                "cannot read the local address",
-            )
-            .caused_by(err)
-        })
+        conn.stream
+            .local_addr()
+            .map(|addr| addr.ip())
+            .map_err(|err| {
+                self.error(
+                    StoreErrorKind::ConnectionLost,
+                    "cannot read the local address",
+                )
+                .caused_by(err)
+            })
     }
 
     fn key(&self, key: &str) -> String {
@@ -123,9 +126,9 @@ impl C10dStoreClient {
         )
     }
 
-    fn lost(&self, what: &str, err: std::io::Error) -> RendezvousError {
-        let message = if io_is_timeout(&err) {
-            format!("no answer to {what} within {}s", REPLY_BOUND.as_secs())
+    fn lost_message(what: &str, bound: Duration, err: &std::io::Error) -> String {
+        if io_is_timeout(err) {
+            format!("no answer to {what} within {:.1}s", bound.as_secs_f64())
         } else if err.kind() == std::io::ErrorKind::UnexpectedEof {
             format!(
                 "the server closed the connection during {what}; torchrun's agent \
@@ -133,27 +136,80 @@ impl C10dStoreClient {
             )
         } else {
             format!("connection lost during {what}: {err}")
+        }
+    }
+
+    /// How long a reply that does not wait by design may take.
+    fn bound(patience: Patience) -> Duration {
+        match patience {
+            Patience::Usual => REPLY_BOUND,
+            Patience::Grace(grace) => grace,
+        }
+        .max(Duration::from_millis(1))
+    }
+
+    /// The connection for one request of `what`, unless it is busy past
+    /// `bound` (an impatient request) or was given up; and when the request
+    /// must be done by: `bound` from now, or for an impatient request from
+    /// when it began to wait for the connection.
+    fn connection(
+        &self,
+        patience: Patience,
+        bound: Duration,
+        what: &str,
+    ) -> Result<(MutexGuard<'_, Connection>, Instant)> {
+        let started = Instant::now();
+        let Some(conn) = lock(&self.conn, patience, started + bound) else {
+            return Err(self.error(
+                StoreErrorKind::ConnectionLost,
+                format!("{what} not sent: the connection stayed busy with another request"),
+            ));
         };
+        if let Some(why) = &conn.given_up {
+            return Err(self.error(
+                StoreErrorKind::ConnectionLost,
+                format!("{what} not sent: the connection was given up earlier ({why})"),
+            ));
+        }
+        let deadline = match patience {
+            Patience::Usual => Instant::now() + bound,
+            Patience::Grace(_) => started + bound,
+        };
+        Ok((conn, deadline))
+    }
+
+    /// Gives the connection up after `err` (its requests are out of step, or
+    /// it broke) and returns the error.
+    fn give_up(
+        &self,
+        conn: &mut Connection,
+        what: &str,
+        bound: Duration,
+        err: std::io::Error,
+    ) -> RendezvousError {
+        let message = Self::lost_message(what, bound, &err);
+        conn.given_up = Some(message.clone());
         self.error(StoreErrorKind::ConnectionLost, message)
             .caused_by(err)
     }
 
-    fn send(&self, bytes: &[u8], what: &str) -> Result<()> {
-        let mut conn = self.conn.lock().unwrap();
-        conn.set_write_timeout(Some(REPLY_BOUND))
-            .and_then(|()| conn.write_all(bytes))
-            .map_err(|err| self.lost(what, err))
-    }
-
-    /// Sends a request and reads a reply of `reply_len` bytes, or a length-prefixed
-    /// value when `reply_len` is `None`.
-    fn exchange(&self, bytes: &[u8], reply_len: Option<usize>, what: &str) -> Result<Vec<u8>> {
-        let mut conn = self.conn.lock().unwrap();
-        conn.set_write_timeout(Some(REPLY_BOUND))
-            .and_then(|()| conn.set_read_timeout(Some(REPLY_BOUND)))
-            .and_then(|()| conn.write_all(bytes))
-            .and_then(|()| read_reply(&mut *conn, reply_len))
-            .map_err(|err| self.lost(what, err))
+    /// Sends a request and reads its reply (see [`Reply`]).
+    fn exchange(
+        &self,
+        bytes: &[u8],
+        reply: Reply,
+        patience: Patience,
+        what: &str,
+    ) -> Result<Vec<u8>> {
+        let bound = Self::bound(patience);
+        let (mut conn, deadline) = self.connection(patience, bound, what)?;
+        let mut stream = By::new(&conn.stream, deadline);
+        let result = stream.write_all(bytes).and_then(|()| match reply {
+            Reply::None => Ok(Vec::new()),
+            Reply::Fixed(len) => read_reply(&mut stream, Some(len)),
+            Reply::Value => read_reply(&mut stream, None),
+        });
+        result.map_err(|err| self.give_up(&mut conn, what, bound, err))
     }
 
     fn keys_request(&self, cmd: u8, keys: &[&str]) -> Request {
@@ -164,62 +220,81 @@ impl C10dStoreClient {
         }
         request
     }
-}
 
-impl Store for C10dStoreClient {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+    fn set_with(&self, key: &str, value: &[u8], patience: Patience) -> Result<()> {
         let mut request = Request::new(command::SET);
         request.string(self.key(key));
         request.string(value);
-        self.send(&request.bytes, &format!("set {key:?}"))
+        self.exchange(
+            &request.bytes,
+            Reply::None,
+            patience,
+            &format!("set {key:?}"),
+        )
+        .map(drop)
     }
 
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.wait(&[key], timeout)?;
+    fn get_with(&self, key: &str, timeout: Duration, patience: Patience) -> Result<Vec<u8>> {
+        self.wait_with(&[key], timeout, patience)?;
         let mut request = Request::new(command::GET);
         request.string(self.key(key));
-        self.exchange(&request.bytes, None, &format!("get {key:?}"))
+        self.exchange(
+            &request.bytes,
+            Reply::Value,
+            patience,
+            &format!("get {key:?}"),
+        )
     }
 
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+    fn add_with(&self, key: &str, delta: i64, patience: Patience) -> Result<i64> {
         let mut request = Request::new(command::ADD);
         request.string(self.key(key));
         request.i64(delta);
-        let reply = self.exchange(&request.bytes, Some(8), &format!("add {key:?}"))?;
+        let reply = self.exchange(
+            &request.bytes,
+            Reply::Fixed(8),
+            patience,
+            &format!("add {key:?}"),
+        )?;
         Ok(i64::from_le_bytes(reply.try_into().expect("eight bytes")))
     }
 
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+    fn wait_with(&self, keys: &[&str], timeout: Duration, patience: Patience) -> Result<()> {
         let request = self.keys_request(command::WAIT, keys);
         let what = format!("wait {keys:?}");
-        let mut conn = self.conn.lock().unwrap();
-        conn.set_write_timeout(Some(REPLY_BOUND))
-            .and_then(|()| conn.write_all(&request.bytes))
-            .and_then(|()| conn.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))))
-            .map_err(|err| self.lost(&what, err))?;
-        match read_reply(&mut *conn, Some(1)) {
+        let bound = Self::bound(patience);
+        let (mut conn, deadline) = self.connection(patience, bound, &what)?;
+        let sent = By::new(&conn.stream, deadline).write_all(&request.bytes);
+        if let Err(err) = sent {
+            return Err(self.give_up(&mut conn, &what, bound, err));
+        }
+        // The wait itself: the server answers once every key is set.
+        let waited = timeout.max(Duration::from_millis(1));
+        match read_reply(&mut By::new(&conn.stream, Instant::now() + waited), Some(1)) {
             Ok(reply) if reply[0] == WAIT_STOP_WAITING => return Ok(()),
             Ok(reply) => {
-                return Err(self.error(
-                    StoreErrorKind::Protocol,
-                    format!("unexpected reply {} to {what}", reply[0]),
-                ));
+                let message = format!("unexpected reply {} to {what}", reply[0]);
+                conn.given_up = Some(message.clone());
+                return Err(self.error(StoreErrorKind::Protocol, message));
             }
             Err(err) if io_is_timeout(&err) => {}
-            Err(err) => return Err(self.lost(&what, err)),
+            Err(err) => return Err(self.give_up(&mut conn, &what, bound, err)),
         }
         // Withdraw the wait so the connection stays usable. The keys may have
         // arrived meanwhile: then STOP_WAITING comes before WAIT_CANCELED.
         let mut arrived = false;
-        conn.write_all(&[command::CANCEL_WAIT])
-            .and_then(|()| conn.set_read_timeout(Some(REPLY_BOUND)))
+        let mut stream = By::new(&conn.stream, Instant::now() + bound);
+        let cancelled = stream
+            .write_all(&[command::CANCEL_WAIT])
             .and_then(|()| loop {
-                match read_reply(&mut *conn, Some(1))?[0] {
+                match read_reply(&mut stream, Some(1))?[0] {
                     WAIT_STOP_WAITING => arrived = true,
                     _ => return Ok(()),
                 }
-            })
-            .map_err(|err| self.lost("cancel_wait", err))?;
+            });
+        if let Err(err) = cancelled {
+            return Err(self.give_up(&mut conn, "cancel_wait", bound, err));
+        }
         if arrived {
             return Ok(());
         }
@@ -230,10 +305,82 @@ impl Store for C10dStoreClient {
         })
     }
 
-    fn check(&self, keys: &[&str]) -> Result<bool> {
+    fn check_with(&self, keys: &[&str], patience: Patience) -> Result<bool> {
         let request = self.keys_request(command::CHECK, keys);
-        let reply = self.exchange(&request.bytes, Some(1), "check")?;
+        let reply = self.exchange(&request.bytes, Reply::Fixed(1), patience, "check")?;
         Ok(reply[0] == CHECK_READY)
+    }
+}
+
+/// What a request's reply is.
+#[derive(Clone, Copy)]
+enum Reply {
+    /// None (`VALIDATE`, `SET`).
+    None,
+    /// So many bytes.
+    Fixed(usize),
+    /// A `u64`-length-prefixed value.
+    Value,
+}
+
+impl Store for C10dStoreClient {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.set_with(key, value, Patience::Usual)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.get_with(key, timeout, Patience::Usual)
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.add_with(key, delta, Patience::Usual)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.wait_with(keys, timeout, Patience::Usual)
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.check_with(keys, Patience::Usual)
+    }
+
+    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
+        Box::new(Impatient {
+            client: self,
+            patience: Patience::Grace(grace),
+        })
+    }
+}
+
+/// A [`C10dStoreClient`]'s impatient view ([`Store::impatient`]).
+struct Impatient<'a> {
+    client: &'a C10dStoreClient,
+    patience: Patience,
+}
+
+impl Store for Impatient<'_> {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.client.set_with(key, value, self.patience)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.client.get_with(key, timeout, self.patience)
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.client.add_with(key, delta, self.patience)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.client.wait_with(keys, timeout, self.patience)
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.client.check_with(keys, self.patience)
+    }
+
+    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
+        self.client.impatient(grace)
     }
 }
 
@@ -467,6 +614,53 @@ mod tests {
             .recv_timeout(Duration::from_secs(5))
             .unwrap()
             .unwrap();
+    }
+
+    /// An agent that reads everything and never answers: behind a cut link.
+    fn silent_server() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut sink = [0u8; 256];
+            while conn.read(&mut sink).is_ok_and(|n| n > 0) {}
+        });
+        port
+    }
+
+    #[test]
+    fn an_impatient_request_gives_up_within_its_grace_and_the_connection_with_it() {
+        let client = connect(silent_server());
+        let view = client.impatient(Duration::from_millis(300));
+        let started = Instant::now();
+        let err = view.check(&["duplicate"]).unwrap_err().to_string();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(2),
+            "{took:?} (the usual bound is 30 s)"
+        );
+        assert!(
+            err.contains("rank 1") && err.contains("no answer to check within 0.3s"),
+            "{err}"
+        );
+        let started = Instant::now();
+        let err = client.add("n", 1).unwrap_err().to_string();
+        assert!(err.contains("given up earlier"), "{err}");
+        assert!(started.elapsed() < Duration::from_millis(100));
+        // A wait runs its own timeout, then its cancellation gets the grace.
+        let client = connect(silent_server());
+        let started = Instant::now();
+        let err = client
+            .impatient(Duration::from_millis(200))
+            .get("k", Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(450) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert!(err.contains("cancel_wait"), "{err}");
     }
 
     #[test]

@@ -1,21 +1,21 @@
 //! Client side of the store: one connection per rank, one request at a time.
 
-use super::connect::connect_with_retry;
+use super::connect::{connect_with_retry, lock, By, Connection, Patience};
 use super::protocol::{self, ADD, CHECK, GET, HELLO, SET, WAIT};
 use super::Store;
 use crate::error::{io_is_timeout, RendezvousError, Result, StoreErrorKind};
 use crate::frame::{read_frame, write_frame, FieldReader, FieldWriter};
 use crate::job::JobToken;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Extra time the client waits beyond a server-side timeout before calling the server dead.
 const REPLY_GRACE: Duration = Duration::from_secs(5);
 
 /// A connection to a [`super::StoreServer`].
 pub struct TcpStoreClient {
-    conn: Mutex<TcpStream>,
+    conn: Mutex<Connection>,
     rank: Option<usize>,
     server: SocketAddr,
     /// Bound for requests that do not wait by design (set, add, check).
@@ -41,7 +41,7 @@ impl TcpStoreClient {
             RendezvousError::store(rank, StoreErrorKind::Unreachable, message)
         })?;
         let client = Self {
-            conn: Mutex::new(conn),
+            conn: Connection::new(conn),
             rank,
             server,
             request_timeout: timeout.max(Duration::from_secs(1)),
@@ -50,7 +50,7 @@ impl TcpStoreClient {
             .bytes(token.map_or(&b""[..], |t| t.as_str().as_bytes()))
             .i64(rank.map_or(-1, |r| r as i64))
             .finish();
-        let reply = client.request(hello, client.request_timeout, "hello")?;
+        let reply = client.request(hello, None, Patience::Usual, "hello")?;
         client.parse(&reply)?;
         Ok(client)
     }
@@ -72,29 +72,57 @@ impl TcpStoreClient {
     /// the store, which is also the one peers can reach us on.
     pub fn local_ip(&self) -> Result<std::net::IpAddr> {
         let conn = self.conn.lock().unwrap();
-        conn.local_addr().map(|addr| addr.ip()).map_err(|err| {
-            self.error(
-                StoreErrorKind::ConnectionLost,
-                "cannot read the local address",
-            )
-            .caused_by(err)
-        })
+        conn.stream
+            .local_addr()
+            .map(|addr| addr.ip())
+            .map_err(|err| {
+                self.error(
+                    StoreErrorKind::ConnectionLost,
+                    "cannot read the local address",
+                )
+                .caused_by(err)
+            })
     }
 
     fn error(&self, kind: StoreErrorKind, message: impl Into<String>) -> RendezvousError {
         RendezvousError::store(self.rank, kind, message)
     }
 
-    /// Sends one request and reads its reply, allowing `wait` for the server to answer.
-    fn request(&self, payload: Vec<u8>, wait: Duration, what: &str) -> Result<Vec<u8>> {
-        let mut conn = self.conn.lock().unwrap();
-        let bound = wait + REPLY_GRACE;
-        conn.set_read_timeout(Some(bound))
-            .and_then(|()| conn.set_write_timeout(Some(bound)))
-            .map_err(|err| {
-                self.error(StoreErrorKind::ConnectionLost, err.to_string())
-                    .caused_by(err)
-            })?;
+    /// Sends one request and reads its reply, allowing `wait` (the server's
+    /// own wait, if the request has one) and `patience` for it. A request
+    /// that ends without its reply gives the connection up.
+    fn request(
+        &self,
+        payload: Vec<u8>,
+        wait: Option<Duration>,
+        patience: Patience,
+        what: &str,
+    ) -> Result<Vec<u8>> {
+        let bound = match patience {
+            Patience::Usual => wait.unwrap_or(self.request_timeout) + REPLY_GRACE,
+            Patience::Grace(grace) => wait.unwrap_or_default() + grace,
+        };
+        let started = Instant::now();
+        let Some(mut conn) = lock(&self.conn, patience, started + bound) else {
+            return Err(self.error(
+                StoreErrorKind::ConnectionLost,
+                format!(
+                    "{what} not sent: the connection to the store at {} stayed busy with \
+                     another request",
+                    self.server
+                ),
+            ));
+        };
+        if let Some(why) = &conn.given_up {
+            return Err(self.error(
+                StoreErrorKind::ConnectionLost,
+                format!(
+                    "{what} not sent: the connection to the store at {} was given up \
+                     earlier ({why})",
+                    self.server
+                ),
+            ));
+        }
         let lost = |err: std::io::Error| {
             let message = if io_is_timeout(&err) {
                 format!(
@@ -109,20 +137,36 @@ impl TcpStoreClient {
                     self.server
                 )
             };
-            self.error(StoreErrorKind::ConnectionLost, message)
-                .caused_by(err)
+            (message, err)
         };
-        write_frame(&mut *conn, &payload).map_err(lost)?;
-        match read_frame(&mut *conn).map_err(lost)? {
-            Some(reply) => Ok(reply),
-            None => Err(self.error(
-                StoreErrorKind::ConnectionLost,
-                format!(
+        // The usual bound starts once the connection is ours (another
+        // request may hold it for its whole wait); an impatient one's
+        // includes waiting for it.
+        let deadline = match patience {
+            Patience::Usual => Instant::now() + bound,
+            Patience::Grace(_) => started + bound,
+        };
+        let mut stream = By::new(&conn.stream, deadline);
+        let reply = write_frame(&mut stream, &payload)
+            .and_then(|()| read_frame(&mut stream))
+            .map_err(lost);
+        match reply {
+            Ok(Some(reply)) => Ok(reply),
+            Ok(None) => {
+                let message = format!(
                     "the store at {} closed the connection during {what}; the rank or \
                      launcher hosting it probably exited",
                     self.server
-                ),
-            )),
+                );
+                conn.given_up = Some(message.clone());
+                Err(self.error(StoreErrorKind::ConnectionLost, message))
+            }
+            Err((message, err)) => {
+                conn.given_up = Some(message.clone());
+                Err(self
+                    .error(StoreErrorKind::ConnectionLost, message)
+                    .caused_by(err))
+            }
         }
     }
 
@@ -147,24 +191,22 @@ impl TcpStoreClient {
         }
         Ok((status, fields))
     }
-}
 
-impl Store for TcpStoreClient {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+    fn set_with(&self, key: &str, value: &[u8], patience: Patience) -> Result<()> {
         let payload = FieldWriter::new(SET)
             .bytes(key.as_bytes())
             .bytes(value)
             .finish();
-        let reply = self.request(payload, self.request_timeout, &format!("set {key:?}"))?;
+        let reply = self.request(payload, None, patience, &format!("set {key:?}"))?;
         self.parse(&reply).map(|_| ())
     }
 
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+    fn get_with(&self, key: &str, timeout: Duration, patience: Patience) -> Result<Vec<u8>> {
         let payload = FieldWriter::new(GET)
             .bytes(key.as_bytes())
             .u64(timeout.as_millis() as u64)
             .finish();
-        let reply = self.request(payload, timeout, &format!("get {key:?}"))?;
+        let reply = self.request(payload, Some(timeout), patience, &format!("get {key:?}"))?;
         let (status, mut fields) = self.parse(&reply)?;
         if status == protocol::TIMED_OUT {
             return Err(self.timeout_error(format!("store key {key:?}"), timeout));
@@ -175,25 +217,25 @@ impl Store for TcpStoreClient {
             .map_err(|err| self.error(StoreErrorKind::Protocol, err.to_string()))
     }
 
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+    fn add_with(&self, key: &str, delta: i64, patience: Patience) -> Result<i64> {
         let payload = FieldWriter::new(ADD)
             .bytes(key.as_bytes())
             .i64(delta)
             .finish();
-        let reply = self.request(payload, self.request_timeout, &format!("add {key:?}"))?;
+        let reply = self.request(payload, None, patience, &format!("add {key:?}"))?;
         let (_, mut fields) = self.parse(&reply)?;
         fields
             .i64()
             .map_err(|err| self.error(StoreErrorKind::Protocol, err.to_string()))
     }
 
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+    fn wait_with(&self, keys: &[&str], timeout: Duration, patience: Patience) -> Result<()> {
         let mut payload = FieldWriter::new(WAIT).u64(keys.len() as u64);
         for key in keys {
             payload = payload.bytes(key.as_bytes());
         }
         let payload = payload.u64(timeout.as_millis() as u64).finish();
-        let reply = self.request(payload, timeout, &format!("wait {keys:?}"))?;
+        let reply = self.request(payload, Some(timeout), patience, &format!("wait {keys:?}"))?;
         let (status, _) = self.parse(&reply)?;
         if status == protocol::TIMED_OUT {
             return Err(self.timeout_error(format!("store keys {keys:?}"), timeout));
@@ -201,17 +243,78 @@ impl Store for TcpStoreClient {
         Ok(())
     }
 
-    fn check(&self, keys: &[&str]) -> Result<bool> {
+    fn check_with(&self, keys: &[&str], patience: Patience) -> Result<bool> {
         let mut payload = FieldWriter::new(CHECK).u64(keys.len() as u64);
         for key in keys {
             payload = payload.bytes(key.as_bytes());
         }
-        let reply = self.request(payload.finish(), self.request_timeout, "check")?;
+        let reply = self.request(payload.finish(), None, patience, "check")?;
         let (_, mut fields) = self.parse(&reply)?;
         Ok(fields
             .i64()
             .map_err(|err| self.error(StoreErrorKind::Protocol, err.to_string()))?
             != 0)
+    }
+}
+
+impl Store for TcpStoreClient {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.set_with(key, value, Patience::Usual)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.get_with(key, timeout, Patience::Usual)
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.add_with(key, delta, Patience::Usual)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.wait_with(keys, timeout, Patience::Usual)
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.check_with(keys, Patience::Usual)
+    }
+
+    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
+        Box::new(Impatient {
+            client: self,
+            patience: Patience::Grace(grace),
+        })
+    }
+}
+
+/// A [`TcpStoreClient`]'s impatient view ([`Store::impatient`]).
+struct Impatient<'a> {
+    client: &'a TcpStoreClient,
+    patience: Patience,
+}
+
+impl Store for Impatient<'_> {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.client.set_with(key, value, self.patience)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.client.get_with(key, timeout, self.patience)
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.client.add_with(key, delta, self.patience)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.client.wait_with(keys, timeout, self.patience)
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.client.check_with(keys, self.patience)
+    }
+
+    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
+        self.client.impatient(grace)
     }
 }
 
@@ -341,6 +444,125 @@ mod tests {
         drop(server);
         let err = c.get("k", Duration::from_secs(5)).unwrap_err().to_string();
         assert!(err.contains("store"), "{err}");
+    }
+
+    /// A server that answers the hello, then reads requests and never answers
+    /// again: a store behind a link cut after the group formed.
+    fn silent_store() -> std::net::SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let _hello = read_frame(&mut conn).unwrap();
+            write_frame(&mut conn, &FieldWriter::new(protocol::OK).finish()).unwrap();
+            while let Ok(Some(_)) = read_frame(&mut conn) {}
+        });
+        addr
+    }
+
+    #[test]
+    fn an_impatient_request_gives_up_within_its_grace_and_the_connection_with_it() {
+        let addr = silent_store();
+        let client =
+            TcpStoreClient::connect("127.0.0.1", addr.port(), Some(2), Duration::from_secs(20))
+                .unwrap();
+        let view = client.impatient(Duration::from_millis(300));
+        let started = Instant::now();
+        let err = view.check(&["duplicate"]).unwrap_err().to_string();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(2),
+            "{took:?} (the usual bound is 25 s)"
+        );
+        assert!(
+            err.contains("rank 2") && err.contains("did not answer check within 0.3s"),
+            "{err}"
+        );
+        // Its reply may still come: nothing more is sent on that connection,
+        // through the view or not.
+        let started = Instant::now();
+        let err = view.set("blame/2", b"0").unwrap_err().to_string();
+        assert!(err.contains("given up earlier"), "{err}");
+        let err = client
+            .get("k", Duration::from_secs(5))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("given up earlier"), "{err}");
+        assert!(started.elapsed() < Duration::from_millis(100));
+        // A get's own wait comes first, then the grace.
+        let client = TcpStoreClient::connect(
+            "127.0.0.1",
+            silent_store().port(),
+            Some(2),
+            Duration::from_secs(20),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let view = client.impatient(Duration::from_millis(200));
+        assert!(view.get("k", Duration::from_millis(300)).is_err());
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(450) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+    }
+
+    /// A signal interrupts a read, which is then retried: the request still
+    /// ends at its deadline. (With the socket's timeout alone each retry
+    /// would wait it out in full again: the launcher's SIGTERMs to a rank
+    /// that catches them kept it in its error path, past its deadline.)
+    #[test]
+    fn signals_do_not_stretch_a_request() {
+        extern "C" fn ignore(_: libc::c_int) {}
+        // SAFETY: a handler that does nothing, installed without SA_RESTART
+        // (so a blocked read returns EINTR) for a signal nothing else uses.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ignore as *const () as usize;
+            libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut());
+        }
+        let addr = silent_store();
+        let client =
+            TcpStoreClient::connect("127.0.0.1", addr.port(), Some(2), Duration::from_secs(20))
+                .unwrap();
+        let (id_tx, id_rx) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            // SAFETY: pthread_self has no preconditions.
+            id_tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let started = Instant::now();
+            let result = client.impatient(Duration::from_millis(600)).check(&["k"]);
+            (result.is_err(), started.elapsed())
+        });
+        let thread = id_rx.recv().unwrap();
+        let until = Instant::now() + Duration::from_secs(3);
+        while !worker.is_finished() && Instant::now() < until {
+            // SAFETY: the thread is not joined yet, so its id is valid.
+            unsafe { libc::pthread_kill(thread, libc::SIGUSR2) };
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        let (failed, took) = worker.join().unwrap();
+        assert!(failed && took < Duration::from_millis(1500), "{took:?}");
+    }
+
+    #[test]
+    fn an_impatient_request_does_not_wait_long_for_a_busy_connection() {
+        let addr = silent_store();
+        let client = Arc::new(
+            TcpStoreClient::connect("127.0.0.1", addr.port(), Some(1), Duration::from_secs(3))
+                .unwrap(),
+        );
+        // Another thread's request holds the connection for its usual bound (8 s).
+        let holder = Arc::clone(&client);
+        let _busy = std::thread::spawn(move || holder.set("k", b"v"));
+        std::thread::sleep(Duration::from_millis(100));
+        let started = Instant::now();
+        let err = client
+            .impatient(Duration::from_millis(300))
+            .check(&["k"])
+            .unwrap_err()
+            .to_string();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(err.contains("stayed busy with another request"), "{err}");
     }
 
     #[test]

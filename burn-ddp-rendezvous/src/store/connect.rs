@@ -1,6 +1,8 @@
 //! Reaching a store server, shared by both store clients.
 
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 /// How long a name that does not resolve is retried (name services can lag
@@ -55,5 +57,98 @@ pub(crate) fn connect_with_retry(
             ));
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// How long a store request may go unanswered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Patience {
+    /// The client's own bound.
+    Usual,
+    /// An impatient view's ([`super::Store::impatient`]): the request's own
+    /// wait, if it has one, plus this.
+    Grace(Duration),
+}
+
+/// A client's connection to its server, and whether it can still be used.
+pub(crate) struct Connection {
+    pub stream: TcpStream,
+    /// Why it was given up: a request ended without its whole reply (which
+    /// may still come, and would be read as the next request's), or the
+    /// connection broke.
+    pub given_up: Option<String>,
+}
+
+impl Connection {
+    pub fn new(stream: TcpStream) -> Mutex<Self> {
+        Mutex::new(Self {
+            stream,
+            given_up: None,
+        })
+    }
+}
+
+/// The connection, once no other request holds it; an impatient request
+/// waits for it only until `deadline` (`None`: it stayed busy).
+pub(crate) fn lock(
+    conn: &Mutex<Connection>,
+    patience: Patience,
+    deadline: Instant,
+) -> Option<MutexGuard<'_, Connection>> {
+    if let Patience::Usual = patience {
+        return Some(conn.lock().unwrap());
+    }
+    loop {
+        match conn.try_lock() {
+            Ok(conn) => return Some(conn),
+            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
+/// A connection's stream with a deadline: each read or write first sets the
+/// socket's timeout to the time left, and none starts after the deadline. A
+/// request is then bounded as a whole, however many reads its reply takes
+/// and however often a signal interrupts one (an interrupted read is
+/// retried, and a plain socket timeout would start again in full).
+pub(crate) struct By<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl<'a> By<'a> {
+    pub fn new(stream: &'a TcpStream, deadline: Instant) -> Self {
+        Self { stream, deadline }
+    }
+
+    fn time_left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(io::ErrorKind::TimedOut.into())
+        } else {
+            Ok(left)
+        }
+    }
+}
+
+impl Read for By<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.time_left()?))?;
+        (&*self.stream).read(buf)
+    }
+}
+
+impl Write for By<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.time_left()?))?;
+        (&*self.stream).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }

@@ -34,6 +34,50 @@ pub trait Store: Send + Sync {
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()>;
     /// Whether every key is set, without waiting.
     fn check(&self, keys: &[&str]) -> Result<bool>;
+
+    /// This store for a rank's error path: every request made through the
+    /// view gives up when no reply has come `grace` after its own wait (a
+    /// `get`'s or `wait`'s timeout; none for `set`, `add` and `check`),
+    /// instead of the store's usual bound (the group's timeout and more).
+    /// Telling the store about a failure then costs a rank at most `grace`
+    /// on a store behind a dead link, once: a request given up leaves its
+    /// connection out of step (its reply may still come), so the client
+    /// stops using that connection and later requests fail at once.
+    ///
+    /// A store with nothing to wait for (in memory) is its own view.
+    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
+        let _ = grace;
+        Box::new(AsItIs(self))
+    }
+}
+
+/// A store's requests, unchanged (the default [`Store::impatient`] view).
+struct AsItIs<'a, S: ?Sized>(&'a S);
+
+impl<S: Store + ?Sized> Store for AsItIs<'_, S> {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.set(key, value)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.0.get(key, timeout)
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.0.add(key, delta)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.0.wait(keys, timeout)
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.0.check(keys)
+    }
+
+    fn impatient(&self, _grace: Duration) -> Box<dyn Store + '_> {
+        Box::new(AsItIs(self.0))
+    }
 }
 
 /// Blocks until `world_size` participants have called it with the same `name`.

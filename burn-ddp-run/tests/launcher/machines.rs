@@ -221,3 +221,201 @@ pub fn a_killed_machine_ends_the_job_and_is_named() -> Result<(), String> {
         || format!("the lost machine's ranks should be the root cause:\n{stderr}"),
     )
 }
+
+/// Every line of a stream, with the moment it arrived, gathered on a thread.
+struct TimedLines {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl TimedLines {
+    fn follow(stream: impl std::io::Read + Send + 'static) -> Self {
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&lines);
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stream).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push((Instant::now(), line));
+            }
+        });
+        Self { lines, reader }
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        let lines = self.lines.lock().unwrap();
+        lines.iter().filter(|(_, l)| l.contains(needle)).count()
+    }
+
+    /// Every line, once the stream has ended (bounded: the caller's process
+    /// has exited; a grandchild holding the pipe gets 5 s).
+    fn finish(self) -> Vec<(Instant, String)> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.reader.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let lines = self.lines.lock().unwrap().clone();
+        lines
+    }
+}
+
+/// Both machines train (steady all-reduces, 2 x 2 ranks, hierarchical:
+/// shared memory within a machine, TCP across, a 10 s timeout); then machine
+/// 1's link is cut on both sides: no process dies, no connection is reset,
+/// packets vanish, and machine 1 can no longer reach the store on machine 0.
+/// Every rank on both machines ends within the timeout + 5 s of the cut:
+/// both launchers exit non-zero by then. Each rank that reports says so in
+/// one line naming itself and the cause (no panic, no backtrace); a rank that
+/// says nothing was stopped by its launcher after its machine's other rank
+/// failed (the launcher's summary says so), and each machine has a rank that
+/// reports.
+pub fn a_cut_link_ends_every_rank_within_the_timeout() -> Result<(), String> {
+    const TIMEOUT_SECS: u64 = 10;
+    let Some(machines) = Machines::create(2)? else {
+        return Ok(());
+    };
+    struct Job {
+        child: std::process::Child,
+        stdout: TimedLines,
+        stderr: TimedLines,
+        ended: Option<(std::process::ExitStatus, Duration)>,
+    }
+    let mut jobs = Vec::new();
+    for node in 0..2 {
+        let mut child = launcher_on(
+            &machines,
+            node,
+            2,
+            "steady_all_reduce",
+            &TIMEOUT_SECS.to_string(),
+        )
+        // A panic would print its backtrace: the test must see it.
+        .env("RUST_BACKTRACE", "1")
+        .spawn()
+        .map_err(|e| e.to_string())?;
+        let stdout = TimedLines::follow(child.stdout.take().unwrap());
+        let stderr = TimedLines::follow(child.stderr.take().unwrap());
+        jobs.push(Job {
+            child,
+            stdout,
+            stderr,
+            ended: None,
+        });
+    }
+    let stop_all = |jobs: &mut Vec<Job>| {
+        for job in jobs.iter_mut() {
+            let _ = job.child.kill();
+            let _ = job.child.wait();
+        }
+    };
+    // Every rank trains (steps of a few milliseconds), a while.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while jobs.iter().map(|j| j.stdout.count("ready")).sum::<usize>() < 4 {
+        let gone = jobs
+            .iter_mut()
+            .any(|j| matches!(j.child.try_wait(), Ok(Some(_))));
+        if gone || Instant::now() > deadline {
+            stop_all(&mut jobs);
+            let said: Vec<_> = jobs.into_iter().map(|j| j.stderr.finish()).collect();
+            return Err(format!("the job did not start: {said:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    if let Err(err) = machines.cut(1) {
+        stop_all(&mut jobs);
+        return Err(err);
+    }
+    let cut = Instant::now();
+    // Bounded well past the promise, so a regression is measured, not hung on.
+    let limit = Duration::from_secs(TIMEOUT_SECS + 5);
+    let give_up = cut + limit + Duration::from_secs(120);
+    while jobs.iter().any(|j| j.ended.is_none()) && Instant::now() < give_up {
+        for job in jobs.iter_mut().filter(|j| j.ended.is_none()) {
+            if let Ok(Some(status)) = job.child.try_wait() {
+                job.ended = Some((status, cut.elapsed()));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop_all(&mut jobs);
+    let mut report = String::new();
+    let mut failures = Vec::new();
+    for (node, job) in jobs.into_iter().enumerate() {
+        let stderr = job.stderr.finish();
+        let _ = job.stdout.finish();
+        let ended = job.ended;
+        report.push_str(&format!(
+            "machine {node}'s launcher: {}\n",
+            match ended {
+                Some((status, after)) =>
+                    format!("{status} {:.1}s after the cut", after.as_secs_f64()),
+                None => "still running 135 s after the cut (killed)".into(),
+            }
+        ));
+        for (at, line) in &stderr {
+            let after = at.saturating_duration_since(cut).as_secs_f64();
+            report.push_str(&format!("  {after:6.1}s  {line}\n"));
+        }
+        match ended {
+            Some((status, after)) if !status.success() && after <= limit => {}
+            other => failures.push(format!(
+                "machine {node}'s launcher should exit non-zero within {limit:?} of the cut: \
+                 {other:?}"
+            )),
+        }
+        if let Some((_, line)) = stderr
+            .iter()
+            .find(|(_, l)| l.contains("panicked") || l.contains("stack backtrace"))
+        {
+            failures.push(format!("machine {node}: a panic, not a message: {line}"));
+        }
+        let mut reported = false;
+        for rank in [2 * node, 2 * node + 1] {
+            let prefix = format!("[rank {rank}] ");
+            let said: Vec<&(Instant, String)> = stderr
+                .iter()
+                .filter(|(_, l)| l.starts_with(&prefix))
+                .collect();
+            match said.as_slice() {
+                [(at, line)] => {
+                    let names = line.contains(&format!("ERROR: rank {rank}: "))
+                        && (line.contains("timed out after") || line.contains("failed"));
+                    if !names {
+                        failures.push(format!(
+                            "rank {rank}'s error should name it and the cause: {line}"
+                        ));
+                    }
+                    reported = true;
+                    if at.saturating_duration_since(cut) > limit {
+                        failures.push(format!("rank {rank} reported after {limit:?}: {line}"));
+                    }
+                }
+                [] => {
+                    // Silent: stopped by its launcher once its neighbour failed.
+                    let stopped = stderr.iter().any(|(_, l)| {
+                        l.trim_start().starts_with(&format!("{rank} "))
+                            && l.contains("killed by SIGTERM")
+                    });
+                    if !stopped {
+                        failures.push(format!(
+                            "rank {rank} said nothing and was not stopped by its launcher"
+                        ));
+                    }
+                }
+                more => failures.push(format!(
+                    "rank {rank} should report in one line, not {}",
+                    more.len()
+                )),
+            }
+        }
+        if !reported {
+            failures.push(format!("no rank on machine {node} said why it failed"));
+        }
+    }
+    // The measurements, for the test's log.
+    println!("{report}");
+    check(failures.is_empty(), || {
+        format!("{}\n{report}", failures.join("\n"))
+    })
+}

@@ -78,6 +78,10 @@ fn main() {
             machines::a_killed_machine_ends_the_job_and_is_named,
         ),
         (
+            "a_cut_link_ends_every_rank_within_the_timeout",
+            machines::a_cut_link_ends_every_rank_within_the_timeout,
+        ),
+        (
             "the_store_refuses_strangers_and_survives_floods",
             faults::store_refuses_strangers_and_survives_floods,
         ),

@@ -125,11 +125,14 @@ impl<B: TrackedAutodiff> AutodiffBackend for Ddp<B> {
     /// # Panics
     /// If the all-reduce fails (a rank died, timed out, or the models differ):
     /// `backward` cannot return an error, and training on unsynchronised
-    /// gradients would silently diverge. The message names the rank and cause.
+    /// gradients would silently diverge. The message names the rank and cause,
+    /// printed as one line without Rust's panic report or a backtrace.
     fn backward(tensor: FloatTensor<Self>) -> Self::Gradients {
         let mut grads = B::backward(tensor);
         if let Err(err) = crate::sync::after_backward::<B>(&mut grads) {
-            panic!("burn-ddp: gradient synchronisation failed: {err}");
+            burn_ddp_training::failure::panic_with_message(format!(
+                "burn-ddp: gradient synchronisation failed: {err}"
+            ));
         }
         grads
     }
