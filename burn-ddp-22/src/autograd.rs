@@ -40,8 +40,12 @@ where
     let flat = Tensor::<1>::from_primitive::<B>(flat);
     // backward() has no room for an error: it panics with the reason (naming
     // the rank), as the gradient synchronisation does.
-    let summed = crate::shared::collective::all_reduce(group, flat, ReduceOp::Sum)
-        .unwrap_or_else(|err| panic!("the backward pass of a sum over the ranks failed: {err}"));
+    let summed =
+        crate::shared::collective::all_reduce(group, flat, ReduceOp::Sum).unwrap_or_else(|err| {
+            burn_ddp_training::failure::panic_with_message(format!(
+                "the backward pass of a sum over the ranks failed: {err}"
+            ))
+        });
     let summed = summed
         .try_into_primitive::<B>()
         .expect("a collective returns a tensor of its input's backend");

@@ -56,7 +56,9 @@ impl<B: Backend> Backward<B, 1> for AllReduceSum {
             // backward() cannot return an error: it panics with the reason,
             // as the gradient synchronisation does.
             sum_over_ranks::<B>(grad, &group).unwrap_or_else(|err| {
-                panic!("the backward pass of a sum over the ranks failed: {err}")
+                burn_ddp_training::failure::panic_with_message(format!(
+                    "the backward pass of a sum over the ranks failed: {err}"
+                ))
             })
         });
     }

@@ -195,8 +195,9 @@ where
     /// whose models differ) panics naming the rank, as `Ddp<B>::backward`
     /// does.
     fn step(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
-        self.try_step(lr, module, grads)
-            .unwrap_or_else(|err| panic!("sharded optimizer step: {err}"))
+        self.try_step(lr, module, grads).unwrap_or_else(|err| {
+            burn_ddp_training::failure::panic_with_message(format!("sharded optimizer step: {err}"))
+        })
     }
 
     fn step_multi(&mut self, lr: f64, module: M, grads: MultiGradientsParams) -> M {

@@ -45,7 +45,7 @@ impl DdpLearningStrategy {
     /// has no place for it, and the other ranks fail on their next
     /// collective, within the group's timeout).
     fn fail(&self, err: FitError) -> ! {
-        panic!("{}", err.message(self.ddp.rank()))
+        burn_ddp_training::failure::panic_with_message(err.message(self.ddp.rank()))
     }
 
     /// This rank's device, with autodiff (Burn's own strategies are handed
@@ -277,7 +277,9 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
                     sharded.checkpoint(&mut self.learner, checkpointer, epoch, store)
                 {
                     let what = "gathering the optimizer state for a checkpoint";
-                    panic!("{}", FitError { what, error }.message(self.job.rank()));
+                    burn_ddp_training::failure::panic_with_message(
+                        FitError { what, error }.message(self.job.rank()),
+                    );
                 }
             }
             None => checkpointer.checkpoint(&self.learner, epoch, store),

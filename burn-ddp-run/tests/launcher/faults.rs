@@ -2,7 +2,7 @@
 //! store, floods of connections, killed and stopped ranks, killed set-ups.
 
 use crate::{launcher, text};
-use burn_ddp_comm::{ProcessGroup, ReduceOp};
+use burn_ddp_comm::{CommError, ProcessGroup, ReduceOp};
 use burn_ddp_testkit::{check, free_port, SCENARIO_VAR};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -12,96 +12,73 @@ use std::time::{Duration, Instant};
 
 /// Worker side of the scenarios below; `None` if `name` is not one of them.
 pub fn worker(name: &str) -> Option<i32> {
-    const SCENARIOS: [&str; 6] = [
-        "gated_collectives",
-        "join_now",
-        "mixed_transports",
-        "big_all_reduce",
-        "steady_all_reduce",
-        "extra_collective",
-    ];
-    if !SCENARIOS.contains(&name) {
-        return None;
-    }
+    let scenario: fn(&str, usize) -> Result<i32, CommError> = match name {
+        "gated_collectives" => gated_collectives,
+        "join_now" => |_, _| ProcessGroup::from_env().map(|_| 0),
+        "mixed_transports" => mixed_transports,
+        "big_all_reduce" | "steady_all_reduce" => all_reduce_until_failure,
+        "extra_collective" => extra_collective,
+        _ => return None,
+    };
     let rank: usize = std::env::var("RANK").ok()?.parse().ok()?;
-    let fail = |err: burn_ddp_comm::CommError| -> i32 {
+    println!("pid {}", std::process::id());
+    Some(scenario(name, rank).unwrap_or_else(|err| {
         eprintln!("ERROR: {err}");
         1
-    };
-    println!("pid {}", std::process::id());
-    Some(match name {
-        // Forms the group when the driver opens the gate (while it floods the
-        // store), reduces, then waits for the second gate so the driver can
-        // count the launcher's descriptors.
-        "gated_collectives" => {
-            let gate = std::path::PathBuf::from(std::env::var("FAULT_GATE").ok()?);
-            if !wait_for_file(&gate.join("form")) {
-                return Some(2);
-            }
-            let group = match ProcessGroup::from_env() {
-                Ok(group) => group,
-                Err(err) => return Some(fail(err)),
-            };
-            let mut x = [rank as f32];
-            if let Err(err) = group.all_reduce(&mut x, ReduceOp::Sum) {
-                return Some(fail(err));
-            }
-            println!("sum={}", x[0]);
-            if !wait_for_file(&gate.join("finish")) {
-                return Some(2);
-            }
-            group.destroy().map_or_else(fail, |()| 0)
+    }))
+}
+
+/// Forms the group when the driver opens the gate (while it floods the
+/// store), reduces, then waits for the second gate so the driver can count
+/// the launcher's descriptors.
+fn gated_collectives(_name: &str, rank: usize) -> Result<i32, CommError> {
+    let gate = std::path::PathBuf::from(std::env::var("FAULT_GATE").unwrap_or_default());
+    if !wait_for_file(&gate.join("form")) {
+        return Ok(2);
+    }
+    let group = ProcessGroup::from_env()?;
+    let mut x = [rank as f32];
+    group.all_reduce(&mut x, ReduceOp::Sum)?;
+    println!("sum={}", x[0]);
+    if !wait_for_file(&gate.join("finish")) {
+        return Ok(2);
+    }
+    group.destroy().map(|()| 0)
+}
+
+/// Rank 0 waits for the others to map its shared memory; they never will
+/// (they use TCP), so the segment stays in /dev/shm until killed.
+fn mixed_transports(_name: &str, rank: usize) -> Result<i32, CommError> {
+    let transport = if rank == 0 { "shm" } else { "tcp" };
+    // Single-threaded still: no other thread reads the environment.
+    std::env::set_var("BURN_DDP_TRANSPORT", transport);
+    ProcessGroup::from_env().map(|_| 0)
+}
+
+/// All-reduces until something fails: a big buffer, or small ones paced
+/// like training steps.
+fn all_reduce_until_failure(name: &str, _rank: usize) -> Result<i32, CommError> {
+    let group = ProcessGroup::from_env()?;
+    let steady = name == "steady_all_reduce";
+    let mut data = vec![1.0f32; if steady { 256 } else { 16 << 20 }];
+    println!("ready");
+    loop {
+        group.all_reduce(&mut data, ReduceOp::Sum)?;
+        data.fill(1.0);
+        if steady {
+            std::thread::sleep(Duration::from_millis(10));
         }
-        // A process of another job: joins at once.
-        "join_now" => ProcessGroup::from_env().map_or_else(fail, |_| 0),
-        // Rank 0 waits for the others to map its shared memory; they never
-        // will (they use TCP), so the segment stays in /dev/shm until killed.
-        "mixed_transports" => {
-            let transport = if rank == 0 { "shm" } else { "tcp" };
-            // Single-threaded still: no other thread reads the environment.
-            std::env::set_var("BURN_DDP_TRANSPORT", transport);
-            ProcessGroup::from_env().map_or_else(fail, |_| 0)
-        }
-        // All-reduces until something fails: a big buffer, or small ones
-        // paced like training steps.
-        "big_all_reduce" | "steady_all_reduce" => {
-            let group = match ProcessGroup::from_env() {
-                Ok(group) => group,
-                Err(err) => return Some(fail(err)),
-            };
-            let len = if name == "big_all_reduce" {
-                16 << 20
-            } else {
-                256
-            };
-            let mut data = vec![1.0f32; len];
-            println!("ready");
-            loop {
-                if let Err(err) = group.all_reduce(&mut data, ReduceOp::Sum) {
-                    return Some(fail(err));
-                }
-                data.fill(1.0);
-                if name == "steady_all_reduce" {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-        }
-        // The last collective of rank 0 is one the others never make.
-        "extra_collective" => {
-            let group = match ProcessGroup::from_env() {
-                Ok(group) => group,
-                Err(err) => return Some(fail(err)),
-            };
-            if rank == 0 {
-                let mut x = vec![1.0f32; 1000];
-                if let Err(err) = group.all_reduce(&mut x, ReduceOp::Sum) {
-                    return Some(fail(err));
-                }
-            }
-            group.destroy().map_or_else(fail, |()| 0)
-        }
-        _ => return None,
-    })
+    }
+}
+
+/// The last collective of rank 0 is one the others never make.
+fn extra_collective(_name: &str, rank: usize) -> Result<i32, CommError> {
+    let group = ProcessGroup::from_env()?;
+    if rank == 0 {
+        let mut x = vec![1.0f32; 1000];
+        group.all_reduce(&mut x, ReduceOp::Sum)?;
+    }
+    group.destroy().map(|()| 0)
 }
 
 /// Waits (up to a minute) for the driver to create `path`.

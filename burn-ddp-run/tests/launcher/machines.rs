@@ -274,56 +274,14 @@ pub fn a_cut_link_ends_every_rank_within_the_timeout() -> Result<(), String> {
     let Some(machines) = Machines::create(2)? else {
         return Ok(());
     };
-    struct Job {
-        child: std::process::Child,
-        stdout: TimedLines,
-        stderr: TimedLines,
-        ended: Option<(std::process::ExitStatus, Duration)>,
-    }
-    let mut jobs = Vec::new();
-    for node in 0..2 {
-        let mut child = launcher_on(
-            &machines,
-            node,
-            2,
-            "steady_all_reduce",
-            &TIMEOUT_SECS.to_string(),
-        )
-        // A panic would print its backtrace: the test must see it.
-        .env("RUST_BACKTRACE", "1")
-        .spawn()
-        .map_err(|e| e.to_string())?;
-        let stdout = TimedLines::follow(child.stdout.take().unwrap());
-        let stderr = TimedLines::follow(child.stderr.take().unwrap());
-        jobs.push(Job {
-            child,
-            stdout,
-            stderr,
-            ended: None,
-        });
-    }
-    let stop_all = |jobs: &mut Vec<Job>| {
-        for job in jobs.iter_mut() {
-            let _ = job.child.kill();
-            let _ = job.child.wait();
-        }
-    };
+    let mut jobs = (0..2)
+        .map(|node| CutJob::start(&machines, node, TIMEOUT_SECS))
+        .collect::<Result<Vec<_>, _>>()?;
     // Every rank trains (steps of a few milliseconds), a while.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while jobs.iter().map(|j| j.stdout.count("ready")).sum::<usize>() < 4 {
-        let gone = jobs
-            .iter_mut()
-            .any(|j| matches!(j.child.try_wait(), Ok(Some(_))));
-        if gone || Instant::now() > deadline {
-            stop_all(&mut jobs);
-            let said: Vec<_> = jobs.into_iter().map(|j| j.stderr.finish()).collect();
-            return Err(format!("the job did not start: {said:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_training(&mut jobs)?;
     std::thread::sleep(Duration::from_millis(500));
     if let Err(err) = machines.cut(1) {
-        stop_all(&mut jobs);
+        CutJob::stop_all(&mut jobs);
         return Err(err);
     }
     let cut = Instant::now();
@@ -338,84 +296,180 @@ pub fn a_cut_link_ends_every_rank_within_the_timeout() -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    stop_all(&mut jobs);
+    CutJob::stop_all(&mut jobs);
     let mut report = String::new();
     let mut failures = Vec::new();
     for (node, job) in jobs.into_iter().enumerate() {
         let stderr = job.stderr.finish();
         let _ = job.stdout.finish();
-        let ended = job.ended;
-        report.push_str(&format!(
-            "machine {node}'s launcher: {}\n",
-            match ended {
-                Some((status, after)) =>
-                    format!("{status} {:.1}s after the cut", after.as_secs_f64()),
-                None => "still running 135 s after the cut (killed)".into(),
-            }
-        ));
-        for (at, line) in &stderr {
-            let after = at.saturating_duration_since(cut).as_secs_f64();
-            report.push_str(&format!("  {after:6.1}s  {line}\n"));
-        }
-        match ended {
-            Some((status, after)) if !status.success() && after <= limit => {}
-            other => failures.push(format!(
-                "machine {node}'s launcher should exit non-zero within {limit:?} of the cut: \
-                 {other:?}"
-            )),
-        }
-        if let Some((_, line)) = stderr
-            .iter()
-            .find(|(_, l)| l.contains("panicked") || l.contains("stack backtrace"))
-        {
-            failures.push(format!("machine {node}: a panic, not a message: {line}"));
-        }
-        let mut reported = false;
-        for rank in [2 * node, 2 * node + 1] {
-            let prefix = format!("[rank {rank}] ");
-            let said: Vec<&(Instant, String)> = stderr
-                .iter()
-                .filter(|(_, l)| l.starts_with(&prefix))
-                .collect();
-            match said.as_slice() {
-                [(at, line)] => {
-                    let names = line.contains(&format!("ERROR: rank {rank}: "))
-                        && (line.contains("timed out after") || line.contains("failed"));
-                    if !names {
-                        failures.push(format!(
-                            "rank {rank}'s error should name it and the cause: {line}"
-                        ));
-                    }
-                    reported = true;
-                    if at.saturating_duration_since(cut) > limit {
-                        failures.push(format!("rank {rank} reported after {limit:?}: {line}"));
-                    }
-                }
-                [] => {
-                    // Silent: stopped by its launcher once its neighbour failed.
-                    let stopped = stderr.iter().any(|(_, l)| {
-                        l.trim_start().starts_with(&format!("{rank} "))
-                            && l.contains("killed by SIGTERM")
-                    });
-                    if !stopped {
-                        failures.push(format!(
-                            "rank {rank} said nothing and was not stopped by its launcher"
-                        ));
-                    }
-                }
-                more => failures.push(format!(
-                    "rank {rank} should report in one line, not {}",
-                    more.len()
-                )),
-            }
-        }
-        if !reported {
-            failures.push(format!("no rank on machine {node} said why it failed"));
-        }
+        report.push_str(&job_report(node, job.ended, &stderr, cut));
+        failures.extend(judge_machine(node, job.ended, &stderr, cut, limit));
     }
     // The measurements, for the test's log.
     println!("{report}");
     check(failures.is_empty(), || {
         format!("{}\n{report}", failures.join("\n"))
     })
+}
+
+/// One machine's launcher in the cut-link test, its output timed line by line.
+struct CutJob {
+    child: std::process::Child,
+    stdout: TimedLines,
+    stderr: TimedLines,
+    ended: Option<(std::process::ExitStatus, Duration)>,
+}
+
+impl CutJob {
+    /// Machine `node`'s launcher of 2 ranks all-reducing steadily.
+    fn start(machines: &Machines, node: usize, timeout_secs: u64) -> Result<Self, String> {
+        let mut child = launcher_on(
+            machines,
+            node,
+            2,
+            "steady_all_reduce",
+            &timeout_secs.to_string(),
+        )
+        // A panic would print its backtrace: the test must see it.
+        .env("RUST_BACKTRACE", "1")
+        .spawn()
+        .map_err(|e| e.to_string())?;
+        let stdout = TimedLines::follow(child.stdout.take().unwrap());
+        let stderr = TimedLines::follow(child.stderr.take().unwrap());
+        Ok(Self {
+            child,
+            stdout,
+            stderr,
+            ended: None,
+        })
+    }
+
+    fn stop_all(jobs: &mut [CutJob]) {
+        for job in jobs.iter_mut() {
+            let _ = job.child.kill();
+            let _ = job.child.wait();
+        }
+    }
+}
+
+/// Waits (a minute at most) until all 4 ranks say they are ready; stops the
+/// jobs on failure.
+fn wait_until_training(jobs: &mut Vec<CutJob>) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while jobs.iter().map(|j| j.stdout.count("ready")).sum::<usize>() < 4 {
+        let gone = jobs
+            .iter_mut()
+            .any(|j| matches!(j.child.try_wait(), Ok(Some(_))));
+        if gone || Instant::now() > deadline {
+            CutJob::stop_all(jobs);
+            let said: Vec<_> = jobs.drain(..).map(|j| j.stderr.finish()).collect();
+            return Err(format!("the job did not start: {said:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// How machine `node`'s launcher ended and what it printed, timed from the cut.
+fn job_report(
+    node: usize,
+    ended: Option<(std::process::ExitStatus, Duration)>,
+    stderr: &[(Instant, String)],
+    cut: Instant,
+) -> String {
+    let mut report = format!(
+        "machine {node}'s launcher: {}\n",
+        match ended {
+            Some((status, after)) => format!("{status} {:.1}s after the cut", after.as_secs_f64()),
+            None => "still running 135 s after the cut (killed)".into(),
+        }
+    );
+    for (at, line) in stderr {
+        let after = at.saturating_duration_since(cut).as_secs_f64();
+        report.push_str(&format!("  {after:6.1}s  {line}\n"));
+    }
+    report
+}
+
+/// What is wrong with how machine `node`'s launcher and ranks ended.
+fn judge_machine(
+    node: usize,
+    ended: Option<(std::process::ExitStatus, Duration)>,
+    stderr: &[(Instant, String)],
+    cut: Instant,
+    limit: Duration,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    match ended {
+        Some((status, after)) if !status.success() && after <= limit => {}
+        other => failures.push(format!(
+            "machine {node}'s launcher should exit non-zero within {limit:?} of the cut: \
+             {other:?}"
+        )),
+    }
+    if let Some((_, line)) = stderr
+        .iter()
+        .find(|(_, l)| l.contains("panicked") || l.contains("stack backtrace"))
+    {
+        failures.push(format!("machine {node}: a panic, not a message: {line}"));
+    }
+    let mut reported = false;
+    for rank in [2 * node, 2 * node + 1] {
+        match judge_rank(rank, stderr, cut, limit) {
+            Ok(said) => reported |= said,
+            Err(failure) => failures.push(failure),
+        }
+    }
+    if !reported {
+        failures.push(format!("no rank on machine {node} said why it failed"));
+    }
+    failures
+}
+
+/// Whether `rank` reported its failure (in one line naming itself and the
+/// cause, within `limit` of the cut), or was silently stopped by its
+/// launcher; an error for anything else.
+fn judge_rank(
+    rank: usize,
+    stderr: &[(Instant, String)],
+    cut: Instant,
+    limit: Duration,
+) -> Result<bool, String> {
+    let prefix = format!("[rank {rank}] ");
+    let said: Vec<&(Instant, String)> = stderr
+        .iter()
+        .filter(|(_, l)| l.starts_with(&prefix))
+        .collect();
+    match said.as_slice() {
+        [(at, line)] => {
+            let names = line.contains(&format!("ERROR: rank {rank}: "))
+                && (line.contains("timed out after") || line.contains("failed"));
+            if !names {
+                return Err(format!(
+                    "rank {rank}'s error should name it and the cause: {line}"
+                ));
+            }
+            if at.saturating_duration_since(cut) > limit {
+                return Err(format!("rank {rank} reported after {limit:?}: {line}"));
+            }
+            Ok(true)
+        }
+        [] => {
+            // Silent: stopped by its launcher once its neighbour failed.
+            let stopped = stderr.iter().any(|(_, l)| {
+                l.trim_start().starts_with(&format!("{rank} ")) && l.contains("killed by SIGTERM")
+            });
+            if stopped {
+                Ok(false)
+            } else {
+                Err(format!(
+                    "rank {rank} said nothing and was not stopped by its launcher"
+                ))
+            }
+        }
+        more => Err(format!(
+            "rank {rank} should report in one line, not {}",
+            more.len()
+        )),
+    }
 }

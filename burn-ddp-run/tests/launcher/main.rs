@@ -17,113 +17,115 @@ fn main() {
     if let Ok(name) = std::env::var(SCENARIO_VAR) {
         worker(&name);
     }
-    let cases: &[Case] = &[
-        (
-            "collectives_through_the_launcher_2_to_4_ranks",
-            collectives_through_launcher,
-        ),
-        (
-            "workers_get_torchruns_variables",
-            workers_get_torchruns_variables,
-        ),
-        (
-            "a_failing_rank_stops_the_others_and_sets_the_exit_code",
-            failing_rank,
-        ),
-        (
-            "a_rank_ignoring_sigterm_is_killed_after_the_shutdown_timeout",
-            rank_ignoring_sigterm,
-        ),
-        (
-            "a_rank_catching_sigterm_is_ended_by_a_second_one",
-            rank_catching_sigterm,
-        ),
-        (
-            "a_rank_killed_by_a_signal_gives_128_plus_signal",
-            rank_killed_by_signal,
-        ),
-        (
-            "sigterm_to_the_launcher_reaches_every_worker",
-            sigterm_is_forwarded,
-        ),
-        (
-            "a_double_tap_is_one_ctrl_c_and_a_later_one_kills_the_workers",
-            second_interrupt_kills,
-        ),
-        ("log_dir_keeps_one_file_per_rank", log_dir),
-        (
-            "workers_die_with_a_killed_launcher",
-            workers_die_with_launcher,
-        ),
-        ("bad_flags_give_a_usage_error", bad_flags),
-        ("a_port_in_use_is_a_clear_error", port_in_use),
-        (
-            "output_held_open_by_a_workers_child_does_not_hold_the_launcher",
-            output_held_open,
-        ),
-        (
-            "two_machines_run_the_collectives",
-            machines::two_machines_run_the_collectives,
-        ),
-        (
-            "a_machine_started_late_still_forms_the_job",
-            machines::a_machine_started_late_still_forms_the_job,
-        ),
-        (
-            "a_machine_that_never_starts_is_named",
-            machines::a_machine_that_never_starts_is_named,
-        ),
-        (
-            "a_killed_machine_ends_the_job_and_is_named",
-            machines::a_killed_machine_ends_the_job_and_is_named,
-        ),
-        (
-            "a_cut_link_ends_every_rank_within_the_timeout",
-            machines::a_cut_link_ends_every_rank_within_the_timeout,
-        ),
-        (
-            "the_store_refuses_strangers_and_survives_floods",
-            faults::store_refuses_strangers_and_survives_floods,
-        ),
-        (
-            "killed_set_ups_leave_no_shared_memory",
-            faults::killed_set_ups_leave_no_shared_memory,
-        ),
-        (
-            "a_rank_killed_mid_all_reduce_is_named",
-            faults::a_rank_killed_mid_all_reduce_is_named,
-        ),
-        (
-            "a_stopped_rank_is_the_root_cause",
-            faults::a_stopped_rank_is_the_root_cause,
-        ),
-        (
-            "an_extra_collective_fails_every_rank",
-            faults::an_extra_collective_fails_every_rank,
-        ),
-        (
-            "a_crash_is_survived_by_starting_every_worker_again",
-            restarts::a_crash_is_survived_by_starting_every_worker_again,
-        ),
-        (
-            "the_job_ends_when_the_restarts_run_out",
-            restarts::the_job_ends_when_the_restarts_run_out,
-        ),
-        (
-            "a_failure_before_forming_twice_is_not_retried",
-            restarts::a_failure_before_forming_twice_is_not_retried,
-        ),
-        (
-            "a_duplicate_rank_is_not_retried",
-            restarts::a_duplicate_rank_is_not_retried,
-        ),
-        (
-            "cargo_ddp_builds_in_release_and_launches",
-            cargo_ddp_builds_and_launches,
-        ),
-    ];
-    run_cases(cases);
+    run_cases(CASES);
 }
+
+/// Every case of this suite, in the order they run.
+const CASES: &[Case] = &[
+    (
+        "collectives_through_the_launcher_2_to_4_ranks",
+        collectives_through_launcher,
+    ),
+    (
+        "workers_get_torchruns_variables",
+        workers_get_torchruns_variables,
+    ),
+    (
+        "a_failing_rank_stops_the_others_and_sets_the_exit_code",
+        failing_rank,
+    ),
+    (
+        "a_rank_ignoring_sigterm_is_killed_after_the_shutdown_timeout",
+        rank_ignoring_sigterm,
+    ),
+    (
+        "a_rank_catching_sigterm_is_ended_by_a_second_one",
+        rank_catching_sigterm,
+    ),
+    (
+        "a_rank_killed_by_a_signal_gives_128_plus_signal",
+        rank_killed_by_signal,
+    ),
+    (
+        "sigterm_to_the_launcher_reaches_every_worker",
+        sigterm_is_forwarded,
+    ),
+    (
+        "a_double_tap_is_one_ctrl_c_and_a_later_one_kills_the_workers",
+        second_interrupt_kills,
+    ),
+    ("log_dir_keeps_one_file_per_rank", log_dir),
+    (
+        "workers_die_with_a_killed_launcher",
+        workers_die_with_launcher,
+    ),
+    ("bad_flags_give_a_usage_error", bad_flags),
+    ("a_port_in_use_is_a_clear_error", port_in_use),
+    (
+        "output_held_open_by_a_workers_child_does_not_hold_the_launcher",
+        output_held_open,
+    ),
+    (
+        "two_machines_run_the_collectives",
+        machines::two_machines_run_the_collectives,
+    ),
+    (
+        "a_machine_started_late_still_forms_the_job",
+        machines::a_machine_started_late_still_forms_the_job,
+    ),
+    (
+        "a_machine_that_never_starts_is_named",
+        machines::a_machine_that_never_starts_is_named,
+    ),
+    (
+        "a_killed_machine_ends_the_job_and_is_named",
+        machines::a_killed_machine_ends_the_job_and_is_named,
+    ),
+    (
+        "a_cut_link_ends_every_rank_within_the_timeout",
+        machines::a_cut_link_ends_every_rank_within_the_timeout,
+    ),
+    (
+        "the_store_refuses_strangers_and_survives_floods",
+        faults::store_refuses_strangers_and_survives_floods,
+    ),
+    (
+        "killed_set_ups_leave_no_shared_memory",
+        faults::killed_set_ups_leave_no_shared_memory,
+    ),
+    (
+        "a_rank_killed_mid_all_reduce_is_named",
+        faults::a_rank_killed_mid_all_reduce_is_named,
+    ),
+    (
+        "a_stopped_rank_is_the_root_cause",
+        faults::a_stopped_rank_is_the_root_cause,
+    ),
+    (
+        "an_extra_collective_fails_every_rank",
+        faults::an_extra_collective_fails_every_rank,
+    ),
+    (
+        "a_crash_is_survived_by_starting_every_worker_again",
+        restarts::a_crash_is_survived_by_starting_every_worker_again,
+    ),
+    (
+        "the_job_ends_when_the_restarts_run_out",
+        restarts::the_job_ends_when_the_restarts_run_out,
+    ),
+    (
+        "a_failure_before_forming_twice_is_not_retried",
+        restarts::a_failure_before_forming_twice_is_not_retried,
+    ),
+    (
+        "a_duplicate_rank_is_not_retried",
+        restarts::a_duplicate_rank_is_not_retried,
+    ),
+    (
+        "cargo_ddp_builds_in_release_and_launches",
+        cargo_ddp_builds_and_launches,
+    ),
+];
 
 /// Worker side: runs under the launcher, reading its environment.
 fn worker(name: &str) -> ! {
@@ -132,43 +134,8 @@ fn worker(name: &str) -> ! {
     }
     let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
     match name {
-        "collectives" => {
-            let g = ProcessGroup::from_env().unwrap_or_else(|e| {
-                eprintln!("{e}");
-                std::process::exit(1)
-            });
-            let mut x = [rank as f32];
-            g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
-            let gathered = g.all_gather(&[rank as i64]).unwrap();
-            println!("sum={:?} gathered={gathered:?}", x[0]);
-            // The other two, as collectives_lab.py: rank 0's value everywhere,
-            // and this rank's chunk of the sum of every rank's 0..2n + 100 r.
-            let mut root = [if rank == 0 { 2026i64 } else { -1 }];
-            g.broadcast(&mut root, 0).unwrap();
-            let n = g.world_size();
-            let input: Vec<f64> = (0..2 * n).map(|i| (i + 100 * rank) as f64).collect();
-            let mine = g.reduce_scatter(&input, ReduceOp::Sum).unwrap();
-            println!("broadcast={} reduce_scatter={mine:?}", root[0]);
-            g.destroy().unwrap();
-        }
-        "env" => {
-            for var in [
-                "RANK",
-                "LOCAL_RANK",
-                "WORLD_SIZE",
-                "LOCAL_WORLD_SIZE",
-                "GROUP_RANK",
-                "GROUP_WORLD_SIZE",
-                "ROLE_RANK",
-                "ROLE_WORLD_SIZE",
-                "MASTER_ADDR",
-                "MASTER_PORT",
-                "OMP_NUM_THREADS",
-                "RAYON_NUM_THREADS",
-            ] {
-                println!("{var}={}", std::env::var(var).unwrap_or_default());
-            }
-        }
+        "collectives" => collectives(rank),
+        "env" => print_launcher_env(),
         "fail" => {
             if rank == 1 {
                 std::thread::sleep(Duration::from_millis(300));
@@ -176,25 +143,8 @@ fn worker(name: &str) -> ! {
             }
             std::thread::sleep(Duration::from_secs(60));
         }
-        "ignore_term" => {
-            if rank == 0 {
-                unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
-                println!("ignoring SIGTERM");
-                std::thread::sleep(Duration::from_secs(60));
-            }
-            std::thread::sleep(Duration::from_millis(500));
-            std::process::exit(5);
-        }
-        "catch_term" => {
-            if rank == 0 {
-                // As a trainer does, but busy where it never asks whether to stop.
-                burn_ddp_training::stop::catch_stop_signals();
-                println!("catching SIGTERM");
-                std::thread::sleep(Duration::from_secs(60));
-            }
-            std::thread::sleep(Duration::from_millis(500));
-            std::process::exit(5);
-        }
+        "ignore_term" => stop_only_by_kill(rank),
+        "catch_term" => stop_only_by_a_second_term(rank),
         "pid_then_sleep" => {
             println!("pid {}", std::process::id());
             std::thread::sleep(Duration::from_secs(60));
@@ -208,6 +158,71 @@ fn worker(name: &str) -> ! {
         _ => {}
     }
     std::process::exit(0)
+}
+
+/// The four collectives, as collectives_lab.py runs them.
+fn collectives(rank: usize) {
+    let g = ProcessGroup::from_env().unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    });
+    let mut x = [rank as f32];
+    g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+    let gathered = g.all_gather(&[rank as i64]).unwrap();
+    println!("sum={:?} gathered={gathered:?}", x[0]);
+    // Rank 0's value everywhere, and this rank's chunk of the sum of every
+    // rank's 0..2n + 100 r.
+    let mut root = [if rank == 0 { 2026i64 } else { -1 }];
+    g.broadcast(&mut root, 0).unwrap();
+    let n = g.world_size();
+    let input: Vec<f64> = (0..2 * n).map(|i| (i + 100 * rank) as f64).collect();
+    let mine = g.reduce_scatter(&input, ReduceOp::Sum).unwrap();
+    println!("broadcast={} reduce_scatter={mine:?}", root[0]);
+    g.destroy().unwrap();
+}
+
+/// torchrun's variables as the launcher set them.
+fn print_launcher_env() {
+    for var in [
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "OMP_NUM_THREADS",
+        "RAYON_NUM_THREADS",
+    ] {
+        println!("{var}={}", std::env::var(var).unwrap_or_default());
+    }
+}
+
+/// Rank 0 ignores SIGTERM, so only the launcher's SIGKILL ends it; the
+/// others fail.
+fn stop_only_by_kill(rank: usize) {
+    if rank == 0 {
+        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+        println!("ignoring SIGTERM");
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    std::process::exit(5);
+}
+
+/// Rank 0 catches SIGTERM as a trainer does, but is busy where it never asks
+/// whether to stop; the others fail.
+fn stop_only_by_a_second_term(rank: usize) {
+    if rank == 0 {
+        burn_ddp_training::stop::catch_stop_signals();
+        println!("catching SIGTERM");
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    std::process::exit(5);
 }
 
 fn launcher(args: &[&str]) -> Command {

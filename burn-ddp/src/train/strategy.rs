@@ -46,7 +46,7 @@ impl DdpLearningStrategy {
     /// others: stop this rank with the reason (burn-train's strategies cannot
     /// return errors; the other ranks fail on their next collective).
     fn fail(&self, err: FitError) -> ! {
-        panic!("{}", err.message(self.ddp.rank()))
+        burn_ddp_training::failure::panic_with_message(err.message(self.ddp.rank()))
     }
 
     /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
@@ -205,7 +205,9 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
                     sharded.checkpoint(&mut self.learner, checkpointer, epoch, store)
                 {
                     let what = "gathering the optimizer state for a checkpoint";
-                    panic!("{}", FitError { what, error }.message(self.job.rank()));
+                    burn_ddp_training::failure::panic_with_message(
+                        FitError { what, error }.message(self.job.rank()),
+                    );
                 }
             }
             None => checkpointer.checkpoint(&self.learner, epoch, store),
