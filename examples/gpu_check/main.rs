@@ -31,9 +31,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Distribution;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_ddp::collective::ReduceOp;
+use burn_ddp::cuda::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use burn_ddp::cuda::nccl::{DeviceBuffer, NcclCommunicator};
 use burn_ddp::group::CollectiveBackend;
-use burn_ddp::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use burn_ddp::nccl::{DeviceBuffer, NcclCommunicator};
 use burn_ddp::{ProcessGroup, ShardConfig};
 use burn_ddp_examples_common::gpu_check as expect;
 use std::sync::Arc;
@@ -141,7 +141,7 @@ impl Raw {
         DeviceBuffer {
             ptr,
             len: slice.len(),
-            dtype: burn_ddp::nccl::DType::F32,
+            dtype: burn_ddp::cuda::nccl::DType::F32,
         }
     }
 }
