@@ -45,6 +45,7 @@ fn floats(data: TensorData) -> Vec<f32> {
         .unwrap_or_default()
 }
 
+/// The four collectives on CUDA tensors, then the bytes NCCL would be handed.
 fn collectives(group: &ProcessGroup, device: &Device) -> bool {
     let (rank, world) = (group.rank(), group.world_size());
     let mut all = true;
@@ -83,7 +84,7 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
     let rows = Tensor::<2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
     let gathered = burn_ddp_22::collective::all_gather(group, rows.clone());
     let fine = gathered.as_ref().is_ok_and(|parts| {
-        parts.len() == group.world_size()
+        parts.len() == world
             && parts
                 .iter()
                 .enumerate()
@@ -96,7 +97,7 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
         format!("{:?}", gathered.err()),
     );
 
-    let root = group.world_size() - 1;
+    let root = world - 1;
     let broadcast =
         burn_ddp_22::collective::broadcast(group, rows, root).map(|t| floats(t.into_data()));
     all &= report(
@@ -120,8 +121,13 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
         fine,
         format!("{:?}", part.err()),
     );
+    all & device_pointers(group, device)
+}
 
-    // The bytes at the address a collective hands NCCL, copied back.
+/// The bytes at the address a collective hands NCCL, copied back: a fresh
+/// tensor, a slice, a transposed view, a concatenated bucket.
+fn device_pointers(group: &ProcessGroup, device: &Device) -> bool {
+    let mut all = true;
     let fresh = Tensor::<2>::from_data(TensorData::new(expect::grid(), [3, 5]), device);
     let cases = [
         ("fresh", fresh.clone()),

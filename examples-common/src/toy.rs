@@ -334,7 +334,7 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
                     epoch + 1
                 );
             }
-            if group.is_main() && (epoch + 1) % self.args.save_interval == 0 {
+            if group.is_main() && (epoch + 1).is_multiple_of(self.args.save_interval) {
                 last_saved = Some(self.save(&model, &optimizer, epoch + 1));
             }
             // Every rank finishes the epoch (and rank 0 its checkpoint) before going on.
@@ -394,7 +394,7 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
     fn say_where_to_go_on(&self, end: &ToyEnd<T>, stop: Stopped) {
         let mut last_saved = end.last_saved.clone();
         let between_epochs = stop.step == 0 && stop.epoch > self.first_epoch;
-        if between_epochs && stop.epoch % self.args.save_interval != 0 {
+        if between_epochs && !stop.epoch.is_multiple_of(self.args.save_interval) {
             last_saved = Some(self.save(&end.model, &end.optimizer, stop.epoch));
         }
         match last_saved.as_deref().or(self.resume.as_deref()) {

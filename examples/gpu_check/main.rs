@@ -149,6 +149,37 @@ impl Raw {
 /// Each check is built so that doing nothing fails it: outputs start as a
 /// sentinel (-1), and inputs differ per rank.
 fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> bool {
+    let mut all = raw_nccl(group, comm, device);
+    all &= tensor_collectives(group, device);
+    all &= device_pointers(group, device);
+    all &= fused_tensors(group, device);
+    all &= sync_batch_norm_on_cuda(group, device);
+    all &= sharded_optimizer_on_cuda(group, device, ShardConfig::new(), "sharded_optimizer_cuda");
+    // Every round all-reduced, each owner broadcasting its parameters: only
+    // with several ranks (alone, nothing is padded and every round is
+    // sharded; the rows then check the packing and that NCCL was used).
+    if group.world_size() > 1 {
+        all &= sharded_optimizer_on_cuda(
+            group,
+            device,
+            ShardConfig::new().with_padding_limit(1.0),
+            "sharded_optimizer_replicated_cuda",
+        );
+    }
+
+    let barrier = comm.barrier();
+    all &= report(
+        group,
+        "nccl_barrier",
+        barrier.is_ok(),
+        format!("{barrier:?}"),
+    );
+    all
+}
+
+/// NCCL itself on device memory of our own: sum and average out of place,
+/// a pre-multiplied sum in place.
+fn raw_nccl(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> bool {
     let (rank, world) = (group.rank() as f32, group.world_size() as f32);
     let n = 1 << 20;
     let raw = Raw::new(device.index);
@@ -196,13 +227,18 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         done.is_ok() && bad.is_none(),
         format!("{n} f32 in place, scale 0.5, {done:?}, first bad index {bad:?}"),
     );
+    all
+}
 
-    // The tensor path: a CUDA tensor (Burn's memory) reduced in place.
-    let values = expect::scaled_index(group.rank());
-    let tensor = Tensor::<Cuda, 1>::from_data(TensorData::new(values.clone(), [4096]), device);
+/// The four collectives on CUDA tensors (Burn's memory), in place.
+fn tensor_collectives(group: &ProcessGroup, device: &CudaDevice) -> bool {
+    let mut all = true;
+    let (rank, world) = (group.rank(), group.world_size());
+    let values = expect::scaled_index(rank);
+    let tensor = Tensor::<Cuda, 1>::from_data(TensorData::new(values, [4096]), device);
     let summed =
         burn_ddp::collective::all_reduce(group, tensor, ReduceOp::Sum).map(|t| t.into_data());
-    let fine = is_scaled_index(&summed, group.world_size());
+    let fine = is_scaled_index(&summed, world);
     all &= report(
         group,
         "tensor_all_reduce_sum",
@@ -229,10 +265,9 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     // Rank-2 tensors with a distinct value per element and a last dimension
     // of 3 (not a power of two): a padded row or a misplaced element shows.
     let distinct = expect::distinct;
-    let rows =
-        Tensor::<Cuda, 2>::from_data(TensorData::new(distinct(group.rank()), [2, 3]), device);
+    let rows = Tensor::<Cuda, 2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
     let gathered = burn_ddp::collective::all_gather(group, rows.clone());
-    let fine = is_gathered(&gathered, group.world_size());
+    let fine = is_gathered(&gathered, world);
     all &= report(
         group,
         "tensor_all_gather",
@@ -240,7 +275,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{:?}", gathered.err()),
     );
 
-    let root = group.world_size() - 1;
+    let root = world - 1;
     let broadcast = burn_ddp::collective::broadcast(group, rows, root).map(|t| t.into_data());
     let fine = broadcast
         .as_ref()
@@ -254,12 +289,11 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
 
     // [2w, 3] of index + rank on each rank: rank r keeps rows 2r and 2r + 1 of
     // the sum, world * index + w(w-1)/2.
-    let (r, w) = (group.rank(), group.world_size());
-    let tall = expect::reduce_scatter_input(r, w);
-    let tall = Tensor::<Cuda, 2>::from_data(TensorData::new(tall, [2 * w, 3]), device);
+    let tall = expect::reduce_scatter_input(rank, world);
+    let tall = Tensor::<Cuda, 2>::from_data(TensorData::new(tall, [2 * world, 3]), device);
     let part =
         burn_ddp::collective::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
-    let want = expect::reduce_scatter_want(r, w);
+    let want = expect::reduce_scatter_want(rank, world);
     let fine = part
         .as_ref()
         .is_ok_and(|d| d.shape.to_vec() == [2, 3] && d.as_slice::<f32>().unwrap() == want);
@@ -269,12 +303,16 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         fine,
         format!("{:?}", part.err()),
     );
+    all
+}
 
-    // The device-pointer round trip: the bytes at the address a collective
-    // hands NCCL, copied back, must be the tensor's values in order, for a
-    // fresh tensor, a slice, a transposed view and a concatenated bucket of
-    // rank-2 tensors (defects of a pitched or strided buffer show here even
-    // with one rank).
+/// The device-pointer round trip: the bytes at the address a collective
+/// hands NCCL, copied back, must be the tensor's values in order, for a
+/// fresh tensor, a slice, a transposed view and a concatenated bucket of
+/// rank-2 tensors (defects of a pitched or strided buffer show here even
+/// with one rank).
+fn device_pointers(group: &ProcessGroup, device: &CudaDevice) -> bool {
+    let mut all = true;
     let fresh = Tensor::<Cuda, 2>::from_data(TensorData::new(expect::grid(), [3, 5]), device);
     let cases = [
         ("fresh", fresh.clone()),
@@ -300,23 +338,29 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
             format!("want {want:?}, NCCL would see {seen:?}"),
         );
     }
+    all
+}
 
-    // Burn's fused backend (burn-cuda's default): resolved to CUDA tensors for
-    // NCCL and registered back; the values must come through as on plain CUDA.
+/// Burn's fused backend (burn-cuda's default): resolved to CUDA tensors for
+/// NCCL and registered back; the values must come through as on plain CUDA.
+fn fused_tensors(group: &ProcessGroup, device: &CudaDevice) -> bool {
     type Fused = burn_ddp::cuda::FusedCuda;
-    let fused = Tensor::<Fused, 1>::from_data(TensorData::new(values.clone(), [4096]), device)
-        .mul_scalar(1.0); // queued in the fusion stream, not yet run
+    let values = expect::scaled_index(group.rank());
+    let fused =
+        Tensor::<Fused, 1>::from_data(TensorData::new(values, [4096]), device).mul_scalar(1.0); // queued in the fusion stream, not yet run
     let summed =
         burn_ddp::collective::all_reduce(group, fused, ReduceOp::Sum).map(|t| t.into_data());
     let fine = is_scaled_index(&summed, group.world_size());
-    all &= report(
+    let mut all = report(
         group,
         "fused_tensor_all_reduce_sum",
         fine,
         format!("{:?}", summed.err()),
     );
-    let rows =
-        Tensor::<Fused, 2>::from_data(TensorData::new(distinct(group.rank()), [2, 3]), device);
+    let rows = Tensor::<Fused, 2>::from_data(
+        TensorData::new(expect::distinct(group.rank()), [2, 3]),
+        device,
+    );
     let gathered = burn_ddp::collective::all_gather(group, rows);
     let fine = is_gathered(&gathered, group.world_size());
     all &= report(
@@ -324,28 +368,6 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         "fused_tensor_all_gather",
         fine,
         format!("{:?}", gathered.err()),
-    );
-
-    all &= sync_batch_norm_on_cuda(group, device);
-    all &= sharded_optimizer_on_cuda(group, device, ShardConfig::new(), "sharded_optimizer_cuda");
-    // Every round all-reduced, each owner broadcasting its parameters: only
-    // with several ranks (alone, nothing is padded and every round is
-    // sharded; the rows then check the packing and that NCCL was used).
-    if group.world_size() > 1 {
-        all &= sharded_optimizer_on_cuda(
-            group,
-            device,
-            ShardConfig::new().with_padding_limit(1.0),
-            "sharded_optimizer_replicated_cuda",
-        );
-    }
-
-    let barrier = comm.barrier();
-    all &= report(
-        group,
-        "nccl_barrier",
-        barrier.is_ok(),
-        format!("{barrier:?}"),
     );
     all
 }

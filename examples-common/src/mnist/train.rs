@@ -177,7 +177,7 @@ impl<T: MnistTraining> MnistRun<'_, T> {
             model = done.model;
             let save_interval = self.args.save_interval;
             let dir = self.args.checkpoint_dir.as_deref();
-            if let Some(dir) = dir.filter(|_| (epoch + 1) % save_interval == 0) {
+            if let Some(dir) = dir.filter(|_| (epoch + 1).is_multiple_of(save_interval)) {
                 if group.is_main() {
                     training::save_snapshot(self.trainer, dir, &model, &optimizer, epoch + 1, rank);
                 }
