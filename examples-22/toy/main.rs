@@ -25,21 +25,13 @@ use burn_ddp_22::data::{DistributedDataset, DistributedSampler, EpochHandle};
 use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::front_end::FrontEnd;
-use common::toy::{ToyData, ToyItem, ToyProgram, ToyTraining};
+use common::toy::{ToyData, ToyItem, ToyTraining};
 use common::training::{Batches, Program, Step, Training};
 use std::sync::Arc;
 
-/// This program, for its command line: `--backend`'s default is Flex (Burn
-/// 0.22 has no NdArray).
-#[derive(Clone, Debug)]
-pub(crate) struct Burn022Toy;
-
-impl ToyProgram for Burn022Toy {
-    const DEFAULT_BACKEND: &'static str = "flex";
-}
-
-/// The toy trainer's command line, with this program's `--backend` default.
-pub(crate) type ToyArgs = common::toy::ToyArgs<Burn022Toy>;
+/// The toy trainer's command line; `--backend`'s default is Flex (Burn 0.22
+/// has no NdArray).
+pub(crate) type ToyArgs = common::toy::ToyArgs<common::toy::FlexByDefault>;
 
 /// The document's ToyModel.
 #[derive(Module, Debug)]

@@ -21,6 +21,22 @@ pub trait ToyProgram {
     const DEFAULT_BACKEND: &'static str;
 }
 
+/// `--backend ndarray` by default: the Burn 0.21 program.
+#[derive(Clone, Debug)]
+pub struct NdArrayByDefault;
+
+impl ToyProgram for NdArrayByDefault {
+    const DEFAULT_BACKEND: &'static str = "ndarray";
+}
+
+/// `--backend flex` by default: the Burn 0.22 program (Burn 0.22 has no NdArray).
+#[derive(Clone, Debug)]
+pub struct FlexByDefault;
+
+impl ToyProgram for FlexByDefault {
+    const DEFAULT_BACKEND: &'static str = "flex";
+}
+
 /// The trainer's command line: the document's argparse flags (dashes or
 /// underscores); `P` says the program's `--backend` default.
 #[derive(Parser, Debug, Clone)]
@@ -238,19 +254,10 @@ pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
         }
         other => other.map(Path::to_path_buf),
     };
-    let (model, optimizer, first_epoch) = training::start(
-        trainer,
-        &group,
-        args.seed,
-        resume.as_deref(),
-        &config,
-        CONFIG_FILE,
-    );
-    training::save_config(&group, dir, &config, CONFIG_FILE);
-    let model = trainer
-        .burn()
-        .wrap(model, &group)
-        .unwrap_or_else(|e| fail(Some(rank), e));
+    let snapshot = resume.as_deref();
+    let files = (Some(dir.as_path()), CONFIG_FILE);
+    let (model, optimizer, first_epoch) =
+        training::start(trainer, &group, args.seed, snapshot, &config, files);
 
     // 3. The epochs; Ctrl-C or SIGTERM: every rank stops before the same step.
     burn_ddp_training::stop::catch_stop_signals();

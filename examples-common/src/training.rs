@@ -136,41 +136,49 @@ pub fn newest_snapshot<T: Training, C: Serialize + DeserializeOwned>(
 }
 
 /// The model and optimizer a run starts with, and its first epoch: seeded
-/// and new, or (given a snapshot) loaded on every rank. Rank 0 says where it
-/// resumed and warns when the saved `config_file` beside the snapshot holds
-/// other settings than `config` (its epochs aside).
+/// and new, or (given a snapshot) loaded on every rank, then wrapped. Rank 0
+/// says where it resumed, warns when the saved `config_file` beside the
+/// snapshot holds other settings than `config` (its epochs aside), then
+/// saves `config` in `dir` (if snapshots are kept).
 pub fn start<T: Training, C: Serialize + DeserializeOwned>(
     trainer: &T,
     group: &ProcessGroup,
     seed: u64,
     snapshot: Option<&Path>,
     config: &C,
-    config_file: &str,
+    (dir, config_file): (Option<&Path>, &str),
 ) -> (T::Model, T::Optimizer, usize) {
     let rank = group.rank();
     trainer.burn().seed(seed);
-    let (model, optimizer) = trainer.init();
-    let Some(path) = snapshot else {
-        return (model, optimizer, 0);
-    };
-    let (model, optimizer, epochs_done) = trainer
-        .burn()
-        .load(path, model, optimizer)
-        .unwrap_or_else(|e| fail(Some(rank), e));
-    group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
-    if group.is_main() {
-        println!("Resumed from {} at epoch {epochs_done}", path.display());
-        let saved = path.with_file_name(config_file);
-        if let Some(warning) = run_config::resume_warning(config, &saved, &["epochs"]) {
-            log::warn!("rank {rank}: {warning}");
+    let (mut model, mut optimizer) = trainer.init();
+    let mut first_epoch = 0;
+    if let Some(path) = snapshot {
+        (model, optimizer, first_epoch) = trainer
+            .burn()
+            .load(path, model, optimizer)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+        if group.is_main() {
+            println!("Resumed from {} at epoch {first_epoch}", path.display());
+            let saved = path.with_file_name(config_file);
+            if let Some(warning) = run_config::resume_warning(config, &saved, &["epochs"]) {
+                log::warn!("rank {rank}: {warning}");
+            }
         }
     }
-    (model, optimizer, epochs_done)
+    if let Some(dir) = dir {
+        save_config(group, dir, config, config_file);
+    }
+    let model = trainer
+        .burn()
+        .wrap(model, group)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    (model, optimizer, first_epoch)
 }
 
 /// Rank 0 makes the checkpoint folder if missing and saves the run's
 /// settings there; refused here, before the first step, if it cannot.
-pub fn save_config<C: Serialize>(group: &ProcessGroup, dir: &Path, config: &C, file: &str) {
+fn save_config<C: Serialize>(group: &ProcessGroup, dir: &Path, config: &C, file: &str) {
     if group.is_main() {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("--checkpoint-dir {}: {e}", dir.display()))

@@ -33,20 +33,12 @@ use burn_ddp::data::{DistributedDataset, DistributedSampler, EpochHandle};
 use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::front_end::FrontEnd;
-use common::toy::{ToyData, ToyItem, ToyProgram, ToyTraining};
+use common::toy::{ToyData, ToyItem, ToyTraining};
 use common::training::{Batches, Program, Step, Training};
 use std::sync::Arc;
 
-/// This program, for its command line: `--backend`'s default is NdArray.
-#[derive(Clone, Debug)]
-pub(crate) struct Burn021Toy;
-
-impl ToyProgram for Burn021Toy {
-    const DEFAULT_BACKEND: &'static str = "ndarray";
-}
-
-/// The toy trainer's command line, with this program's `--backend` default.
-pub(crate) type ToyArgs = common::toy::ToyArgs<Burn021Toy>;
+/// The toy trainer's command line; `--backend`'s default is NdArray.
+pub(crate) type ToyArgs = common::toy::ToyArgs<common::toy::NdArrayByDefault>;
 
 /// The document's ToyModel.
 #[derive(Module, Debug)]

@@ -96,21 +96,10 @@ pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
         }
         _ => None,
     };
-    let (model, optimizer, first_epoch) = training::start(
-        trainer,
-        &group,
-        args.seed,
-        resume.as_deref(),
-        &config,
-        SNAPSHOT_CONFIG_FILE,
-    );
-    if let Some(dir) = snapshots {
-        training::save_config(&group, dir, &config, SNAPSHOT_CONFIG_FILE);
-    }
-    let model = trainer
-        .burn()
-        .wrap(model, &group)
-        .unwrap_or_else(|e| fail(Some(rank), e));
+    let snapshot = resume.as_deref();
+    let files = (snapshots, SNAPSHOT_CONFIG_FILE);
+    let (model, optimizer, first_epoch) =
+        training::start(trainer, &group, args.seed, snapshot, &config, files);
 
     // Ctrl-C or SIGTERM: every rank stops before the same step (asked each
     // step) and rank 0 saves the model trained so far.
