@@ -17,21 +17,8 @@ use burn_ddp_testkit::trainers::{fingerprint, Trainers};
 /// The toy trainer's line with its final parameters' digest.
 const TOY_FINGERPRINT: &str = "Parameters fingerprint";
 
-/// examples/'s trainers, as testkit's scenarios take them.
-fn burn_021() -> Trainers {
-    Trainers {
-        toy: example("toy"),
-        mnist: example("mnist"),
-        data: mnist_data(env!("CARGO_MANIFEST_DIR")),
-        extension: "mpk",
-        not_a_checkpoint: "not a record of this model",
-        learner_extension: "mpk",
-        cuda: cfg!(feature = "cuda"),
-    }
-}
-
 // Every scenario both Burn versions' trainers pass (testkit's `trainers`).
-burn_ddp_testkit::trainer_tests!(burn_021());
+burn_ddp_testkit::trainer_tests!(Trainers::burn_021(cfg!(feature = "cuda")));
 
 /// burn-dataset's MNIST cache (`$XDG_CACHE_HOME/burn-dataset/mnist/{train,test}`),
 /// filled from the shared files, so no download happens.

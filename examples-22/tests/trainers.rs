@@ -4,7 +4,7 @@
 //! (`trainers`, `mnist_learner`; tests/examples.rs runs them on Burn
 //! 0.21's); the rest is what only these programs do.
 
-use burn_ddp_testkit::programs::{example, mnist_data, run, scratch, toy_losses};
+use burn_ddp_testkit::programs::{example, run, scratch, toy_losses};
 use burn_ddp_testkit::trainers::{assert_close, Trainers};
 use burn_ddp_testkit::{all_ok, mpirun_program, Hosting, World};
 use std::process::Command;
@@ -12,21 +12,8 @@ use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(300);
 
-/// examples-22's trainers, as testkit's scenarios take them.
-fn burn_022() -> Trainers {
-    Trainers {
-        toy: example("toy22"),
-        mnist: example("mnist22"),
-        data: mnist_data(env!("CARGO_MANIFEST_DIR")),
-        extension: "ckpt",
-        not_a_checkpoint: "not a burn-ddp checkpoint",
-        learner_extension: "bpk",
-        cuda: cfg!(feature = "cuda"),
-    }
-}
-
 // Every scenario both Burn versions' trainers pass (testkit's `trainers`).
-burn_ddp_testkit::trainer_tests!(burn_022());
+burn_ddp_testkit::trainer_tests!(Trainers::burn_022(cfg!(feature = "cuda")));
 
 /// A backend only the Burn 0.21 trainers have is named with the alternatives.
 #[test]
@@ -49,7 +36,7 @@ fn toy22_refuses_ndarray_naming_the_alternatives() {
 #[test]
 fn toy22_under_torchrun_and_mpirun_equals_one_big_batch() {
     let dir = scratch("toy22-launchers");
-    let single = burn_022().single_process_losses(4);
+    let single = Trainers::burn_022(cfg!(feature = "cuda")).single_process_losses(4);
     let args = [
         "--epochs",
         "4",

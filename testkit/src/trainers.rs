@@ -69,6 +69,33 @@ macro_rules! trainer_tests {
 }
 
 impl Trainers {
+    /// examples/'s `toy` and `mnist` on Burn 0.21 (built with the `cuda`
+    /// feature or not).
+    pub fn burn_021(cuda: bool) -> Self {
+        Self {
+            toy: programs::example("toy"),
+            mnist: programs::example("mnist"),
+            data: programs::mnist_data(env!("CARGO_MANIFEST_DIR")),
+            extension: "mpk",
+            not_a_checkpoint: "not a record of this model",
+            learner_extension: "mpk",
+            cuda,
+        }
+    }
+
+    /// examples-22's `toy22` and `mnist22` on Burn 0.22.
+    pub fn burn_022(cuda: bool) -> Self {
+        Self {
+            toy: programs::example("toy22"),
+            mnist: programs::example("mnist22"),
+            data: programs::mnist_data(env!("CARGO_MANIFEST_DIR")),
+            extension: "ckpt",
+            not_a_checkpoint: "not a burn-ddp checkpoint",
+            learner_extension: "bpk",
+            cuda,
+        }
+    }
+
     /// `mnist --learner` as [`mnist_learner`]'s scenarios take it.
     fn learner(&self) -> MnistLearner {
         MnistLearner {
