@@ -25,10 +25,10 @@ use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_ddp_22::collective::ReduceOp;
 use burn_ddp_22::group::CollectiveBackend;
-use burn_ddp_22::shard::RoundMode;
 use burn_ddp_22::{ProcessGroup, ShardConfig, ShardedOptimizer};
 use burn_ddp_examples_common::cli::BackendChoice;
 use burn_ddp_examples_common::fail;
+use burn_ddp_examples_common::gpu_check as expect;
 
 /// Prints the check's line (rank 0 only) and returns whether it passed.
 fn report(group: &ProcessGroup, name: &str, passed: bool, detail: String) -> bool {
@@ -45,24 +45,21 @@ fn floats(data: TensorData) -> Vec<f32> {
         .unwrap_or_default()
 }
 
-fn close(a: &[f32], b: &[f32], tolerance: f32) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tolerance)
-}
-
+/// The four collectives on CUDA tensors, then the bytes NCCL would be handed.
 fn collectives(group: &ProcessGroup, device: &Device) -> bool {
-    let (rank, world) = (group.rank() as f32, group.world_size() as f32);
+    let (rank, world) = (group.rank(), group.world_size());
     let mut all = true;
 
-    let values: Vec<f32> = (0..4096).map(|i| i as f32 * (rank + 1.0)).collect();
+    let values = expect::scaled_index(rank);
     let tensor = Tensor::<1>::from_data(TensorData::new(values, [4096]), device);
     let summed = burn_ddp_22::collective::all_reduce(group, tensor, ReduceOp::Sum)
         .map(|t| floats(t.into_data()));
-    let factor = world * (world + 1.0) / 2.0;
-    let want: Vec<f32> = (0..4096).map(|i| i as f32 * factor).collect();
     all &= report(
         group,
         "tensor_all_reduce_sum",
-        summed.as_ref().is_ok_and(|v| *v == want),
+        summed
+            .as_ref()
+            .is_ok_and(|v| expect::is_scaled_index_sum(v, world)),
         format!("4096 f32 on {device:?}: {:?}", summed.err()),
     );
 
@@ -83,15 +80,15 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
 
     // A distinct value per element, last dimension 3: a padded row or a
     // misplaced element shows.
-    let distinct = |r: f32| -> Vec<f32> { (0..6).map(|i| r * 100.0 + i as f32).collect() };
+    let distinct = expect::distinct;
     let rows = Tensor::<2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
     let gathered = burn_ddp_22::collective::all_gather(group, rows.clone());
     let fine = gathered.as_ref().is_ok_and(|parts| {
-        parts.len() == group.world_size()
+        parts.len() == world
             && parts
                 .iter()
                 .enumerate()
-                .all(|(r, p)| floats(p.clone().into_data()) == distinct(r as f32))
+                .all(|(r, p)| floats(p.clone().into_data()) == distinct(r))
     });
     all &= report(
         group,
@@ -100,28 +97,21 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
         format!("{:?}", gathered.err()),
     );
 
-    let root = group.world_size() - 1;
+    let root = world - 1;
     let broadcast =
         burn_ddp_22::collective::broadcast(group, rows, root).map(|t| floats(t.into_data()));
     all &= report(
         group,
         "tensor_broadcast",
-        broadcast
-            .as_ref()
-            .is_ok_and(|v| *v == distinct(root as f32)),
+        broadcast.as_ref().is_ok_and(|v| *v == distinct(root)),
         format!("{:?}", broadcast.err()),
     );
 
-    let w = group.world_size();
-    let tall: Vec<f32> = (0..6 * w).map(|i| i as f32 + rank).collect();
-    let tall = Tensor::<2>::from_data(TensorData::new(tall, [2 * w, 3]), device);
+    let tall = expect::reduce_scatter_input(rank, world);
+    let tall = Tensor::<2>::from_data(TensorData::new(tall, [2 * world, 3]), device);
     let part =
         burn_ddp_22::collective::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
-    let offset = world * (world - 1.0) / 2.0;
-    let r = group.rank();
-    let want: Vec<f32> = (6 * r..6 * r + 6)
-        .map(|i| world * i as f32 + offset)
-        .collect();
+    let want = expect::reduce_scatter_want(rank, world);
     let fine = part
         .as_ref()
         .is_ok_and(|d| d.shape().to_vec() == [2, 3] && floats(d.clone()) == want);
@@ -131,10 +121,14 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
         fine,
         format!("{:?}", part.err()),
     );
+    all & device_pointers(group, device)
+}
 
-    // The bytes at the address a collective hands NCCL, copied back.
-    let grid: Vec<f32> = (0..15).map(|i| i as f32 + 0.5).collect();
-    let fresh = Tensor::<2>::from_data(TensorData::new(grid, [3, 5]), device);
+/// The bytes at the address a collective hands NCCL, copied back: a fresh
+/// tensor, a slice, a transposed view, a concatenated bucket.
+fn device_pointers(group: &ProcessGroup, device: &Device) -> bool {
+    let mut all = true;
+    let fresh = Tensor::<2>::from_data(TensorData::new(expect::grid(), [3, 5]), device);
     let cases = [
         ("fresh", fresh.clone()),
         ("slice", fresh.clone().slice([1..3, 1..4])),
@@ -149,13 +143,8 @@ fn collectives(group: &ProcessGroup, device: &Device) -> bool {
     ];
     for (name, tensor) in cases {
         let want = floats(tensor.clone().into_data());
-        let seen = burn_ddp_22::cuda::nccl_view(group, tensor).map(|bytes| {
-            bytes.map(|b| {
-                b.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect::<Vec<f32>>()
-            })
-        });
+        let seen = burn_ddp_22::cuda::nccl_view(group, tensor)
+            .map(|bytes| bytes.map(|b| expect::f32s(&b)));
         let fine = matches!(&seen, Ok(Some(values)) if *values == want);
         all &= report(
             group,
@@ -187,7 +176,7 @@ fn gradients(group: &ProcessGroup, device: &Device) -> bool {
         .map(|g| floats(g.into_data()));
     let synced = burn_ddp_22::sync_gradients(&model, grad_of(group.rank() as f32 + 1.0))
         .map(|g| g.get::<2>(model.weight.id).map(|g| floats(g.into_data())));
-    let fine = matches!((&synced, &expected), (Ok(Some(a)), Some(b)) if close(a, b, 1e-5));
+    let fine = matches!((&synced, &expected), (Ok(Some(a)), Some(b)) if expect::close(a, b, 1e-5));
     report(
         group,
         "gradients_averaged",
@@ -201,11 +190,7 @@ fn gradients(group: &ProcessGroup, device: &Device) -> bool {
 fn sync_batch_norm(group: &ProcessGroup, device: &Device) -> bool {
     let device = device.clone().autodiff();
     let (rank, world) = (group.rank(), group.world_size());
-    let rows = |r: usize| -> Vec<f32> {
-        (0..3 * 4 * 5)
-            .map(|i| ((i * 7 + r * 13) % 17) as f32 / 4.0 - 2.0)
-            .collect()
-    };
+    let rows = expect::batch_norm_rows;
     let config = BatchNormConfig::new(4);
     let norm = burn_ddp_22::sync_batch_norm::sync_batch_norm(&config, &device);
     let mine = Tensor::<1>::from_floats(rows(rank).as_slice(), &device)
@@ -225,23 +210,15 @@ fn sync_batch_norm(group: &ProcessGroup, device: &Device) -> bool {
     let want_grad = whole
         .grad(&want_grads)
         .map(|g| floats(g.narrow(0, 3 * rank, 3).into_data()));
-    let out_ok = close(
-        &floats(out.into_data()),
-        &floats(want.narrow(0, 3 * rank, 3).into_data()),
-        1e-5,
-    );
-    let grad_ok = matches!((&grad, &want_grad), (Some(a), Some(b)) if close(a, b, 1e-4));
-    let mean_ok = close(
-        &floats(norm.running_mean.value_sync().into_data()),
-        &floats(reference.running_mean.value_sync().into_data()),
-        1e-6,
-    );
-    report(
-        group,
-        "sync_batch_norm_cuda",
-        out_ok && grad_ok && mean_ok,
-        format!("output {out_ok}, input gradient {grad_ok}, running mean {mean_ok}"),
-    )
+    let (passed, detail) = expect::batch_norm_verdict(&expect::BatchNormSeen {
+        output: floats(out.into_data()),
+        want_output: floats(want.narrow(0, 3 * rank, 3).into_data()),
+        grad,
+        want_grad,
+        running_mean: floats(norm.running_mean.value_sync().into_data()),
+        want_running_mean: floats(reference.running_mean.value_sync().into_data()),
+    });
+    report(group, "sync_batch_norm_cuda", passed, detail)
 }
 
 /// Two Linear layers: 30, 5, 15 and 3 elements; on two ranks rank 0 owns
@@ -288,11 +265,7 @@ fn sharded_optimizer(
 ) -> bool {
     let device = device.clone().autodiff();
     let (rank, world) = (group.rank(), group.world_size());
-    let batch = |r: usize| -> Vec<f32> {
-        (0..4 * 6)
-            .map(|i| ((i * 3 + r * 7) % 13) as f32 / 6.0 - 1.0)
-            .collect()
-    };
+    let batch = expect::shard_batch;
     let start = Mlp {
         first: LinearConfig::new(6, 5).init(&device),
         second: LinearConfig::new(5, 3).init(&device),
@@ -321,30 +294,15 @@ fn sharded_optimizer(
             GradientsParams::from_grads(reference.loss(&everyone, &device).backward(), &reference);
         reference = plain.step(0.05, reference, grads);
     }
-    let (got, want) = (model.floats(), reference.floats());
-    let worst = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
-    let on_gpu = optimizer.stats().device_buckets;
-    // A padding limit of 1 with several ranks must replicate this model's
-    // round (its chunks are uneven).
-    let modes: Vec<RoundMode> = optimizer.plan().rounds.iter().map(|r| r.mode).collect();
-    let replicate = config.padding_limit <= 1.0 && world > 1;
-    let modes_as_asked = modes
-        .iter()
-        .all(|&mode| (mode == RoundMode::Replicated) == replicate);
-    report(
-        group,
-        name,
-        got.len() == want.len() && worst <= 1e-5 && on_gpu > 0 && modes_as_asked,
-        format!(
-            "largest difference from one process with the global batch {worst:e}, \
-             {on_gpu} rounds through NCCL, owners {:?}, rounds {modes:?}",
-            optimizer.plan().owners
-        ),
-    )
+    let (passed, detail) = expect::shard_verdict(
+        &model.floats(),
+        &reference.floats(),
+        optimizer.stats().device_buckets,
+        optimizer.plan(),
+        config.padding_limit,
+        world,
+    );
+    report(group, name, passed, detail)
 }
 
 /// What scripts/gpu-check.sh runs of Burn 0.22.
@@ -367,7 +325,7 @@ fn main() {
     if let Check::Toy(args) = <Check as clap::Parser>::parse() {
         // The GPU, whatever --backend says (as Burn 0.21's `gpu_check toy`):
         // a check that silently trained on the CPU would prove nothing.
-        let device = toy::device::for_backend(BackendChoice::Cuda, "toy");
+        let device = toy::burn_022::for_backend(BackendChoice::Cuda, "toy");
         return toy::train(&args, device);
     }
     let group = burn_ddp_22::init_process_group().unwrap_or_else(|e| {

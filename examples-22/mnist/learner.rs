@@ -1,24 +1,29 @@
 //! `mnist22 --learner`: the same CNN and hyper-parameters trained through
 //! Burn 0.22's Learner (`SupervisedTraining`), the shape of Burn's own MNIST
 //! example, made multi-process by burn-ddp-22's strategy. The lines marked
-//! `burn-ddp` are all that differ from a single-process Learner program.
+//! `burn-ddp` are all that differ from a single-process Learner program; the
+//! run around `fit` (data, settings, resume choice, stop, saved model) is
+//! examples-common's `learner::train`, shared with the Burn 0.21 program.
 
-use crate::{load, MnistBatcher, Net};
+use crate::{Mnist, MnistBatcher, MnistCnn, Net};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Int, Tensor};
 use burn::train::metric::{AccuracyMetric, LossMetric};
 use burn::train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
 use burn_ddp_22::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
-use burn_ddp_examples_common::learner::{
-    announce_resume, print_epoch, refuse_another_run, stopped_before_the_end,
-};
-use burn_ddp_examples_common::mnist::{MnistArgs, MnistTrainingConfig, ResumeFrom};
-use burn_ddp_examples_common::{fail, run_config};
+use burn_ddp_22::ProcessGroup;
+use burn_ddp_examples_common::fail;
+use burn_ddp_examples_common::idx::Split;
+use burn_ddp_examples_common::learner::{print_epoch, LearnerTraining};
+use burn_ddp_examples_common::mnist::MnistArgs;
+use burn_ddp_examples_common::training::SaveError;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 type MnistBatch = (Tensor<4>, Tensor<1, Int>);
 
@@ -55,119 +60,85 @@ impl InferenceStep for Net {
     }
 }
 
-pub fn train(args: &MnistArgs, device: Device) {
-    let group = burn_ddp_22::init_process_group().unwrap_or_else(|e| fail(None, e)); // burn-ddp
-    let rank = group.rank();
-    // Each rank's loader batch: the ranks together train with world_size times it.
-    let batch_size = match args.global_batch_size {
-        Some(global) => burn_ddp_22::data::batch_size_per_rank(&group, global) // burn-ddp
-            .unwrap_or_else(|e| fail(None, e)),
-        None => args.batch_size,
-    };
-    let (train_set, test_set) = load(args, rank);
-    let directory = &args.artifact_dir;
-    let config = MnistTrainingConfig::new(
-        args.epochs,
-        batch_size,
-        group.world_size(),
-        args.lr,
-        args.seed,
-        train_set.len(),
-    );
-    // burn-ddp: the run's handle; one line per epoch from the global figures.
-    let ddp = DdpTraining::new(&group, directory).on_epoch_end(print_epoch);
-    // Rank 0 creates the folder, the others wait (kept as it is: a resume needs
-    // its checkpoints; `recreate_artifact_dir` would empty it first).
-    ddp.create_artifact_dir().unwrap_or_else(|e| fail(None, e)); // burn-ddp
-    let resume = match args.resume {
-        // burn-ddp: Burn 0.22's launch loads it on every rank; check they all have it.
-        Some(ResumeFrom::Epoch(epoch)) => {
-            ddp.verify_checkpoint(epoch)
-                .unwrap_or_else(|e| fail(None, e));
-            Some(epoch)
-        }
-        Some(ResumeFrom::Auto) => {
-            refuse_another_run(&config, &directory.join("config.json"), &group);
-            // burn-ddp: rank 0 finds the newest whole checkpoint, every rank takes it.
-            let latest = ddp.latest_checkpoint().unwrap_or_else(|e| fail(None, e));
-            if ddp.is_main() {
-                announce_resume(latest, directory);
-            }
-            latest
-        }
-        None => None,
-    };
-    if ddp.is_main() {
-        // burn-ddp: one writer per file; every rank would write the same config.
-        run_config::save(&config, &directory.join("config.json"))
-            .unwrap_or_else(|e| fail(Some(rank), e));
-    }
-    let train_shard = ddp // burn-ddp
-        .shard_with(
-            train_set.clone(),
-            burn_ddp_22::distributed_sampler(&group, train_set.len())
-                .unwrap_or_else(|e| fail(Some(rank), e))
-                .seed(args.seed),
-        );
-    let test_shard = ddp
-        .shard_eval(test_set)
-        .unwrap_or_else(|e| fail(Some(rank), e)); // burn-ddp
-    let loader_train = DataLoaderBuilder::new(MnistBatcher)
-        .batch_size(batch_size)
-        .set_device(device.clone())
-        .build(train_shard);
-    let loader_valid = DataLoaderBuilder::new(MnistBatcher)
-        .batch_size(args.test_batch_size)
-        .set_device(device.clone().inner())
-        .build(test_shard);
+impl LearnerTraining for MnistCnn {
+    type Ddp = DdpTraining;
+    type Model = Net;
 
-    device.seed(args.seed);
-    let model = Net::new(&device);
-    let mut training = SupervisedTraining::new(directory, loader_train, loader_valid)
-        .metrics((AccuracyMetric::new(), LossMetric::new()))
-        .with_default_checkpointers()
-        .num_epochs(args.epochs)
-        // One line per epoch (print_epoch) instead of a line per iteration.
-        .renderer(Box::new(SilentRenderer));
-    if let Some(epoch) = resume {
-        training = training.checkpoint(epoch);
+    fn ddp(&self, group: &ProcessGroup, directory: &Path) -> DdpTraining {
+        DdpTraining::new(group, directory).on_epoch_end(print_epoch)
     }
-    let training = training.ddp(&ddp); // burn-ddp
-    let result = training.launch(Learner::new(model, AdamWConfig::new().init(), args.lr));
-    if let Some(error) = &result.error {
-        fail(Some(rank), format!("training failed: {error}"));
+
+    fn create_artifact_dir(&self, ddp: &DdpTraining) -> burn_ddp_22::Result<()> {
+        ddp.create_artifact_dir()
     }
-    // burn-ddp: a Ctrl-C or SIGTERM on any rank stopped every rank at the same
-    // iteration (unless it came after the last one: then the run is complete).
-    // Stop here: the model in hand is half-trained, and must not replace a
-    // finished one; the checkpoints are what to go on from.
-    if let Some(signal) = stopped_before_the_end(&group, directory, args.epochs) {
-        burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
-        std::process::exit(128 + signal);
+
+    fn latest_checkpoint(&self, ddp: &DdpTraining) -> burn_ddp_22::Result<Option<usize>> {
+        ddp.latest_checkpoint()
     }
-    // burn-ddp: every rank holds rank 0's parameters (a digest per tensor).
-    let compared = burn_ddp_22::replicas::check_replicas(&result.model, &group)
-        .unwrap_or_else(|e| fail(None, e));
-    if group.is_main() {
-        println!(
-            "replicas identical: {compared} parameter tensors on {} ranks",
-            group.world_size()
-        );
-        // Equal for two runs exactly when they ended with the same parameters.
-        println!(
-            "parameters fingerprint: {:016x}",
-            burn_ddp_22::replicas::parameters_fingerprint(&result.model)
-        );
-        // burn-ddp: rank 0 alone saves, for every rank, atomically.
-        let path = burn_ddp_22::checkpoint::save_atomic(
-            directory.join("model"),
-            &result.model,
-            None,
-            args.epochs,
-        )
-        .unwrap_or_else(|e| fail(Some(rank), e));
-        println!("saved {}", path.display());
+
+    fn verify_checkpoint(&self, ddp: &DdpTraining, epoch: usize) -> burn_ddp_22::Result<()> {
+        ddp.verify_checkpoint(epoch)
     }
-    burn_ddp_22::destroy_process_group().unwrap_or_else(|e| fail(Some(rank), e));
-    // burn-ddp
+
+    fn fit(
+        &self,
+        ddp: &DdpTraining,
+        args: &MnistArgs,
+        batch_size: usize,
+        (train_set, test_set): (Arc<Split>, Arc<Split>),
+        resume: Option<usize>,
+    ) -> Net {
+        let rank = ddp.rank();
+        let train_set = Mnist(train_set);
+        let train_shard = ddp // burn-ddp
+            .shard_with(
+                train_set.clone(),
+                burn_ddp_22::distributed_sampler(ddp.group(), train_set.len())
+                    .unwrap_or_else(|e| fail(Some(rank), e))
+                    .seed(args.seed),
+            );
+        let test_shard = ddp
+            .shard_eval(Mnist(test_set))
+            .unwrap_or_else(|e| fail(Some(rank), e)); // burn-ddp
+        let loader_train = DataLoaderBuilder::new(MnistBatcher)
+            .batch_size(batch_size)
+            .set_device(self.burn.device.clone())
+            .build(train_shard);
+        let loader_valid = DataLoaderBuilder::new(MnistBatcher)
+            .batch_size(args.test_batch_size)
+            .set_device(self.burn.device.clone().inner())
+            .build(test_shard);
+
+        self.burn.device.seed(args.seed);
+        let model = Net::new(&self.burn.device);
+        let mut training = SupervisedTraining::new(&args.artifact_dir, loader_train, loader_valid)
+            .metrics((AccuracyMetric::new(), LossMetric::new()))
+            .with_default_checkpointers()
+            .num_epochs(args.epochs)
+            // One line per epoch (print_epoch) instead of a line per iteration.
+            .renderer(Box::new(SilentRenderer));
+        if let Some(epoch) = resume {
+            training = training.checkpoint(epoch);
+        }
+        let training = training.ddp(ddp); // burn-ddp
+        let result = training.launch(Learner::new(model, AdamWConfig::new().init(), args.lr));
+        if let Some(error) = &result.error {
+            fail(Some(rank), format!("training failed: {error}"));
+        }
+        result.model
+    }
+
+    fn check_replicas(&self, model: &Net, group: &ProcessGroup) -> burn_ddp_22::Result<usize> {
+        burn_ddp_22::replicas::check_replicas(model, group)
+    }
+
+    fn fingerprint(&self, model: &Net) -> u64 {
+        burn_ddp_22::replicas::parameters_fingerprint(model)
+    }
+
+    fn save_model(&self, model: Net, path: &Path, epochs: usize) -> Result<PathBuf, SaveError> {
+        Ok(burn_ddp_22::checkpoint::save_atomic(
+            path, &model, None, epochs,
+        )?)
+    }
 }

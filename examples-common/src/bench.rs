@@ -1,8 +1,181 @@
 //! What the two front-ends' benchmarks (examples/ddp_bench, examples-22's
-//! ddp_bench22) print alike: medians, and the table of a training step's
-//! share spent synchronising gradients.
+//! ddp_bench22) measure and print alike, written once: the interleaved
+//! timing loops of `--mode overhead`, `share` and `sync-bn` (each program
+//! hands them its Burn's training step), medians and the tables.
 
-use burn_ddp_comm::SyncStats;
+use crate::fail;
+use crate::front_end::FrontEnd;
+use burn_ddp_comm::{ProcessGroup, SyncStats};
+
+/// What every benchmark's command line has: how long to measure, on what batch.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct Measure {
+    /// Measured iterations per variant.
+    #[arg(long, default_value_t = 20, value_parser = crate::cli::positive)]
+    pub iters: usize,
+    /// MNIST batch size per process.
+    #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 128,
+          value_parser = crate::cli::positive)]
+    pub batch_size: usize,
+}
+
+/// What one measured training step took.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timing {
+    /// The whole step, in seconds.
+    pub step: f64,
+    /// The part that synchronises gradients (as the program can time it:
+    /// the backward pass on Burn 0.21, `sync_gradients` on 0.22), in seconds.
+    pub sync: f64,
+    /// Bytes allocated during that part.
+    pub allocated: u64,
+}
+
+/// `--mode overhead`: the plain step against the wrapped one at world size
+/// 1, interleaved (so drift in the machine's speed hits both alike), 2
+/// warm-ups then `iters` each; their medians.
+pub fn overhead<P, W>(
+    iters: usize,
+    (mut plain, mut wrapped): (P, W),
+    mut step_plain: impl FnMut(P) -> (P, Timing),
+    mut step_wrapped: impl FnMut(W) -> (W, Timing),
+) -> (f64, f64) {
+    let (mut plain_times, mut wrapped_times) = (Vec::new(), Vec::new());
+    for i in 0..iters + 2 {
+        let (m, t) = step_plain(plain);
+        plain = m;
+        let (m, u) = step_wrapped(wrapped);
+        wrapped = m;
+        if i >= 2 {
+            plain_times.push(t.step);
+            wrapped_times.push(u.step);
+        }
+    }
+    (median(plain_times), median(wrapped_times))
+}
+
+/// `--mode overhead`'s table: a header naming the two columns, then each
+/// step's median and its ratio to the plain one.
+pub fn print_overhead(
+    batch: usize,
+    iters: usize,
+    columns: [&str; 2],
+    (plain, p): (&str, f64),
+    (wrapped, w): (&str, f64),
+) {
+    println!("MNIST CNN step, batch {batch}, world size 1, {iters} steps each (median)");
+    println!("| {} | {} | ratio |", columns[0], columns[1]);
+    println!("| --- | ---: | ---: |");
+    println!("| {plain} | {:.1} ms | 1.000 |", p * 1e3);
+    println!("| {wrapped} | {:.1} ms | {:.3} |", w * 1e3, w / p);
+}
+
+/// `--mode share`: `step(model, sync)` with the gradient sync and without,
+/// alternating, each started by every rank together, 2 warm-ups then
+/// `iters` each; rank 0 prints [`print_share`]'s table (the sync's own time
+/// as `sync_label` says).
+pub fn share<M>(
+    group: &ProcessGroup,
+    front_end: FrontEnd,
+    (iters, batch): (usize, usize),
+    sync_label: &str,
+    mut model: M,
+    mut step: impl FnMut(M, bool) -> (M, Timing),
+) {
+    let rank = group.rank();
+    let (mut synced, mut local) = (Vec::new(), Vec::new());
+    for i in 0..iters + 2 {
+        if i == 2 {
+            (front_end.reset_sync_stats)();
+        }
+        // Start every measured step together: a step without sync lets the
+        // ranks drift apart, and the next sync would otherwise absorb that drift.
+        group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+        let (m, with) = step(model, true);
+        group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+        let (m, without) = step(m, false);
+        model = m;
+        if i >= 2 {
+            synced.push(with);
+            local.push(without);
+        }
+    }
+    let medians =
+        |timings: &[Timing], of: fn(&Timing) -> f64| median(timings.iter().map(of).collect());
+    let sync_allocated =
+        medians(&synced, |t| t.allocated as f64) - medians(&local, |t| t.allocated as f64);
+    let sync = medians(&synced, |t| t.sync) - medians(&local, |t| t.sync);
+    if group.is_main() {
+        print_share(&ShareReport {
+            batch,
+            world_size: group.world_size(),
+            transport: group.transport_name(),
+            iters,
+            synced: medians(&synced, |t| t.step),
+            local: medians(&local, |t| t.step),
+            sync_label,
+            sync,
+            stats: (front_end.sync_stats)(),
+            sync_allocated,
+        });
+    }
+}
+
+/// `--mode sync-bn`: a CNN step with Burn's BatchNorm (`local`) against one
+/// with SyncBatchNorm (`synced`), interleaved, every step started together,
+/// 2 warm-ups then `iters` each; then the same collectives alone
+/// (`all_reduce(n)`: a tensor all-reduce of `n` floats, one per layer and
+/// direction of its 3 x channels statistics). Rank 0 prints the table.
+pub fn sync_bn<L, S>(
+    group: &ProcessGroup,
+    (iters, batch): (usize, usize),
+    (mut local, mut synced): (L, S),
+    (mut step_local, mut step_synced): (impl FnMut(L) -> (L, f64), impl FnMut(S) -> (S, f64)),
+    mut all_reduce: impl FnMut(usize) -> burn_ddp_comm::Result<()>,
+) {
+    let rank = Some(group.rank());
+    let (mut local_times, mut synced_times, mut extra_bytes) = (Vec::new(), Vec::new(), 0);
+    for i in 0..iters + 2 {
+        group.barrier().unwrap_or_else(|e| fail(rank, e));
+        let before = group.collective_bytes();
+        let (m, t) = step_local(local);
+        local = m;
+        let local_bytes = group.collective_bytes() - before;
+        group.barrier().unwrap_or_else(|e| fail(rank, e));
+        let before = group.collective_bytes();
+        let (m, u) = step_synced(synced);
+        synced = m;
+        // The same parameters, so the same gradient sync: the rest is
+        // SyncBatchNorm's statistics.
+        extra_bytes = group.collective_bytes() - before - local_bytes;
+        if i >= 2 {
+            local_times.push(t);
+            synced_times.push(u);
+        }
+    }
+    let mut alone = Vec::new();
+    for _ in 0..iters {
+        group.barrier().unwrap_or_else(|e| fail(rank, e));
+        let started = std::time::Instant::now();
+        for n in [3 * 8, 3 * 16, 3 * 16, 3 * 8] {
+            all_reduce(n).unwrap_or_else(|e| fail(rank, e));
+        }
+        alone.push(started.elapsed().as_secs_f64());
+    }
+    if group.is_main() {
+        print_sync_bn(&SyncBnReport {
+            batch,
+            world_size: group.world_size(),
+            transport: group.transport_name(),
+            iters,
+            local: median(local_times),
+            synced: median(synced_times),
+            layers: 2,
+            extra_bytes,
+            collectives: median(alone),
+        });
+    }
+}
 
 /// The median of `times` (which must not be empty).
 pub fn median(mut times: Vec<f64>) -> f64 {

@@ -1,10 +1,15 @@
-//! The example trainers' shared, Burn-free code (both Burn versions'
-//! programs): command lines, saved settings, resume choice, MNIST files,
-//! benchmark tables, a seeded normal generator.
+//! The example programs' shared, Burn-free code, written once for both Burn
+//! versions: the trainers' loops (toy, MNIST by hand and through the
+//! Learner), the benchmarks' measurements and the GPU check's expectations,
+//! each over a small trait a Burn version's program implements in its
+//! Burn's API; command lines, saved settings, the resume choice, MNIST's
+//! files, benchmark tables, a seeded normal generator.
 
 pub mod alloc;
 pub mod bench;
 pub mod cli;
+pub mod front_end;
+pub mod gpu_check;
 pub mod idx;
 pub mod learner;
 pub mod mnist;
@@ -12,6 +17,7 @@ pub mod resume;
 pub mod run_config;
 pub mod stopped;
 pub mod toy;
+pub mod training;
 
 /// A seeded generator of standard normal numbers (SplitMix64 + Box-Muller), so
 /// synthetic data is identical on every rank and every run.
@@ -60,3 +66,24 @@ pub fn fail(rank: Option<usize>, err: impl std::fmt::Display) -> ! {
     }
     std::process::exit(1)
 }
+
+/// A dataset asked for an item past its end.
+#[derive(Debug)]
+pub struct IndexOutOfRange {
+    index: usize,
+    len: usize,
+}
+
+impl IndexOutOfRange {
+    pub fn new(index: usize, len: usize) -> Self {
+        Self { index, len }
+    }
+}
+
+impl std::fmt::Display for IndexOutOfRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "item {} of a dataset of {}", self.index, self.len)
+    }
+}
+
+impl std::error::Error for IndexOutOfRange {}

@@ -1,17 +1,40 @@
-//! The toy trainer's command line, saved hyper-parameters and data, shared by its
-//! Burn 0.21 and Burn 0.22 programs (no Burn here; each program says its own
-//! `--backend` default through [`ToyProgram`]).
+//! The toy trainer (document 003's ToyModel DDP script), written once for
+//! both Burn versions: its command line, saved hyper-parameters, data and
+//! training loop. What a Burn version spells its own way (the model, the
+//! loader, the training step, checkpoints) is its program's [`ToyTraining`]
+//! (examples/toy on Burn 0.21, examples-22/toy on 0.22).
 
 use crate::cli::{positive, BackendChoice};
+use crate::stopped::Stopped;
+use crate::training::{self, BurnVersion, Training};
+use crate::{fail, IndexOutOfRange};
+use burn_ddp_comm::{ProcessGroup, ReduceOp};
+use burn_ddp_sampler::{DistributedSampler, EpochHandle};
 use clap::Parser;
 use std::marker::PhantomData;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// What the toy trainer's programs differ in on the command line.
 pub trait ToyProgram {
     /// `--backend`'s default (a [`BackendChoice`] value: `ndarray` on Burn
     /// 0.21, `flex` on Burn 0.22, which has no NdArray).
     const DEFAULT_BACKEND: &'static str;
+}
+
+/// `--backend ndarray` by default: the Burn 0.21 program.
+#[derive(Clone, Debug)]
+pub struct NdArrayByDefault;
+
+impl ToyProgram for NdArrayByDefault {
+    const DEFAULT_BACKEND: &'static str = "ndarray";
+}
+
+/// `--backend flex` by default: the Burn 0.22 program (Burn 0.22 has no NdArray).
+#[derive(Clone, Debug)]
+pub struct FlexByDefault;
+
+impl ToyProgram for FlexByDefault {
+    const DEFAULT_BACKEND: &'static str = "flex";
 }
 
 /// The trainer's command line: the document's argparse flags (dashes or
@@ -134,4 +157,260 @@ pub fn toy_data(size: usize, seed: u64) -> (Vec<[f32; 10]>, Vec<f32>) {
         .collect();
     let labels = (0..size).map(|_| normal.sample()).collect();
     (features, labels)
+}
+
+/// The document's ToyDataset ([`toy_data`]), for a program's Burn `Dataset`.
+pub struct ToyData {
+    features: Vec<[f32; 10]>,
+    labels: Vec<f32>,
+}
+
+/// One sample: ten features and a label.
+#[derive(Clone, Debug)]
+pub struct ToyItem {
+    pub features: [f32; 10],
+    pub label: f32,
+}
+
+impl ToyData {
+    /// `size` samples drawn from `seed`.
+    pub fn new(size: usize, seed: u64) -> Self {
+        let (features, labels) = toy_data(size, seed);
+        Self { features, labels }
+    }
+
+    /// Sample `index`.
+    pub fn get(&self, index: usize) -> Result<ToyItem, IndexOutOfRange> {
+        match self.features.get(index) {
+            Some(features) => Ok(ToyItem {
+                features: *features,
+                label: self.labels[index],
+            }),
+            None => Err(IndexOutOfRange::new(index, self.len())),
+        }
+    }
+
+    /// The number of samples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+}
+
+/// A batch's features (ten per sample, sample after sample) and labels.
+pub fn features_and_labels(items: &[ToyItem]) -> (Vec<f32>, Vec<f32>) {
+    let features = items.iter().flat_map(|item| item.features).collect();
+    let labels = items.iter().map(|item| item.label).collect();
+    (features, labels)
+}
+
+/// The toy trainer's Burn side: [`Training`] (ToyModel, SGD, MSE) and its
+/// loader over this rank's shard.
+pub trait ToyTraining: Training {
+    /// A loader of `batch_size` items over `data` in `sampler`'s order
+    /// (this rank's shard), and the handle that sets the sampler's epoch.
+    fn loader(
+        &self,
+        data: ToyData,
+        sampler: DistributedSampler,
+        batch_size: usize,
+    ) -> (Self::Loader, EpochHandle);
+}
+
+/// `--resume auto`.
+const RESUME_AUTO: &str = "auto";
+
+/// Trains the ToyModel as `args` say: a DistributedSampler over data
+/// identical on every rank, the loss all-reduced for logging, rank 0's
+/// checkpoints every `--save-interval` epochs, `--resume` from one.
+pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
+    let group = T::FRONT_END.init();
+    let (rank, world_size) = (group.rank(), group.world_size());
+    let batch_size = training::batch_size(&group, args.batch_size, args.global_batch_size);
+    let config = ToyTrainingConfig::new(
+        args.epochs,
+        batch_size,
+        world_size,
+        args.lr,
+        args.dataset_size,
+        args.seed,
+    );
+
+    // 1. Dataset and sampler: this rank's shard, reshuffled every epoch.
+    let data = ToyData::new(args.dataset_size, args.seed);
+    let sampler = burn_ddp_sampler::distributed_sampler(&group, data.len())
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    let (loader, epoch_handle) = trainer.loader(data, sampler, batch_size);
+
+    // 2. Model and optimizer, resumed on every rank before wrapping.
+    let dir = &args.checkpoint_dir;
+    let resume = match args.resume.as_deref() {
+        Some(path) if path == Path::new(RESUME_AUTO) => {
+            training::newest_snapshot(trainer, &group, dir, &config, CONFIG_FILE)
+        }
+        other => other.map(Path::to_path_buf),
+    };
+    let snapshot = resume.as_deref();
+    let files = (Some(dir.as_path()), CONFIG_FILE);
+    let (model, optimizer, first_epoch) =
+        training::start(trainer, &group, args.seed, snapshot, &config, files);
+
+    // 3. The epochs; Ctrl-C or SIGTERM: every rank stops before the same step.
+    burn_ddp_training::stop::catch_stop_signals();
+    let run = ToyRun {
+        trainer,
+        group,
+        args,
+        first_epoch,
+        resume,
+    };
+    println!("Rank {rank} starting training...");
+    let end = run.epochs(&loader, &epoch_handle, model, optimizer);
+    run.finish(end);
+}
+
+/// A toy run under way.
+struct ToyRun<'a, T: ToyTraining, P: ToyProgram> {
+    trainer: &'a T,
+    group: ProcessGroup,
+    args: &'a ToyArgs<P>,
+    first_epoch: usize,
+    /// The snapshot it resumed from.
+    resume: Option<PathBuf>,
+}
+
+/// Where a toy run ended: its model and optimizer, the last snapshot saved,
+/// and the stop that ended it early, if one did.
+struct ToyEnd<T: Training> {
+    model: T::Model,
+    optimizer: T::Optimizer,
+    last_saved: Option<PathBuf>,
+    stopped: Option<Stopped>,
+}
+
+impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
+    /// The epochs from the first on: rank 0 prints each one's average loss
+    /// and saves a snapshot every `--save-interval` epochs.
+    fn epochs(
+        &self,
+        loader: &T::Loader,
+        epoch_handle: &EpochHandle,
+        mut model: T::Model,
+        mut optimizer: T::Optimizer,
+    ) -> ToyEnd<T> {
+        let (group, rank) = (&self.group, self.group.rank());
+        let (epochs, precision) = (self.args.epochs, self.args.loss_precision);
+        let mut last_saved = None;
+        for epoch in self.first_epoch..epochs {
+            epoch_handle.set_epoch(epoch); // important for shuffling
+            let batches = self.trainer.batches(loader);
+            // Each step's loss summed over the ranks, for logging.
+            let sum_over_ranks = |loss: f64| {
+                let mut loss = [loss];
+                group
+                    .all_reduce(&mut loss, ReduceOp::Sum)
+                    .unwrap_or_else(|e| fail(Some(rank), e));
+                loss[0]
+            };
+            let done = training::train_epoch(
+                self.trainer,
+                group,
+                batches,
+                (model, &mut optimizer),
+                (epoch, self.args.lr),
+                sum_over_ranks,
+            );
+            model = done.model;
+            if done.stopped.is_some() {
+                let stopped = done.stopped;
+                return ToyEnd {
+                    model,
+                    optimizer,
+                    last_saved,
+                    stopped,
+                };
+            }
+            let average = done.loss / (done.steps.max(1) * group.world_size()) as f64;
+            if group.is_main() {
+                println!(
+                    "Epoch {}/{epochs}, Avg Loss: {average:.precision$}",
+                    epoch + 1
+                );
+            }
+            if group.is_main() && (epoch + 1).is_multiple_of(self.args.save_interval) {
+                last_saved = Some(self.save(&model, &optimizer, epoch + 1));
+            }
+            // Every rank finishes the epoch (and rank 0 its checkpoint) before going on.
+            group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+        }
+        ToyEnd {
+            model,
+            optimizer,
+            last_saved,
+            stopped: None,
+        }
+    }
+
+    /// Rank 0 saves `model_epoch_{epochs_done}` atomically and says where.
+    fn save(&self, model: &T::Model, optimizer: &T::Optimizer, epochs_done: usize) -> PathBuf {
+        let rank = self.group.rank();
+        let dir = &self.args.checkpoint_dir;
+        let path = training::save_snapshot(self.trainer, dir, model, optimizer, epochs_done, rank);
+        println!("Rank {rank} saved checkpoint to {}", path.display());
+        path
+    }
+
+    /// The end: a stopped run names the snapshot to go on from and exits
+    /// with the signal's code; a finished one prints its parameters'
+    /// fingerprint.
+    fn finish(&self, end: ToyEnd<T>) {
+        let rank = self.group.rank();
+        let front_end = T::FRONT_END;
+        if let Some(stop) = end.stopped {
+            println!("{}", stop.rank_line(rank));
+            if self.group.is_main() {
+                self.say_where_to_go_on(&end, stop);
+            }
+            front_end.destroy(rank);
+            std::process::exit(stop.exit_code());
+        }
+        front_end.destroy(rank);
+        let sync = (front_end.sync_stats)();
+        if rank == 0 && sync.syncs > 0 {
+            println!(
+                "Gradient sync: {} buckets, {} of them on the GPU over NCCL",
+                sync.buckets, sync.device_buckets
+            );
+        }
+        if rank == 0 {
+            // Equal for two runs exactly when they ended with the same parameters.
+            println!(
+                "Parameters fingerprint: {:016x}",
+                self.trainer.burn().fingerprint(&end.model)
+            );
+            println!("Training complete.");
+        }
+    }
+
+    /// Rank 0 after a stop: the snapshot to go on from (stopped between
+    /// epochs, the finished ones are saved first: nothing is lost).
+    fn say_where_to_go_on(&self, end: &ToyEnd<T>, stop: Stopped) {
+        let mut last_saved = end.last_saved.clone();
+        let between_epochs = stop.step == 0 && stop.epoch > self.first_epoch;
+        if between_epochs && !stop.epoch.is_multiple_of(self.args.save_interval) {
+            last_saved = Some(self.save(&end.model, &end.optimizer, stop.epoch));
+        }
+        match last_saved.as_deref().or(self.resume.as_deref()) {
+            Some(path) => println!(
+                "{}; go on with --resume {}",
+                stop.describe(),
+                path.display()
+            ),
+            None => println!("{}; no checkpoint was saved yet", stop.describe()),
+        }
+    }
 }

@@ -3,23 +3,10 @@
 
 use burn_ddp_examples_common::cli::{positive, BackendChoice};
 use burn_ddp_examples_common::mnist::{MnistArgs, ResumeFrom};
-use burn_ddp_examples_common::toy::{ToyArgs, ToyProgram};
+use burn_ddp_examples_common::toy::ToyArgs;
+use burn_ddp_examples_common::toy::{FlexByDefault as OnFlex, NdArrayByDefault as OnNdArray};
 use clap::{CommandFactory, Parser};
 use std::path::PathBuf;
-
-#[derive(Clone, Debug)]
-struct OnNdArray;
-
-impl ToyProgram for OnNdArray {
-    const DEFAULT_BACKEND: &'static str = "ndarray";
-}
-
-#[derive(Clone, Debug)]
-struct OnFlex;
-
-impl ToyProgram for OnFlex {
-    const DEFAULT_BACKEND: &'static str = "flex";
-}
 
 #[test]
 fn each_program_has_its_own_backend_default_in_values_and_help() {

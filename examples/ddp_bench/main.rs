@@ -13,8 +13,13 @@
 //! ```
 
 mod bn_net;
+#[allow(dead_code, unused_macros)] // burn-ddp's functions only: the benchmark runs on Flex
+#[path = "../shared/burn_021.rs"]
+mod burn_021;
 #[path = "../mnist/net.rs"]
 mod net;
+
+use burn_021::BURN_DDP;
 
 use bn_net::{BnNet, Norm};
 use burn::backend::{Autodiff, Flex};
@@ -30,8 +35,7 @@ use burn_ddp::{Ddp, DdpConfig, SyncBatchNorm};
 use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::alloc;
-use common::bench::median;
-use common::cli::positive;
+use common::bench::{self, median, Timing};
 use common::fail;
 use net::Net;
 use std::time::Instant;
@@ -65,22 +69,13 @@ struct BenchArgs {
     /// What to measure.
     #[arg(long, value_enum, default_value = "overhead")]
     mode: Mode,
-    /// Measured iterations per variant.
-    #[arg(long, default_value_t = 20, value_parser = positive)]
-    iters: usize,
-    /// MNIST batch size per process.
-    #[arg(long = "batch-size", visible_alias = "batch_size", default_value_t = 128,
-          value_parser = positive)]
-    batch_size: usize,
+    #[command(flatten)]
+    measure: bench::Measure,
 }
 
 /// One MNIST CNN training step (forward, backward, AdamW-free SGD step):
 /// the model, the step's seconds, the backward's seconds and bytes allocated.
-fn mnist_step<B: AutodiffBackend>(
-    model: Net<B>,
-    batch: usize,
-    sync: bool,
-) -> (Net<B>, f64, f64, u64) {
+fn mnist_step<B: AutodiffBackend>(model: Net<B>, batch: usize, sync: bool) -> (Net<B>, Timing) {
     let device = Default::default();
     let images =
         Tensor::<B, 4>::random([batch, 1, 28, 28], Distribution::Normal(0.0, 1.0), &device);
@@ -101,30 +96,31 @@ fn mnist_step<B: AutodiffBackend>(
     let backward = backward_started.elapsed().as_secs_f64();
     let grads = GradientsParams::from_grads(grads, &model);
     let model = SgdConfig::new().init().step(0.01, model, grads);
-    (model, started.elapsed().as_secs_f64(), backward, allocated)
+    let step = started.elapsed().as_secs_f64();
+    let timing = Timing {
+        step,
+        sync: backward,
+        allocated,
+    };
+    (model, timing)
 }
 
 fn overhead(iters: usize, batch: usize) {
     let device = Default::default();
-    let (mut plain, mut wrapped) = (Net::<Plain>::new(&device), Net::<Wrapped>::new(&device));
-    let (mut plain_times, mut wrapped_times) = (Vec::new(), Vec::new());
-    for i in 0..iters + 2 {
-        // Interleaved, so drift in the machine's speed hits both alike.
-        let (m, t, _, _) = mnist_step(plain, batch, true);
-        plain = m;
-        let (m, u, _, _) = mnist_step(wrapped, batch, true);
-        wrapped = m;
-        if i >= 2 {
-            plain_times.push(t);
-            wrapped_times.push(u);
-        }
-    }
-    let (p, w) = (median(plain_times), median(wrapped_times));
-    println!("MNIST CNN step, batch {batch}, world size 1, {iters} steps each (median)");
-    println!("| backend | step | ratio |");
-    println!("| --- | ---: | ---: |");
-    println!("| Autodiff<Flex> | {:.1} ms | 1.000 |", p * 1e3);
-    println!("| Ddp<Autodiff<Flex>> | {:.1} ms | {:.3} |", w * 1e3, w / p);
+    let models = (Net::<Plain>::new(&device), Net::<Wrapped>::new(&device));
+    let (p, w) = bench::overhead(
+        iters,
+        models,
+        |model| mnist_step(model, batch, true),
+        |model| mnist_step(model, batch, true),
+    );
+    bench::print_overhead(
+        batch,
+        iters,
+        ["backend", "step"],
+        ("Autodiff<Flex>", p),
+        ("Ddp<Autodiff<Flex>>", w),
+    );
 }
 
 /// 128 small linear layers: 256 parameter tensors.
@@ -202,52 +198,17 @@ fn buckets(group: &burn_ddp::ProcessGroup, iters: usize) {
 
 fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     let device = Default::default();
-    let mut model = burn_ddp::wrap(Net::<Wrapped>::new(&device), group)
+    let model = burn_ddp::wrap(Net::<Wrapped>::new(&device), group)
         .unwrap_or_else(|e| fail(Some(group.rank()), e));
-    let (mut synced, mut local, mut synced_backward, mut local_backward) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut synced_bytes, mut local_bytes) = (Vec::new(), Vec::new());
-    for i in 0..iters + 2 {
-        if i == 2 {
-            burn_ddp::sync::reset_sync_stats();
-        }
-        // Start every measured step together: a no_sync step lets the ranks
-        // drift apart, and the next sync would otherwise absorb that drift.
-        group
-            .barrier()
-            .unwrap_or_else(|e| fail(Some(group.rank()), e));
-        let (m, t, b, x) = mnist_step(model, batch, true);
-        group
-            .barrier()
-            .unwrap_or_else(|e| fail(Some(group.rank()), e));
-        let (m, u, c, y) = mnist_step(m, batch, false);
-        model = m;
-        if i >= 2 {
-            synced.push(t);
-            local.push(u);
-            synced_backward.push(b);
-            local_backward.push(c);
-            synced_bytes.push(x as f64);
-            local_bytes.push(y as f64);
-        }
-    }
-    let sync_allocated = median(synced_bytes) - median(local_bytes);
-    let (s, l) = (median(synced), median(local));
-    let sync = median(synced_backward) - median(local_backward);
-    if group.is_main() {
-        common::bench::print_share(&common::bench::ShareReport {
-            batch,
-            world_size: group.world_size(),
-            transport: group.transport_name(),
-            iters,
-            synced: s,
-            local: l,
-            sync_label: "backward with sync - without",
-            sync,
-            stats: burn_ddp::sync::sync_stats(),
-            sync_allocated,
-        });
-    }
+    let label = "backward with sync - without";
+    bench::share(
+        group,
+        BURN_DDP,
+        (iters, batch),
+        label,
+        model,
+        |model, sync| mnist_step(model, batch, sync),
+    );
 }
 
 /// One training step of the normalised CNN (gradients synchronised): the
@@ -274,65 +235,25 @@ where
 fn sync_bn(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     let device = Default::default();
     let rank = Some(group.rank());
-    let mut local = burn_ddp::wrap(BnNet::<Wrapped, BatchNorm<Wrapped>>::new(&device), group)
+    let local = burn_ddp::wrap(BnNet::<Wrapped, BatchNorm<Wrapped>>::new(&device), group)
         .unwrap_or_else(|e| fail(rank, e));
-    let mut synced = burn_ddp::wrap(
+    let synced = burn_ddp::wrap(
         BnNet::<Wrapped, SyncBatchNorm<Wrapped>>::new(&device),
         group,
     )
     .unwrap_or_else(|e| fail(rank, e));
-    let (mut local_times, mut synced_times, mut extra_bytes) = (Vec::new(), Vec::new(), 0);
-    for i in 0..iters + 2 {
-        // Interleaved, every step started together.
-        group.barrier().unwrap_or_else(|e| fail(rank, e));
-        let before = group.collective_bytes();
-        let (m, t) = bn_step(local, batch);
-        local = m;
-        let local_bytes = group.collective_bytes() - before;
-        group.barrier().unwrap_or_else(|e| fail(rank, e));
-        let before = group.collective_bytes();
-        let (m, u) = bn_step(synced, batch);
-        synced = m;
-        // The same parameters, so the same gradient sync: the rest is
-        // SyncBatchNorm's statistics.
-        extra_bytes = group.collective_bytes() - before - local_bytes;
-        if i >= 2 {
-            local_times.push(t);
-            synced_times.push(u);
-        }
-    }
-    // The same collectives alone: a tensor all-reduce per layer and direction
-    // of its 3 x channels statistics.
-    let mut alone = Vec::new();
-    for _ in 0..iters {
-        group.barrier().unwrap_or_else(|e| fail(rank, e));
-        let started = Instant::now();
-        for n in [3 * 8, 3 * 16, 3 * 16, 3 * 8] {
-            let stats = Tensor::<Flex, 1>::zeros([n], &Default::default());
-            burn_ddp::collective::all_reduce(group, stats, ReduceOp::Sum)
-                .unwrap_or_else(|e| fail(rank, e));
-        }
-        alone.push(started.elapsed().as_secs_f64());
-    }
-    if group.is_main() {
-        common::bench::print_sync_bn(&common::bench::SyncBnReport {
-            batch,
-            world_size: group.world_size(),
-            transport: group.transport_name(),
-            iters,
-            local: median(local_times),
-            synced: median(synced_times),
-            layers: 2,
-            extra_bytes,
-            collectives: median(alone),
-        });
-    }
+    let all_reduce = |n| {
+        let stats = Tensor::<Flex, 1>::zeros([n], &Default::default());
+        burn_ddp::collective::all_reduce(group, stats, ReduceOp::Sum).map(|_| ())
+    };
+    let steps = (|model| bn_step(model, batch), |model| bn_step(model, batch));
+    bench::sync_bn(group, (iters, batch), (local, synced), steps, all_reduce);
 }
 
 fn main() {
     common::cli::init_logger();
     let args = BenchArgs::parse();
-    let (iters, batch) = (args.iters, args.batch_size);
+    let (iters, batch) = (args.measure.iters, args.measure.batch_size);
     let group = burn_ddp::init_process_group().unwrap_or_else(|e| fail(None, e));
     match args.mode {
         Mode::Overhead if group.world_size() == 1 => overhead(iters, batch),

@@ -34,8 +34,8 @@ use burn_ddp::collective::ReduceOp;
 use burn_ddp::cuda::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use burn_ddp::cuda::nccl::{DeviceBuffer, NcclCommunicator};
 use burn_ddp::group::CollectiveBackend;
-use burn_ddp::shard::RoundMode;
 use burn_ddp::{ProcessGroup, ShardConfig};
+use burn_ddp_examples_common::gpu_check as expect;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -149,6 +149,37 @@ impl Raw {
 /// Each check is built so that doing nothing fails it: outputs start as a
 /// sentinel (-1), and inputs differ per rank.
 fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> bool {
+    let mut all = raw_nccl(group, comm, device);
+    all &= tensor_collectives(group, device);
+    all &= device_pointers(group, device);
+    all &= fused_tensors(group, device);
+    all &= sync_batch_norm_on_cuda(group, device);
+    all &= sharded_optimizer_on_cuda(group, device, ShardConfig::new(), "sharded_optimizer_cuda");
+    // Every round all-reduced, each owner broadcasting its parameters: only
+    // with several ranks (alone, nothing is padded and every round is
+    // sharded; the rows then check the packing and that NCCL was used).
+    if group.world_size() > 1 {
+        all &= sharded_optimizer_on_cuda(
+            group,
+            device,
+            ShardConfig::new().with_padding_limit(1.0),
+            "sharded_optimizer_replicated_cuda",
+        );
+    }
+
+    let barrier = comm.barrier();
+    all &= report(
+        group,
+        "nccl_barrier",
+        barrier.is_ok(),
+        format!("{barrier:?}"),
+    );
+    all
+}
+
+/// NCCL itself on device memory of our own: sum and average out of place,
+/// a pre-multiplied sum in place.
+fn raw_nccl(group: &ProcessGroup, comm: &NcclCommunicator, device: &CudaDevice) -> bool {
     let (rank, world) = (group.rank() as f32, group.world_size() as f32);
     let n = 1 << 20;
     let raw = Raw::new(device.index);
@@ -196,14 +227,18 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         done.is_ok() && bad.is_none(),
         format!("{n} f32 in place, scale 0.5, {done:?}, first bad index {bad:?}"),
     );
+    all
+}
 
-    // The tensor path: a CUDA tensor (Burn's memory) reduced in place.
-    let values: Vec<f32> = (0..4096).map(|i| i as f32 * (rank + 1.0)).collect();
-    let tensor = Tensor::<Cuda, 1>::from_data(TensorData::new(values.clone(), [4096]), device);
+/// The four collectives on CUDA tensors (Burn's memory), in place.
+fn tensor_collectives(group: &ProcessGroup, device: &CudaDevice) -> bool {
+    let mut all = true;
+    let (rank, world) = (group.rank(), group.world_size());
+    let values = expect::scaled_index(rank);
+    let tensor = Tensor::<Cuda, 1>::from_data(TensorData::new(values, [4096]), device);
     let summed =
         burn_ddp::collective::all_reduce(group, tensor, ReduceOp::Sum).map(|t| t.into_data());
-    let factor = world * (world + 1.0) / 2.0;
-    let fine = is_scaled_index(&summed, factor);
+    let fine = is_scaled_index(&summed, world);
     all &= report(
         group,
         "tensor_all_reduce_sum",
@@ -229,10 +264,10 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
 
     // Rank-2 tensors with a distinct value per element and a last dimension
     // of 3 (not a power of two): a padded row or a misplaced element shows.
-    let distinct = |r: f32| -> Vec<f32> { (0..6).map(|i| r * 100.0 + i as f32).collect() };
+    let distinct = expect::distinct;
     let rows = Tensor::<Cuda, 2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
     let gathered = burn_ddp::collective::all_gather(group, rows.clone());
-    let fine = is_gathered(&gathered, group.world_size(), distinct);
+    let fine = is_gathered(&gathered, world);
     all &= report(
         group,
         "tensor_all_gather",
@@ -240,11 +275,11 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         format!("{:?}", gathered.err()),
     );
 
-    let root = group.world_size() - 1;
+    let root = world - 1;
     let broadcast = burn_ddp::collective::broadcast(group, rows, root).map(|t| t.into_data());
     let fine = broadcast
         .as_ref()
-        .is_ok_and(|d| d.as_slice::<f32>().unwrap() == distinct(root as f32));
+        .is_ok_and(|d| d.as_slice::<f32>().unwrap() == distinct(root));
     all &= report(
         group,
         "tensor_broadcast",
@@ -254,15 +289,11 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
 
     // [2w, 3] of index + rank on each rank: rank r keeps rows 2r and 2r + 1 of
     // the sum, world * index + w(w-1)/2.
-    let w = group.world_size();
-    let tall: Vec<f32> = (0..6 * w).map(|i| i as f32 + rank).collect();
-    let tall = Tensor::<Cuda, 2>::from_data(TensorData::new(tall, [2 * w, 3]), device);
+    let tall = expect::reduce_scatter_input(rank, world);
+    let tall = Tensor::<Cuda, 2>::from_data(TensorData::new(tall, [2 * world, 3]), device);
     let part =
         burn_ddp::collective::reduce_scatter(group, tall, ReduceOp::Sum).map(|t| t.into_data());
-    let offset = world * (world - 1.0) / 2.0;
-    let want: Vec<f32> = (6 * rank as usize..6 * rank as usize + 6)
-        .map(|i| world * i as f32 + offset)
-        .collect();
+    let want = expect::reduce_scatter_want(rank, world);
     let fine = part
         .as_ref()
         .is_ok_and(|d| d.shape.to_vec() == [2, 3] && d.as_slice::<f32>().unwrap() == want);
@@ -272,14 +303,17 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
         fine,
         format!("{:?}", part.err()),
     );
+    all
+}
 
-    // The device-pointer round trip: the bytes at the address a collective
-    // hands NCCL, copied back, must be the tensor's values in order, for a
-    // fresh tensor, a slice, a transposed view and a concatenated bucket of
-    // rank-2 tensors (defects of a pitched or strided buffer show here even
-    // with one rank).
-    let grid: Vec<f32> = (0..15).map(|i| i as f32 + 0.5).collect();
-    let fresh = Tensor::<Cuda, 2>::from_data(TensorData::new(grid, [3, 5]), device);
+/// The device-pointer round trip: the bytes at the address a collective
+/// hands NCCL, copied back, must be the tensor's values in order, for a
+/// fresh tensor, a slice, a transposed view and a concatenated bucket of
+/// rank-2 tensors (defects of a pitched or strided buffer show here even
+/// with one rank).
+fn device_pointers(group: &ProcessGroup, device: &CudaDevice) -> bool {
+    let mut all = true;
+    let fresh = Tensor::<Cuda, 2>::from_data(TensorData::new(expect::grid(), [3, 5]), device);
     let cases = [
         ("fresh", fresh.clone()),
         ("slice", fresh.clone().slice([1..3, 1..4])),
@@ -294,13 +328,8 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     ];
     for (name, tensor) in cases {
         let want: Vec<f32> = tensor.clone().into_data().to_vec::<f32>().unwrap();
-        let seen = burn_ddp::cuda::nccl_view(group, tensor).map(|bytes| {
-            bytes.map(|b| {
-                b.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect::<Vec<f32>>()
-            })
-        });
+        let seen =
+            burn_ddp::cuda::nccl_view(group, tensor).map(|bytes| bytes.map(|b| expect::f32s(&b)));
         let fine = matches!(&seen, Ok(Some(values)) if *values == want);
         all &= report(
             group,
@@ -309,51 +338,36 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
             format!("want {want:?}, NCCL would see {seen:?}"),
         );
     }
+    all
+}
 
-    // Burn's fused backend (burn-cuda's default): resolved to CUDA tensors for
-    // NCCL and registered back; the values must come through as on plain CUDA.
+/// Burn's fused backend (burn-cuda's default): resolved to CUDA tensors for
+/// NCCL and registered back; the values must come through as on plain CUDA.
+fn fused_tensors(group: &ProcessGroup, device: &CudaDevice) -> bool {
     type Fused = burn_ddp::cuda::FusedCuda;
-    let fused = Tensor::<Fused, 1>::from_data(TensorData::new(values.clone(), [4096]), device)
-        .mul_scalar(1.0); // queued in the fusion stream, not yet run
+    let values = expect::scaled_index(group.rank());
+    let fused =
+        Tensor::<Fused, 1>::from_data(TensorData::new(values, [4096]), device).mul_scalar(1.0); // queued in the fusion stream, not yet run
     let summed =
         burn_ddp::collective::all_reduce(group, fused, ReduceOp::Sum).map(|t| t.into_data());
-    let fine = is_scaled_index(&summed, factor);
-    all &= report(
+    let fine = is_scaled_index(&summed, group.world_size());
+    let mut all = report(
         group,
         "fused_tensor_all_reduce_sum",
         fine,
         format!("{:?}", summed.err()),
     );
-    let rows = Tensor::<Fused, 2>::from_data(TensorData::new(distinct(rank), [2, 3]), device);
+    let rows = Tensor::<Fused, 2>::from_data(
+        TensorData::new(expect::distinct(group.rank()), [2, 3]),
+        device,
+    );
     let gathered = burn_ddp::collective::all_gather(group, rows);
-    let fine = is_gathered(&gathered, group.world_size(), distinct);
+    let fine = is_gathered(&gathered, group.world_size());
     all &= report(
         group,
         "fused_tensor_all_gather",
         fine,
         format!("{:?}", gathered.err()),
-    );
-
-    all &= sync_batch_norm_on_cuda(group, device);
-    all &= sharded_optimizer_on_cuda(group, device, ShardConfig::new(), "sharded_optimizer_cuda");
-    // Every round all-reduced, each owner broadcasting its parameters: only
-    // with several ranks (alone, nothing is padded and every round is
-    // sharded; the rows then check the packing and that NCCL was used).
-    if group.world_size() > 1 {
-        all &= sharded_optimizer_on_cuda(
-            group,
-            device,
-            ShardConfig::new().with_padding_limit(1.0),
-            "sharded_optimizer_replicated_cuda",
-        );
-    }
-
-    let barrier = comm.barrier();
-    all &= report(
-        group,
-        "nccl_barrier",
-        barrier.is_ok(),
-        format!("{barrier:?}"),
     );
     all
 }
@@ -369,11 +383,7 @@ fn sync_batch_norm_on_cuda(group: &ProcessGroup, device: &CudaDevice) -> bool {
     type Plain = Autodiff<Cuda>;
     burn_ddp::autodiff::enable_sync_batch_norm::<Synced>();
     let (rank, world) = (group.rank(), group.world_size());
-    let rows = |r: usize| -> Vec<f32> {
-        (0..3 * 4 * 5)
-            .map(|i| ((i * 7 + r * 13) % 17) as f32 / 4.0 - 2.0)
-            .collect()
-    };
+    let rows = expect::batch_norm_rows;
     let config = burn::nn::BatchNormConfig::new(4);
     let norm = burn_ddp::sync_batch_norm::sync_batch_norm::<Synced>(&config, device);
     let mine = Tensor::<Synced, 1>::from_floats(rows(rank).as_slice(), device)
@@ -381,7 +391,7 @@ fn sync_batch_norm_on_cuda(group: &ProcessGroup, device: &CudaDevice) -> bool {
         .require_grad();
     let out = norm.forward(mine.clone());
     let grads = (out.clone() * out.clone()).sum().backward();
-    let grad = mine.grad(&grads).map(|g| g.into_data());
+    let grad = mine.grad(&grads).map(|g| floats(g.into_data()));
 
     let reference = config.init::<Plain>(device);
     let all: Vec<f32> = (0..world).flat_map(rows).collect();
@@ -394,28 +404,16 @@ fn sync_batch_norm_on_cuda(group: &ProcessGroup, device: &CudaDevice) -> bool {
     let want_grads = (want.clone() * want.clone()).sum().backward();
     let want_grad = whole
         .grad(&want_grads)
-        .map(|g| g.narrow(0, 3 * rank, 3).into_data());
-    let close = |a: &TensorData, b: &TensorData, tol: f32| {
-        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-        a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= tol)
-    };
-    let out_ok = close(
-        &out.into_data(),
-        &want.narrow(0, 3 * rank, 3).into_data(),
-        1e-5,
-    );
-    let grad_ok = matches!((&grad, &want_grad), (Some(a), Some(b)) if close(a, b, 1e-4));
-    let mean_ok = close(
-        &norm.running_mean.value_sync().into_data(),
-        &reference.running_mean.value_sync().into_data(),
-        1e-6,
-    );
-    report(
-        group,
-        "sync_batch_norm_cuda",
-        out_ok && grad_ok && mean_ok,
-        format!("output {out_ok}, input gradient {grad_ok}, running mean {mean_ok}"),
-    )
+        .map(|g| floats(g.narrow(0, 3 * rank, 3).into_data()));
+    let (passed, detail) = expect::batch_norm_verdict(&expect::BatchNormSeen {
+        output: floats(out.into_data()),
+        want_output: floats(want.narrow(0, 3 * rank, 3).into_data()),
+        grad,
+        want_grad,
+        running_mean: floats(norm.running_mean.value_sync().into_data()),
+        want_running_mean: floats(reference.running_mean.value_sync().into_data()),
+    });
+    report(group, "sync_batch_norm_cuda", passed, detail)
 }
 
 /// Two Linear layers with the same values on every rank and in every
@@ -488,11 +486,7 @@ fn sharded_optimizer_on_cuda(
     type Sharded = burn_ddp::Ddp<Autodiff<Cuda>>;
     type Plain = Autodiff<Cuda>;
     let (rank, world) = (group.rank(), group.world_size());
-    let batch = |r: usize| -> Vec<f32> {
-        (0..4 * 6)
-            .map(|i| ((i * 3 + r * 7) % 13) as f32 / 6.0 - 1.0)
-            .collect()
-    };
+    let batch = expect::shard_batch;
     let mut model = match burn_ddp::wrap(Mlp::<Sharded>::new(device), group) {
         Ok(model) => model,
         Err(err) => return report(group, name, false, err.to_string()),
@@ -522,57 +516,42 @@ fn sharded_optimizer_on_cuda(
         let grads = GradientsParams::from_grads((out.clone() * out).mean().backward(), &reference);
         reference = plain.step(0.05, reference, grads);
     }
-    let (got, want) = (model.floats(), reference.floats());
-    let worst = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
-    let on_gpu = optimizer.stats().device_buckets;
-    // A padding limit of 1 with several ranks must replicate this model's
-    // round (its chunks are uneven).
-    let modes: Vec<RoundMode> = optimizer.plan().rounds.iter().map(|r| r.mode).collect();
-    let replicate = config.padding_limit <= 1.0 && world > 1;
-    let modes_as_asked = modes
-        .iter()
-        .all(|&mode| (mode == RoundMode::Replicated) == replicate);
-    report(
-        group,
-        name,
-        got.len() == want.len() && worst <= 1e-5 && on_gpu > 0 && modes_as_asked,
-        format!(
-            "largest difference from one process with the global batch {worst:e}, \
-             {on_gpu} rounds through NCCL, owners {:?}, rounds {modes:?}",
-            optimizer.plan().owners
-        ),
-    )
+    let (passed, detail) = expect::shard_verdict(
+        &model.floats(),
+        &reference.floats(),
+        optimizer.stats().device_buckets,
+        optimizer.plan(),
+        config.padding_limit,
+        world,
+    );
+    report(group, name, passed, detail)
 }
 
-/// Whether a summed result holds `index * factor` at every index.
-fn is_scaled_index(summed: &burn_ddp::Result<TensorData>, factor: f32) -> bool {
-    summed.as_ref().is_ok_and(|d| {
-        d.as_slice::<f32>()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .all(|(i, v)| *v == i as f32 * factor)
-    })
+/// Whether a summed result is every rank's [`expect::scaled_index`] summed.
+fn is_scaled_index(summed: &burn_ddp::Result<TensorData>, world: usize) -> bool {
+    summed
+        .as_ref()
+        .is_ok_and(|d| expect::is_scaled_index_sum(d.as_slice::<f32>().unwrap(), world))
 }
 
 /// Whether `all_gather` returned every rank's `[2, 3]` tensor, rank `r`'s
-/// holding `expected(r)`.
+/// holding [`expect::distinct`]`(r)`.
 fn is_gathered<B: burn::tensor::backend::Backend>(
     gathered: &burn_ddp::Result<Vec<Tensor<B, 2>>>,
     world: usize,
-    expected: impl Fn(f32) -> Vec<f32>,
 ) -> bool {
     gathered.as_ref().is_ok_and(|parts| {
         parts.len() == world
             && parts.iter().enumerate().all(|(r, p)| {
                 p.dims() == [2, 3]
-                    && p.clone().into_data().as_slice::<f32>().unwrap() == expected(r as f32)
+                    && p.clone().into_data().as_slice::<f32>().unwrap() == expect::distinct(r)
             })
     })
+}
+
+/// A tensor's values as f32.
+fn floats(data: TensorData) -> Vec<f32> {
+    data.to_vec::<f32>().unwrap()
 }
 
 /// Times one bucket all-reduce (mean) per size, over `iters` rounds after a

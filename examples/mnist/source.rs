@@ -4,7 +4,7 @@
 use burn::data::dataset::Dataset;
 use burn_dataset::vision::MnistDataset;
 use burn_ddp::ProcessGroup;
-use burn_ddp_examples_common::idx::{self, burn_dataset_cache, Split};
+use burn_ddp_examples_common::idx::{burn_dataset_cache, Split};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -20,9 +20,7 @@ pub fn load(
     group: &ProcessGroup,
 ) -> Result<(Split, Split), String> {
     if let Some(dir) = data_dir {
-        let train = idx::load_split(dir, "train").map_err(|e| e.to_string())?;
-        let test = idx::load_split(dir, "t10k").map_err(|e| e.to_string())?;
-        return Ok((train, test));
+        return burn_ddp_examples_common::mnist::read_idx(dir);
     }
     let local_rank = burn_ddp::group::LaunchEnv::from_env()
         .map(|env| env.local_rank)

@@ -13,6 +13,7 @@ pub mod multiprocess;
 pub mod numbers;
 pub mod programs;
 mod slurm;
+pub mod trainers;
 
 pub use c10d_server::C10dTestServer;
 pub use machines::{Machines, REQUIRE_NETNS_VAR};

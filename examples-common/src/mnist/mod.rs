@@ -1,9 +1,23 @@
-//! The MNIST trainer's command line and saved hyper-parameters, shared by its
-//! Burn 0.21 and Burn 0.22 programs (no Burn here).
+//! The MNIST trainer (document 000's script), written once for both Burn
+//! versions: its command line, saved hyper-parameters, data, and the
+//! hand-written loop ([`train`]; the Learner's is [`crate::learner`]). What
+//! a Burn version spells its own way (the CNN, loaders, training step,
+//! evaluation, checkpoints, where MNIST comes from without `--data-dir`) is
+//! its program's [`MnistFiles`] and [`MnistTraining`] (examples/mnist on
+//! Burn 0.21, examples-22/mnist on 0.22).
+
+mod train;
+
+pub use train::{train, MnistTraining};
 
 use crate::cli::{positive, BackendChoice};
+use crate::idx::{self, Split};
+use crate::training::Program;
+use crate::{fail, IndexOutOfRange};
+use burn_ddp_comm::{LaunchEnv, ProcessGroup};
 use clap::Parser;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The trainer's command line: the document's argparse flags (dashes or
 /// underscores).
@@ -174,5 +188,86 @@ impl MnistTrainingConfig {
     pub fn with_max_steps(mut self, max_steps: Option<usize>) -> Self {
         self.max_steps = max_steps;
         self
+    }
+}
+
+/// Where a Burn version's trainer finds MNIST (its hand-written loop and its
+/// Learner alike).
+pub trait MnistFiles: Program {
+    /// Both splits whole: `--data-dir`'s IDX files ([`read_idx`]), or
+    /// without it what this Burn's burn-dataset has (an error says what to do).
+    fn read(&self, args: &MnistArgs, group: &ProcessGroup) -> Result<(Split, Split), String>;
+}
+
+/// The training and test splits of the four IDX files in `dir` (`.gz` or not).
+pub fn read_idx(dir: &Path) -> Result<(Split, Split), String> {
+    let train = idx::load_split(dir, "train").map_err(|e| e.to_string())?;
+    let test = idx::load_split(dir, "t10k").map_err(|e| e.to_string())?;
+    Ok((train, test))
+}
+
+/// This rank's copy of both splits, limited by --train-samples/--test-samples.
+pub fn splits<T: MnistFiles>(
+    burn: &T,
+    args: &MnistArgs,
+    group: &ProcessGroup,
+) -> (Arc<Split>, Arc<Split>) {
+    let (mut train, mut test) = burn
+        .read(args, group)
+        .unwrap_or_else(|e| fail(Some(group.rank()), e));
+    if let Some(n) = args.train_samples {
+        train.truncate(n);
+    }
+    if let Some(n) = args.test_samples {
+        test.truncate(n);
+    }
+    (Arc::new(train), Arc::new(test))
+}
+
+/// One image (its own copy of the pixels) and its label.
+#[derive(Clone, Debug)]
+pub struct MnistItem {
+    pub image: Arc<[u8]>,
+    pub label: u8,
+}
+
+impl MnistItem {
+    /// Image `index` of `split`.
+    pub fn of(split: &Split, index: usize) -> Result<Self, IndexOutOfRange> {
+        let pixels = split.pixels();
+        match split.images.get(index * pixels..(index + 1) * pixels) {
+            Some(image) => Ok(Self {
+                image: Arc::from(image),
+                label: split.labels[index],
+            }),
+            None => Err(IndexOutOfRange::new(index, split.len())),
+        }
+    }
+}
+
+/// The batch's pixels as the document's transform makes them: `ToTensor()`
+/// (0-255 to 0-1) then `Normalize((0.1307,), (0.3081,))`, image after image.
+pub fn normalized_pixels(items: &[MnistItem]) -> Vec<f32> {
+    items
+        .iter()
+        .flat_map(|item| {
+            item.image
+                .iter()
+                .map(|p| (*p as f32 / 255.0 - 0.1307) / 0.3081)
+        })
+        .collect()
+}
+
+/// The batch's labels, as class indices.
+pub fn labels(items: &[MnistItem]) -> Vec<i64> {
+    items.iter().map(|item| item.label as i64).collect()
+}
+
+/// The trainer's logger: with `--learner`, Burn's Learner sends rank 0's
+/// messages to experiment.log; the other ranks (and the hand-written loop)
+/// print warnings and errors.
+pub fn init_logger(args: &MnistArgs) {
+    if !args.learner || LaunchEnv::from_env().is_ok_and(|env| env.rank != 0) {
+        crate::cli::init_logger();
     }
 }

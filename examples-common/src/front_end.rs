@@ -1,0 +1,33 @@
+//! The burn-ddp crate of a program's Burn version (`burn_ddp` on Burn 0.21,
+//! `burn_ddp_22` on 0.22), as the shared trainers call it: its process group
+//! belongs to that crate's session, so the shared code cannot make one itself.
+
+use crate::fail;
+use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
+
+/// A front-end's functions of the same names; each Burn version's programs
+/// fill one in (`burn_ddp::init_process_group`, ...).
+#[derive(Clone, Copy)]
+pub struct FrontEnd {
+    /// `init_process_group`: joins the launcher's group (a world of one
+    /// without a launcher) and makes it the default one.
+    pub init_process_group: fn() -> Result<ProcessGroup>,
+    /// `destroy_process_group`: waits for every rank, then forgets the group.
+    pub destroy_process_group: fn() -> Result<()>,
+    /// `sync::sync_stats`: what averaging gradients has cost this process.
+    pub sync_stats: fn() -> SyncStats,
+    /// `sync::reset_sync_stats`: starts those figures from zero.
+    pub reset_sync_stats: fn(),
+}
+
+impl FrontEnd {
+    /// The group, or the process ends naming why (no rank is known yet).
+    pub fn init(&self) -> ProcessGroup {
+        (self.init_process_group)().unwrap_or_else(|e| fail(None, e))
+    }
+
+    /// Leaves the group, or the process ends naming `rank` and why.
+    pub fn destroy(&self, rank: usize) {
+        (self.destroy_process_group)().unwrap_or_else(|e| fail(Some(rank), e))
+    }
+}

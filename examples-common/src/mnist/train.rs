@@ -1,0 +1,260 @@
+//! The MNIST trainer's hand-written loop: a DistributedSampler with
+//! `set_epoch`, the average loss all-reduced and printed by rank 0, test
+//! accuracy over a test set sharded without duplicates, snapshots in
+//! `--checkpoint-dir`, and the final model saved by rank 0.
+
+use super::{splits, MnistArgs, MnistFiles, MnistTrainingConfig, ResumeFrom};
+use crate::fail;
+use crate::idx::Split;
+use crate::run_config;
+use crate::stopped::Stopped;
+use crate::training::{self, BurnVersion, Epoch, Training};
+use burn_ddp_comm::{ProcessGroup, ReduceOp};
+use burn_ddp_sampler::{DistributedSampler, EpochHandle};
+use burn_ddp_training::sum::sum_over_ranks;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Beside the hand-written loop's snapshots.
+const SNAPSHOT_CONFIG_FILE: &str = "mnist_config.json";
+
+/// The MNIST trainer's Burn side: [`Training`] (the CNN, AdamW,
+/// cross-entropy), its loaders and its evaluation.
+pub trait MnistTraining: Training + MnistFiles {
+    /// This rank's test loader (on the backend without autodiff).
+    type TestLoader;
+
+    /// A loader of `batch_size` images over `split` in `sampler`'s order
+    /// (this rank's shard), and the handle that sets the sampler's epoch.
+    fn train_loader(
+        &self,
+        split: Arc<Split>,
+        sampler: DistributedSampler,
+        batch_size: usize,
+    ) -> (Self::Loader, EpochHandle);
+    /// The test loader over this rank's part of `split`.
+    fn test_loader(
+        &self,
+        split: Arc<Split>,
+        sampler: DistributedSampler,
+        batch_size: usize,
+    ) -> Self::TestLoader;
+    /// Correct predictions and samples seen on this rank's test shard (on
+    /// the model's copy without autodiff).
+    fn evaluate(
+        &self,
+        model: &Self::Model,
+        loader: &Self::TestLoader,
+    ) -> Result<(i64, i64), String>;
+}
+
+/// Trains the document's CNN as `args` say (the hand-written loop).
+pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
+    let group = T::FRONT_END.init();
+    let (rank, world_size) = (group.rank(), group.world_size());
+    let batch_size = training::batch_size(&group, args.batch_size, args.global_batch_size);
+    let (train_set, test_set) = splits(trainer, args, &group);
+    let config = MnistTrainingConfig::new(
+        args.epochs,
+        batch_size,
+        world_size,
+        args.lr,
+        args.seed,
+        train_set.len(),
+    )
+    .with_max_steps(args.max_steps);
+    let snapshots = args.checkpoint_dir.as_deref();
+    if args.resume.is_some() && snapshots.is_none() {
+        fail(
+            Some(rank),
+            "--resume without --learner resumes from --checkpoint-dir's snapshots: give \
+             --checkpoint-dir DIR",
+        );
+    }
+
+    let sampler = burn_ddp_sampler::distributed_sampler(&group, train_set.len())
+        .unwrap_or_else(|e| fail(Some(rank), e))
+        .seed(args.seed);
+    let steps_per_epoch = sampler
+        .num_samples()
+        .div_ceil(batch_size)
+        .min(args.max_steps.unwrap_or(usize::MAX));
+    let (train_loader, epoch_handle) = trainer.train_loader(train_set, sampler, batch_size);
+    // The test set is split without padding, so summed counts are exact.
+    let test_sampler = burn_ddp_sampler::evaluation_sampler(&group, test_set.len())
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    let test_loader = trainer.test_loader(test_set, test_sampler, args.test_batch_size);
+
+    // Where to go on from, chosen before the model draws its initial weights.
+    let resume = match (args.resume, snapshots) {
+        (Some(ResumeFrom::Auto), Some(dir)) => {
+            training::newest_snapshot(trainer, &group, dir, &config, SNAPSHOT_CONFIG_FILE)
+        }
+        (Some(ResumeFrom::Epoch(epoch)), Some(dir)) => {
+            Some(crate::resume::snapshot_path(dir, epoch))
+        }
+        _ => None,
+    };
+    let snapshot = resume.as_deref();
+    let files = (snapshots, SNAPSHOT_CONFIG_FILE);
+    let (model, optimizer, first_epoch) =
+        training::start(trainer, &group, args.seed, snapshot, &config, files);
+
+    // Ctrl-C or SIGTERM: every rank stops before the same step (asked each
+    // step) and rank 0 saves the model trained so far.
+    burn_ddp_training::stop::catch_stop_signals();
+    let run = MnistRun {
+        trainer,
+        group,
+        args,
+        steps_per_epoch,
+    };
+    let loaders = (&train_loader, &test_loader, &epoch_handle);
+    let (model, stopped) = run.epochs(loaders, first_epoch, model, optimizer);
+    run.finish(&model, stopped, &config);
+}
+
+/// An MNIST run under way.
+struct MnistRun<'a, T: MnistTraining> {
+    trainer: &'a T,
+    group: ProcessGroup,
+    args: &'a MnistArgs,
+    steps_per_epoch: usize,
+}
+
+impl<T: MnistTraining> MnistRun<'_, T> {
+    /// The epochs from `first` on, each ending with its line on rank 0 and,
+    /// every `--save-interval` epochs, a snapshot; where a stop came, if one did.
+    fn epochs(
+        &self,
+        (train_loader, test_loader, epoch_handle): (&T::Loader, &T::TestLoader, &EpochHandle),
+        first: usize,
+        mut model: T::Model,
+        mut optimizer: T::Optimizer,
+    ) -> (T::Model, Option<Stopped>) {
+        let (group, rank) = (&self.group, self.group.rank());
+        for epoch in first..self.args.epochs {
+            epoch_handle.set_epoch(epoch);
+            let started = Instant::now();
+            let progress = progress_bar(group.is_main(), self.steps_per_epoch, epoch);
+            let batches = Box::new(
+                self.trainer
+                    .batches(train_loader)
+                    .take(self.steps_per_epoch),
+            );
+            let done = training::train_epoch(
+                self.trainer,
+                group,
+                batches,
+                (model, &mut optimizer),
+                (epoch, self.args.lr),
+                |loss| {
+                    if let Some(bar) = &progress {
+                        bar.inc(1);
+                    }
+                    loss
+                },
+            );
+            if let Some(bar) = progress {
+                bar.finish_and_clear();
+            }
+            if done.stopped.is_some() {
+                return (done.model, done.stopped);
+            }
+            self.report(epoch, &done, started, test_loader);
+            model = done.model;
+            let save_interval = self.args.save_interval;
+            let dir = self.args.checkpoint_dir.as_deref();
+            if let Some(dir) = dir.filter(|_| (epoch + 1).is_multiple_of(save_interval)) {
+                if group.is_main() {
+                    training::save_snapshot(self.trainer, dir, &model, &optimizer, epoch + 1, rank);
+                }
+                // Every rank goes on once the snapshot is whole.
+                group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+            }
+        }
+        (model, None)
+    }
+
+    /// Rank 0's line for the epoch: the average loss over the ranks, the
+    /// test accuracy over the whole test set, the time and throughput.
+    fn report(&self, epoch: usize, done: &Epoch<T::Model>, started: Instant, test: &T::TestLoader) {
+        let (group, rank) = (&self.group, self.group.rank());
+        // avg = all_reduce(total_loss / len(loader)) / world_size, as the document computes it.
+        let mut average = [done.loss / done.steps.max(1) as f64];
+        group
+            .all_reduce(&mut average, ReduceOp::Sum)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        let average = average[0] / group.world_size() as f64;
+        let [all_samples] =
+            sum_over_ranks(group, [done.samples]).unwrap_or_else(|e| fail(Some(rank), e));
+        let elapsed = started.elapsed().as_secs_f64();
+        let (correct, total) = self
+            .trainer
+            .evaluate(&done.model, test)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        let [correct, total] =
+            sum_over_ranks(group, [correct, total]).unwrap_or_else(|e| fail(Some(rank), e));
+        if group.is_main() {
+            println!(
+                "epoch={epoch} avg_loss={average:.4} test_acc={:.2}% epoch_time={elapsed:.1}s samples/s={:.0}",
+                100.0 * correct as f64 / total.max(1) as f64,
+                all_samples as f64 / elapsed
+            );
+        }
+    }
+
+    /// The end: rank 0 saves the model (the one trained so far after a
+    /// stop) and its configuration; a stopped run exits with the signal's code.
+    fn finish(&self, model: &T::Model, stopped: Option<Stopped>, config: &MnistTrainingConfig) {
+        let rank = self.group.rank();
+        if let Some(stop) = stopped {
+            println!("{}", stop.rank_line(rank));
+        }
+        if self.group.is_main() {
+            // Equal for two runs exactly when they ended with the same parameters.
+            println!(
+                "parameters fingerprint: {:016x}",
+                self.trainer.burn().fingerprint(model)
+            );
+            let output = &self.args.output;
+            let epochs_done = stopped.map_or(self.args.epochs, |stop| stop.epoch);
+            let path = self
+                .trainer
+                .burn()
+                .save_model(output, model, epochs_done)
+                .unwrap_or_else(|e| fail(Some(rank), e));
+            run_config::save(config, &output.with_extension("config.json"))
+                .unwrap_or_else(|e| fail(Some(rank), e));
+            println!("saved {}", path.display());
+            if let Some(stop) = stopped {
+                println!(
+                    "{}; the model saved is the one trained so far",
+                    stop.describe()
+                );
+            }
+        }
+        T::FRONT_END.destroy(rank);
+        if let Some(stop) = stopped {
+            std::process::exit(stop.exit_code());
+        }
+    }
+}
+
+/// A bar on rank 0 when a person is watching (stderr is a terminal).
+fn progress_bar(main: bool, steps: usize, epoch: usize) -> Option<indicatif::ProgressBar> {
+    if !main || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "epoch {msg} [{bar:30}] {pos}/{len} steps, {per_sec}, eta {eta}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
+    );
+    bar.set_message(epoch.to_string());
+    Some(bar)
+}

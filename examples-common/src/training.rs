@@ -1,0 +1,265 @@
+//! The hand-written training loops' shared parts (the toy and MNIST
+//! trainers, on both Burn versions). What a loop needs of a program is the
+//! [`Training`] trait (the model, its optimizer, the loader's batches, one
+//! training step) and of its Burn version [`BurnVersion`] (seeding, `wrap`,
+//! checkpoints), each implemented in that Burn's spelling; the rest (each
+//! rank's batch, the resume, the agreed stop) is written here once.
+
+use crate::front_end::FrontEnd;
+use crate::stopped::Stopped;
+use crate::{fail, resume, run_config};
+use burn_ddp_comm::ProcessGroup;
+use burn_ddp_training::snapshots::LoadError;
+use burn_ddp_training::stop;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::error::Error;
+use std::path::{Path, PathBuf};
+
+/// A Burn version's program: the front-end crate it trains with.
+pub trait Program {
+    /// `burn_ddp`'s functions on Burn 0.21, `burn_ddp_22`'s on 0.22.
+    const FRONT_END: FrontEnd;
+}
+
+/// One epoch's batches from a loader, each one or the loader's error.
+pub type Batches<'a, B> = Box<dyn Iterator<Item = Result<B, String>> + 'a>;
+
+/// Why a checkpoint could not be written (the front-end's `CheckpointError`).
+pub type SaveError = Box<dyn Error + Send + Sync>;
+
+/// The file a checkpoint was written to, or why it was not.
+pub type Saved = Result<PathBuf, SaveError>;
+
+/// What one training step leaves.
+pub struct Step<M> {
+    /// The model after the optimizer's update.
+    pub model: M,
+    /// This rank's loss on its batch (before the update).
+    pub loss: f64,
+    /// The batch's items.
+    pub samples: usize,
+}
+
+/// What a Burn version does alike for every model `M` trained with
+/// optimizer `O`: seeding, `wrap`, checkpoints, the fingerprint (each
+/// version's programs implement it once, for all their models).
+pub trait BurnVersion<M, O> {
+    /// Checkpoint files' extension (`mpk` on Burn 0.21, `ckpt` on 0.22).
+    const EXTENSION: &'static str;
+
+    /// Seeds the backend's generator (the initial weights).
+    fn seed(&self, seed: u64);
+    /// `wrap(model, group)`: rank 0's weights on every rank, gradients averaged.
+    fn wrap(&self, model: M, group: &ProcessGroup) -> burn_ddp_comm::Result<M>;
+    /// `model` and `optimizer` with a snapshot's values, and its epochs done.
+    fn load(&self, path: &Path, model: M, optimizer: O) -> Result<(M, O, usize), LoadError>;
+    /// Writes a snapshot (model, optimizer, epochs done) atomically; the file.
+    fn save(&self, path: &Path, model: &M, optimizer: &O, epochs: usize) -> Saved;
+    /// Writes the model alone atomically (the trained one); the file.
+    fn save_model(&self, path: &Path, model: &M, epochs: usize) -> Saved;
+    /// A digest of every parameter: equal exactly when the values are.
+    fn fingerprint(&self, model: &M) -> u64;
+}
+
+/// What a hand-written training loop needs of a program: its model and
+/// optimizer, its loader's batches, one training step, each in its Burn's
+/// API (`Tensor<B, D>` and `Ddp<B>` on 0.21, `Tensor<D>` and
+/// `sync_gradients` on 0.22), and its Burn's [`BurnVersion`].
+pub trait Training: Program {
+    /// The model (before and after `wrap`).
+    type Model;
+    /// The optimizer, with its state.
+    type Optimizer;
+    /// One training batch.
+    type Batch;
+    /// This rank's training loader.
+    type Loader;
+    /// Seeding, `wrap`, checkpoints, the fingerprint.
+    type Burn: BurnVersion<Self::Model, Self::Optimizer>;
+
+    /// This program's [`BurnVersion`] (its device).
+    fn burn(&self) -> &Self::Burn;
+    /// A new model and optimizer.
+    fn init(&self) -> (Self::Model, Self::Optimizer);
+    /// The loader's batches for one epoch (the sampler's epoch set first).
+    fn batches<'a>(&self, loader: &'a Self::Loader) -> Batches<'a, Self::Batch>;
+    /// Forward, loss, backward, gradients averaged over the ranks, update.
+    fn train_step(
+        &self,
+        model: Self::Model,
+        optimizer: &mut Self::Optimizer,
+        batch: Self::Batch,
+        lr: f64,
+    ) -> burn_ddp_comm::Result<Step<Self::Model>>;
+}
+
+/// The checkpoint files' extension of `T`'s Burn.
+fn extension<T: Training>() -> &'static str {
+    <T::Burn as BurnVersion<T::Model, T::Optimizer>>::EXTENSION
+}
+
+/// Each rank's loader batch: `--batch-size`, or its share of
+/// `--global-batch-size` (refused when the ranks do not divide it).
+pub fn batch_size(group: &ProcessGroup, batch_size: usize, global: Option<usize>) -> usize {
+    match global {
+        Some(global) => {
+            burn_ddp_sampler::batch_size_per_rank(group, global).unwrap_or_else(|e| fail(None, e))
+        }
+        None => batch_size,
+    }
+}
+
+/// `--resume auto`: the newest snapshot in `dir` that loads into this run's
+/// model and optimizer, the same for every rank (a folder whose
+/// `config_file` is another run's is refused).
+pub fn newest_snapshot<T: Training, C: Serialize + DeserializeOwned>(
+    trainer: &T,
+    group: &ProcessGroup,
+    dir: &Path,
+    config: &C,
+    config_file: &str,
+) -> Option<PathBuf> {
+    resume::newest_snapshot(
+        group,
+        dir,
+        extension::<T>(),
+        config,
+        &dir.join(config_file),
+        &["epochs"],
+        |snapshot| {
+            let (model, optimizer) = trainer.init();
+            let burn = trainer.burn();
+            burn.load(&snapshot.path, model, optimizer).map(|_| ())
+        },
+    )
+}
+
+/// The model and optimizer a run starts with, and its first epoch: seeded
+/// and new, or (given a snapshot) loaded on every rank, then wrapped. Rank 0
+/// says where it resumed, warns when the saved `config_file` beside the
+/// snapshot holds other settings than `config` (its epochs aside), then
+/// saves `config` in `dir` (if snapshots are kept).
+pub fn start<T: Training, C: Serialize + DeserializeOwned>(
+    trainer: &T,
+    group: &ProcessGroup,
+    seed: u64,
+    snapshot: Option<&Path>,
+    config: &C,
+    (dir, config_file): (Option<&Path>, &str),
+) -> (T::Model, T::Optimizer, usize) {
+    let rank = group.rank();
+    trainer.burn().seed(seed);
+    let (mut model, mut optimizer) = trainer.init();
+    let mut first_epoch = 0;
+    if let Some(path) = snapshot {
+        (model, optimizer, first_epoch) = trainer
+            .burn()
+            .load(path, model, optimizer)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+        if group.is_main() {
+            println!("Resumed from {} at epoch {first_epoch}", path.display());
+            let saved = path.with_file_name(config_file);
+            if let Some(warning) = run_config::resume_warning(config, &saved, &["epochs"]) {
+                log::warn!("rank {rank}: {warning}");
+            }
+        }
+    }
+    if let Some(dir) = dir {
+        save_config(group, dir, config, config_file);
+    }
+    let model = trainer
+        .burn()
+        .wrap(model, group)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    (model, optimizer, first_epoch)
+}
+
+/// Rank 0 makes the checkpoint folder if missing and saves the run's
+/// settings there; refused here, before the first step, if it cannot.
+fn save_config<C: Serialize>(group: &ProcessGroup, dir: &Path, config: &C, file: &str) {
+    if group.is_main() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("--checkpoint-dir {}: {e}", dir.display()))
+            .and_then(|()| run_config::save(config, &dir.join(file)))
+            .unwrap_or_else(|e| fail(Some(group.rank()), e));
+    }
+}
+
+/// Writes the snapshot after `epochs_done` epochs into `dir`; the file.
+pub fn save_snapshot<T: Training>(
+    trainer: &T,
+    dir: &Path,
+    model: &T::Model,
+    optimizer: &T::Optimizer,
+    epochs_done: usize,
+    rank: usize,
+) -> PathBuf {
+    let path = resume::snapshot_path(dir, epochs_done);
+    trainer
+        .burn()
+        .save(&path, model, optimizer, epochs_done)
+        .unwrap_or_else(|e| fail(Some(rank), e))
+}
+
+/// How one epoch's steps went on this rank.
+pub struct Epoch<M> {
+    /// The model after its last step.
+    pub model: M,
+    /// What `after_step` made of each step's loss, summed.
+    pub loss: f64,
+    /// Steps taken.
+    pub steps: usize,
+    /// Items trained on.
+    pub samples: usize,
+    /// Where a Ctrl-C or SIGTERM on some rank stopped every rank, if one did.
+    pub stopped: Option<Stopped>,
+}
+
+/// Epoch `epoch`'s steps over `batches`. Every rank asks before each step
+/// whether a Ctrl-C or SIGTERM reached any rank (`catch_stop_signals`), so
+/// all stop before the same one; `after_step` gets each step's loss (to sum
+/// it over the ranks, move a progress bar) and returns what to add up.
+pub fn train_epoch<T: Training>(
+    trainer: &T,
+    group: &ProcessGroup,
+    batches: Batches<'_, T::Batch>,
+    (mut model, optimizer): (T::Model, &mut T::Optimizer),
+    (epoch, lr): (usize, f64),
+    mut after_step: impl FnMut(f64) -> f64,
+) -> Epoch<T::Model> {
+    let rank = group.rank();
+    let (mut loss, mut steps, mut samples) = (0.0, 0, 0);
+    for batch in batches {
+        if let Some(signal) = stop::stop_requested(group).unwrap_or_else(|e| fail(Some(rank), e)) {
+            let stopped = Some(Stopped {
+                signal,
+                epoch,
+                step: steps,
+            });
+            return Epoch {
+                model,
+                loss,
+                steps,
+                samples,
+                stopped,
+            };
+        }
+        let batch = batch.unwrap_or_else(|e| fail(Some(rank), e));
+        let step = trainer
+            .train_step(model, optimizer, batch, lr)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        model = step.model;
+        loss += after_step(step.loss);
+        steps += 1;
+        samples += step.samples;
+    }
+    Epoch {
+        model,
+        loss,
+        steps,
+        samples,
+        stopped: None,
+    }
+}
