@@ -1,4 +1,4 @@
-//! The MNIST DDP trainer (document 000) on Burn 0.22: the program of
+//! The MNIST DDP trainer of the PyTorch DDP tutorial, on Burn 0.22: the program of
 //! examples/mnist (a two-conv CNN, cross-entropy, AdamW lr 1e-3,
 //! per-process batch 128, a DistributedSampler with `set_epoch`, the
 //! average loss all-reduced, test accuracy over a test set sharded without

@@ -1,4 +1,4 @@
-//! The document's MNIST network on Burn 0.22 (examples/mnist/net.rs in Burn
+//! The tutorial's MNIST network on Burn 0.22 (examples/mnist/net.rs in Burn
 //! 0.22's `Module`), shared by the trainer and the benchmark.
 
 use burn::module::Module;
@@ -7,7 +7,7 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::{Device, Tensor};
 
-/// The document's `Net`.
+/// The tutorial's `Net`.
 #[derive(Module, Debug)]
 pub struct Net {
     conv1: Conv2d,

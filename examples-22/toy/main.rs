@@ -1,4 +1,4 @@
-//! The ToyModel DDP trainer (document 003) on Burn 0.22: the same program,
+//! The ToyModel DDP trainer of the PyTorch DDP tutorial, on Burn 0.22: the same program,
 //! flags and checkpoints as examples/toy (the loop is examples-common's
 //! `toy::train`, shared by both), with Burn 0.22's model, batcher and
 //! training step (seeding and checkpoints: burn_022.rs, every trainer's). The one line that differs in the step is
@@ -33,7 +33,7 @@ use std::sync::Arc;
 /// has no NdArray).
 pub(crate) type ToyArgs = common::toy::ToyArgs<common::toy::FlexByDefault>;
 
-/// The document's ToyModel.
+/// The tutorial's ToyModel.
 #[derive(Module, Debug)]
 struct ToyModel {
     linear: Linear,
@@ -51,7 +51,7 @@ impl ToyModel {
     }
 }
 
-/// The document's ToyDataset: random features and labels, the same on every rank.
+/// The tutorial's ToyDataset: random features and labels, the same on every rank.
 struct ToyDataset(ToyData);
 
 impl Dataset<ToyItem> for ToyDataset {

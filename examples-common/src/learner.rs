@@ -56,7 +56,7 @@ pub trait LearnerTraining: MnistFiles {
     ) -> std::result::Result<PathBuf, SaveError>;
 }
 
-/// Trains the document's CNN through Burn's Learner as `args` say.
+/// Trains the tutorial's CNN through Burn's Learner as `args` say.
 pub fn train<T: LearnerTraining>(trainer: &T, args: &MnistArgs) {
     let group = T::FRONT_END.init(); // burn-ddp
     let rank = group.rank();

@@ -1,4 +1,4 @@
-//! The toy trainer (document 003's ToyModel DDP script), written once for
+//! The toy trainer (the PyTorch DDP tutorial's ToyModel script), written once for
 //! both Burn versions: its command line, saved hyper-parameters, data and
 //! training loop. What a Burn version spells its own way (the model, the
 //! loader, the training step, checkpoints) is its program's [`ToyTraining`]
@@ -37,13 +37,13 @@ impl ToyProgram for FlexByDefault {
     const DEFAULT_BACKEND: &'static str = "flex";
 }
 
-/// The trainer's command line: the document's argparse flags (dashes or
+/// The trainer's command line: the tutorial's argparse flags (dashes or
 /// underscores); `P` says the program's `--backend` default.
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "toy",
     version,
-    about = "DDP training of the document's ToyModel (Linear 10 -> 1)."
+    about = "DDP training of the tutorial's ToyModel (Linear 10 -> 1)."
 )]
 pub struct ToyArgs<P: ToyProgram> {
     /// Training epochs.
@@ -148,7 +148,7 @@ impl ToyTrainingConfig {
     }
 }
 
-/// The document's ToyDataset: `randn(size, 10)` features and `randn(size, 1)`
+/// The tutorial's ToyDataset: `randn(size, 10)` features and `randn(size, 1)`
 /// labels, drawn from a fixed seed so every rank holds the same data.
 pub fn toy_data(size: usize, seed: u64) -> (Vec<[f32; 10]>, Vec<f32>) {
     let mut normal = crate::Normal::new(seed);
@@ -159,7 +159,7 @@ pub fn toy_data(size: usize, seed: u64) -> (Vec<[f32; 10]>, Vec<f32>) {
     (features, labels)
 }
 
-/// The document's ToyDataset ([`toy_data`]), for a program's Burn `Dataset`.
+/// The tutorial's ToyDataset ([`toy_data`]), for a program's Burn `Dataset`.
 pub struct ToyData {
     features: Vec<[f32; 10]>,
     labels: Vec<f32>,

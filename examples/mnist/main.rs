@@ -1,4 +1,4 @@
-//! Port of the MNIST DDP trainer (document 000): a two-conv CNN, cross-entropy,
+//! Port of the PyTorch DDP tutorial's MNIST trainer: a two-conv CNN, cross-entropy,
 //! AdamW (lr 1e-3), per-process batch 128, a DistributedSampler with
 //! `set_epoch`, the average loss all-reduced and printed by rank 0, and the
 //! final model saved by rank 0 as `mnist_ddp.mpk`. Test accuracy is measured on

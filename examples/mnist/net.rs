@@ -1,4 +1,4 @@
-//! The document's MNIST network, shared by the trainer and the benchmark.
+//! The tutorial's MNIST network, shared by the trainer and the benchmark.
 
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -7,7 +7,7 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-/// The document's `Net`.
+/// The tutorial's `Net`.
 #[derive(Module, Debug)]
 pub struct Net<B: Backend> {
     conv1: Conv2d<B>,

@@ -1,4 +1,4 @@
-//! Port of the ToyModel DDP trainer (document 003): one Linear(10, 1), MSE,
+//! Port of the PyTorch DDP tutorial's ToyModel trainer: one Linear(10, 1), MSE,
 //! SGD, a synthetic dataset identical on every rank, a DistributedSampler, the
 //! loss all-reduced for logging, rank-0 checkpoints every `--save-interval`
 //! epochs, and `--resume` from one.
@@ -40,7 +40,7 @@ use std::sync::Arc;
 /// The toy trainer's command line; `--backend`'s default is NdArray.
 pub(crate) type ToyArgs = common::toy::ToyArgs<common::toy::NdArrayByDefault>;
 
-/// The document's ToyModel.
+/// The tutorial's ToyModel.
 #[derive(Module, Debug)]
 struct ToyModel<B: Backend> {
     linear: Linear<B>,
@@ -58,7 +58,7 @@ impl<B: Backend> ToyModel<B> {
     }
 }
 
-/// The document's ToyDataset: random features and labels, the same on every rank.
+/// The tutorial's ToyDataset: random features and labels, the same on every rank.
 struct ToyDataset(ToyData);
 
 impl Dataset<ToyItem> for ToyDataset {

@@ -1,4 +1,4 @@
-//! The MNIST trainer (document 000's script), written once for both Burn
+//! The MNIST trainer (the PyTorch DDP tutorial's script), written once for both Burn
 //! versions: its command line, saved hyper-parameters, data, and the
 //! hand-written loop ([`train`]; the Learner's is [`crate::learner`]). What
 //! a Burn version spells its own way (the CNN, loaders, training step,
@@ -19,13 +19,13 @@ use clap::Parser;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The trainer's command line: the document's argparse flags (dashes or
+/// The trainer's command line: the tutorial's argparse flags (dashes or
 /// underscores).
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "mnist",
     version,
-    about = "DDP training of the document's MNIST CNN."
+    about = "DDP training of the tutorial's MNIST CNN."
 )]
 pub struct MnistArgs {
     /// Training epochs.
@@ -245,7 +245,7 @@ impl MnistItem {
     }
 }
 
-/// The batch's pixels as the document's transform makes them: `ToTensor()`
+/// The batch's pixels as the tutorial's transform makes them: `ToTensor()`
 /// (0-255 to 0-1) then `Normalize((0.1307,), (0.3081,))`, image after image.
 pub fn normalized_pixels(items: &[MnistItem]) -> Vec<f32> {
     items

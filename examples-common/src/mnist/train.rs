@@ -49,7 +49,7 @@ pub trait MnistTraining: Training + MnistFiles {
     ) -> Result<(i64, i64), String>;
 }
 
-/// Trains the document's CNN as `args` say (the hand-written loop).
+/// Trains the tutorial's CNN as `args` say (the hand-written loop).
 pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
     let group = T::FRONT_END.init();
     let (rank, world_size) = (group.rank(), group.world_size());
@@ -181,7 +181,7 @@ impl<T: MnistTraining> MnistRun<'_, T> {
     /// test accuracy over the whole test set, the time and throughput.
     fn report(&self, epoch: usize, done: &Epoch<T::Model>, started: Instant, test: &T::TestLoader) {
         let (group, rank) = (&self.group, self.group.rank());
-        // avg = all_reduce(total_loss / len(loader)) / world_size, as the document computes it.
+        // avg = all_reduce(total_loss / len(loader)) / world_size, as the tutorial computes it.
         let mut average = [done.loss / done.steps.max(1) as f64];
         group
             .all_reduce(&mut average, ReduceOp::Sum)
