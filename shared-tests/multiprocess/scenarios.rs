@@ -31,7 +31,7 @@ pub trait Task {
     ) -> shim::ReferenceLoss;
 }
 
-/// The document's ToyModel (one Linear(10, 1)) on a regression.
+/// The tutorial's ToyModel (one Linear(10, 1)) on a regression.
 pub struct ToyTask;
 
 impl Task for ToyTask {

@@ -75,7 +75,7 @@ impl<M: Module> DdpModel for M {
     }
 }
 
-/// The document's ToyModel: one Linear(10, 1).
+/// The tutorial's ToyModel: one Linear(10, 1).
 #[derive(Module, Debug)]
 pub struct Toy {
     pub linear: Linear,

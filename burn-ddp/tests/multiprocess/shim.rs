@@ -102,7 +102,7 @@ ddp_models!(ToyOf, SmallConvOf, TwoHeadsOf, Linear);
 pub mod models {
     use super::*;
 
-    /// The document's ToyModel: one Linear(10, 1).
+    /// The tutorial's ToyModel: one Linear(10, 1).
     #[derive(Module, Debug)]
     pub struct Toy<B: Backend> {
         pub linear: Linear<B>,
