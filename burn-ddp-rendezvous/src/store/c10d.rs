@@ -16,8 +16,7 @@
 //! The server has no "get with timeout": like PyTorch's client, `get` waits for
 //! the key first and then reads it.
 
-use super::connect::{connect_with_retry, lock, By, Connection, Patience};
-use super::Store;
+use super::connect::{connect_with_retry, lock, By, Connection, Patience, Requests};
 use crate::error::{io_is_timeout, RendezvousError, Result, StoreErrorKind};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
@@ -220,7 +219,9 @@ impl C10dStoreClient {
         }
         request
     }
+}
 
+impl Requests for C10dStoreClient {
     fn set_with(&self, key: &str, value: &[u8], patience: Patience) -> Result<()> {
         let mut request = Request::new(command::SET);
         request.string(self.key(key));
@@ -323,67 +324,6 @@ enum Reply {
     Value,
 }
 
-impl Store for C10dStoreClient {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.set_with(key, value, Patience::Usual)
-    }
-
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.get_with(key, timeout, Patience::Usual)
-    }
-
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.add_with(key, delta, Patience::Usual)
-    }
-
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        self.wait_with(keys, timeout, Patience::Usual)
-    }
-
-    fn check(&self, keys: &[&str]) -> Result<bool> {
-        self.check_with(keys, Patience::Usual)
-    }
-
-    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
-        Box::new(Impatient {
-            client: self,
-            patience: Patience::Grace(grace),
-        })
-    }
-}
-
-/// A [`C10dStoreClient`]'s impatient view ([`Store::impatient`]).
-struct Impatient<'a> {
-    client: &'a C10dStoreClient,
-    patience: Patience,
-}
-
-impl Store for Impatient<'_> {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.client.set_with(key, value, self.patience)
-    }
-
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.client.get_with(key, timeout, self.patience)
-    }
-
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.client.add_with(key, delta, self.patience)
-    }
-
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        self.client.wait_with(keys, timeout, self.patience)
-    }
-
-    fn check(&self, keys: &[&str]) -> Result<bool> {
-        self.client.check_with(keys, self.patience)
-    }
-
-    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
-        self.client.impatient(grace)
-    }
-}
-
 /// Reads a fixed-size reply, or a `u64`-length-prefixed value.
 pub(crate) fn read_reply(conn: &mut impl Read, len: Option<usize>) -> std::io::Result<Vec<u8>> {
     let len = match len {
@@ -451,6 +391,7 @@ mod tests {
     //! and answers with bytes written out by hand from the protocol.
 
     use super::*;
+    use crate::store::Store;
     use std::net::TcpListener;
     use std::sync::mpsc;
     use std::time::Instant;

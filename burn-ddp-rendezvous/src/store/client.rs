@@ -1,8 +1,7 @@
 //! Client side of the store: one connection per rank, one request at a time.
 
-use super::connect::{connect_with_retry, lock, By, Connection, Patience};
+use super::connect::{connect_with_retry, lock, By, Connection, Patience, Requests};
 use super::protocol::{self, ADD, CHECK, GET, HELLO, SET, WAIT};
-use super::Store;
 use crate::error::{io_is_timeout, RendezvousError, Result, StoreErrorKind};
 use crate::frame::{read_frame, write_frame, FieldReader, FieldWriter};
 use crate::job::JobToken;
@@ -191,7 +190,9 @@ impl TcpStoreClient {
         }
         Ok((status, fields))
     }
+}
 
+impl Requests for TcpStoreClient {
     fn set_with(&self, key: &str, value: &[u8], patience: Patience) -> Result<()> {
         let payload = FieldWriter::new(SET)
             .bytes(key.as_bytes())
@@ -257,71 +258,11 @@ impl TcpStoreClient {
     }
 }
 
-impl Store for TcpStoreClient {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.set_with(key, value, Patience::Usual)
-    }
-
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.get_with(key, timeout, Patience::Usual)
-    }
-
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.add_with(key, delta, Patience::Usual)
-    }
-
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        self.wait_with(keys, timeout, Patience::Usual)
-    }
-
-    fn check(&self, keys: &[&str]) -> Result<bool> {
-        self.check_with(keys, Patience::Usual)
-    }
-
-    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
-        Box::new(Impatient {
-            client: self,
-            patience: Patience::Grace(grace),
-        })
-    }
-}
-
-/// A [`TcpStoreClient`]'s impatient view ([`Store::impatient`]).
-struct Impatient<'a> {
-    client: &'a TcpStoreClient,
-    patience: Patience,
-}
-
-impl Store for Impatient<'_> {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.client.set_with(key, value, self.patience)
-    }
-
-    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.client.get_with(key, timeout, self.patience)
-    }
-
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.client.add_with(key, delta, self.patience)
-    }
-
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        self.client.wait_with(keys, timeout, self.patience)
-    }
-
-    fn check(&self, keys: &[&str]) -> Result<bool> {
-        self.client.check_with(keys, self.patience)
-    }
-
-    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
-        self.client.impatient(grace)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::server::{FRAME_DEADLINE, HELLO_DEADLINE, MAX_STORED_BYTES};
+    use crate::store::Store;
     use crate::store::{store_barrier, StoreServer};
     use std::io::Write;
     use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! Reaching a store server, shared by both store clients.
 
+use super::Store;
+use crate::error::Result as StoreResult;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -68,6 +70,78 @@ pub(crate) enum Patience {
     /// An impatient view's ([`super::Store::impatient`]): the request's own
     /// wait, if it has one, plus this.
     Grace(Duration),
+}
+
+/// A store client's requests, each with its patience. Every such client is
+/// a [`Store`] (its usual patience), and its impatient view is a
+/// [`WithPatience`] of the same requests.
+pub(crate) trait Requests: Send + Sync {
+    fn set_with(&self, key: &str, value: &[u8], patience: Patience) -> StoreResult<()>;
+    fn get_with(&self, key: &str, timeout: Duration, patience: Patience) -> StoreResult<Vec<u8>>;
+    fn add_with(&self, key: &str, delta: i64, patience: Patience) -> StoreResult<i64>;
+    fn wait_with(&self, keys: &[&str], timeout: Duration, patience: Patience) -> StoreResult<()>;
+    fn check_with(&self, keys: &[&str], patience: Patience) -> StoreResult<bool>;
+}
+
+impl<C: Requests> Store for C {
+    fn set(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+        self.set_with(key, value, Patience::Usual)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> StoreResult<Vec<u8>> {
+        self.get_with(key, timeout, Patience::Usual)
+    }
+
+    fn add(&self, key: &str, delta: i64) -> StoreResult<i64> {
+        self.add_with(key, delta, Patience::Usual)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> StoreResult<()> {
+        self.wait_with(keys, timeout, Patience::Usual)
+    }
+
+    fn check(&self, keys: &[&str]) -> StoreResult<bool> {
+        self.check_with(keys, Patience::Usual)
+    }
+
+    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
+        Box::new(WithPatience {
+            client: self,
+            patience: Patience::Grace(grace),
+        })
+    }
+}
+
+/// A client's requests, all with one patience ([`Store::impatient`]'s view).
+pub(crate) struct WithPatience<'a, C> {
+    client: &'a C,
+    patience: Patience,
+}
+
+impl<C: Requests> Store for WithPatience<'_, C> {
+    fn set(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+        self.client.set_with(key, value, self.patience)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> StoreResult<Vec<u8>> {
+        self.client.get_with(key, timeout, self.patience)
+    }
+
+    fn add(&self, key: &str, delta: i64) -> StoreResult<i64> {
+        self.client.add_with(key, delta, self.patience)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> StoreResult<()> {
+        self.client.wait_with(keys, timeout, self.patience)
+    }
+
+    fn check(&self, keys: &[&str]) -> StoreResult<bool> {
+        self.client.check_with(keys, self.patience)
+    }
+
+    fn impatient(&self, grace: Duration) -> Box<dyn Store + '_> {
+        self.client.impatient(grace)
+    }
 }
 
 /// A client's connection to its server, and whether it can still be used.
