@@ -11,6 +11,7 @@
 mod gradient_set;
 mod host_copies;
 mod layout;
+mod pipeline;
 mod plan;
 mod shard_plan;
 mod sharder;
@@ -24,10 +25,11 @@ pub use shard_plan::{Round, RoundMode, ShardPlan};
 pub use sharder::Sharder;
 pub use stats::SyncStats;
 
-use crate::element::{AlignedBuf, BufferMut, ReduceOp};
+use crate::element::AlignedBuf;
 use crate::error::{CommError, Result};
 use crate::group::{ProcessGroup, WeakProcessGroup};
 use crate::transport::WireCompression;
+use pipeline::{Averaging, CommThread, Landed, Packed};
 use std::time::Instant;
 
 /// Buckets and all-reduces one model's gradients over a process group.
@@ -133,12 +135,12 @@ impl Reducer {
             return Ok(None);
         }
         stats.wait = waiting.elapsed();
-        for index in 0..self.plan.buckets.len() {
-            if on_device {
+        if on_device {
+            for index in 0..self.plan.buckets.len() {
                 self.reduce_on_device(&group, index, set, &mut stats)?;
-            } else {
-                self.reduce_on_host(&group, index, set, &mut stats)?;
             }
+        } else {
+            self.reduce_on_host(&group, set, &mut stats)?;
         }
         log::debug!(
             "rank {}: gradient sync of {} bytes in {} bucket(s) ({} on the GPU): wait {:?}, \
@@ -216,34 +218,114 @@ impl Reducer {
         Ok(true)
     }
 
-    /// One bucket through host memory: gradients copied into the bucket's
-    /// buffer, averaged by the host transport, copied back out.
+    /// Every bucket through host memory: gradients copied into the bucket's
+    /// buffer here, averaged by the host transport on a communication thread
+    /// while the next bucket is packed, copied back out as they land.
     fn reduce_on_host(
         &mut self,
         group: &ProcessGroup,
-        index: usize,
         set: &mut dyn GradientSet,
         stats: &mut SyncStats,
     ) -> Result<()> {
+        let averaging = Averaging {
+            group: group.clone(),
+            compression: self.compression.unwrap_or(group.wire_compression()),
+        };
+        if self.plan.buckets.len() == 1 {
+            // Nothing to overlap the collective with: no thread.
+            let packed = self.pack_host(0, set)?;
+            return self.unpack_host(averaging.reduce(packed), set, stats);
+        }
+        std::thread::scope(|scope| {
+            let mut comm = CommThread::start(scope, averaging);
+            let result = self.pipeline_host(&mut comm, set, stats);
+            comm.join();
+            result
+        })
+    }
+
+    /// Packs and submits every bucket in order, unpacking those that have
+    /// landed in between, then waits for the rest.
+    fn pipeline_host(
+        &mut self,
+        comm: &mut CommThread<'_>,
+        set: &mut dyn GradientSet,
+        stats: &mut SyncStats,
+    ) -> Result<()> {
+        let mut unpacked = 0;
+        for index in 0..self.plan.buckets.len() {
+            let packed = self.pack_host(index, set)?;
+            if !comm.submit(packed) {
+                break; // the thread stopped on a failure, which has landed
+            }
+            while let Some(landed) = comm.try_landed() {
+                self.unpack_host(landed, set, stats)?;
+                unpacked += 1;
+            }
+        }
+        comm.close();
+        while let Some(landed) = comm.next_landed() {
+            self.unpack_host(landed, set, stats)?;
+            unpacked += 1;
+        }
+        if unpacked != self.plan.buckets.len() {
+            return Err(CommError::InvalidArgument {
+                rank: self.rank,
+                message: format!(
+                    "{unpacked} of {} gradient buckets came back from the communication thread",
+                    self.plan.buckets.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bucket `index`'s gradients read into its buffer.
+    fn pack_host(&mut self, index: usize, set: &mut dyn GradientSet) -> Result<Packed> {
         let started = Instant::now();
         let bucket = &self.plan.buckets[index];
-        let members = self.plan.members(index);
         let size = bucket.dtype.size();
-        let bytes = self.host_buckets[index].bytes(bucket.numel * size);
-        for (&param, &offset) in members.iter().zip(&bucket.offsets) {
+        let mut buffer = std::mem::take(&mut self.host_buckets[index]);
+        let bytes = buffer.bytes(bucket.numel * size);
+        for (&param, &offset) in self.plan.members(index).iter().zip(&bucket.offsets) {
             let len = self.layout[param].numel() * size;
             set.read_host(param, &mut bytes[offset * size..offset * size + len])?;
         }
-        let packed = Instant::now();
-        let data = BufferMut::from_bytes(bucket.dtype, bytes).expect("an aligned bucket");
-        let compression = self.compression.unwrap_or(group.wire_compression());
-        group.all_reduce_compressed(data, ReduceOp::Mean, compression)?;
-        let reduced = Instant::now();
-        for (&param, &offset) in members.iter().zip(&bucket.offsets) {
+        Ok(Packed {
+            index,
+            buffer,
+            bytes: bucket.numel * size,
+            dtype: bucket.dtype,
+            pack: started.elapsed(),
+        })
+    }
+
+    /// A landed bucket's averages written back, its buffer kept for the next step.
+    fn unpack_host(
+        &mut self,
+        landed: Landed,
+        set: &mut dyn GradientSet,
+        stats: &mut SyncStats,
+    ) -> Result<()> {
+        landed.result?;
+        let started = Instant::now();
+        let Landed {
+            index,
+            mut buffer,
+            bytes: len,
+            pack,
+            reduce,
+            ..
+        } = landed;
+        let bucket = &self.plan.buckets[index];
+        let size = bucket.dtype.size();
+        let bytes = buffer.bytes(len);
+        for (&param, &offset) in self.plan.members(index).iter().zip(&bucket.offsets) {
             let len = self.layout[param].numel() * size;
             set.write_host(param, &bytes[offset * size..offset * size + len])?;
         }
-        stats.count_bucket(bytes.len(), [started, packed, reduced]);
+        self.host_buckets[index] = buffer;
+        stats.count_bucket(len, [pack, reduce, started.elapsed()]);
         Ok(())
     }
 
@@ -269,7 +351,7 @@ impl Reducer {
         let reduced = Instant::now();
         set.unpack_device(members, &bucket.offsets, packed_bucket)?;
         stats.device_buckets += 1;
-        stats.count_bucket(
+        stats.count_bucket_since(
             bucket.numel * bucket.dtype.size(),
             [started, packed, reduced],
         );

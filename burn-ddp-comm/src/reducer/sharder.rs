@@ -162,7 +162,7 @@ impl Sharder {
                 let len = self.layout[param].numel() * size;
                 set.write_host(param, &bytes[offset * size..offset * size + len])?;
             }
-            stats.count_bucket(round.numel * size, [started, packed, reduced]);
+            stats.count_bucket_since(round.numel * size, [started, packed, reduced]);
         }
         self.stats.add(&stats);
         Ok(true)
@@ -239,7 +239,7 @@ impl Sharder {
                     set.write_host(param, &bytes[offset * size..offset * size + n])?;
                 }
             }
-            stats.count_bucket(round.numel * size, [started, packed, reduced]);
+            stats.count_bucket_since(round.numel * size, [started, packed, reduced]);
         }
         self.stats.add(&stats);
         Ok(())

@@ -23,21 +23,34 @@ pub struct SyncStats {
     /// out of the backend).
     pub pack: Duration,
     /// The collectives themselves (on the GPU path, including the wait for the
-    /// kernels that fill the bucket).
+    /// kernels that fill the bucket). On the host path they run on a
+    /// communication thread while the next bucket is packed, so `pack`,
+    /// `reduce` and `unpack` may add up to more than the wall time.
     pub reduce: Duration,
     /// Writing buckets back and splitting them into gradients.
     pub unpack: Duration,
 }
 
 impl SyncStats {
-    /// One bucket of `bytes`, packed, reduced and unpacked at the three
-    /// moments given (unpacking lasts until now).
-    pub(super) fn count_bucket(&mut self, bytes: usize, [started, packed, reduced]: [Instant; 3]) {
+    /// One bucket of `bytes`, with how long it took to pack, reduce and
+    /// unpack.
+    pub(super) fn count_bucket(&mut self, bytes: usize, [pack, reduce, unpack]: [Duration; 3]) {
         self.buckets += 1;
         self.bytes += bytes as u64;
-        self.pack += packed - started;
-        self.reduce += reduced - packed;
-        self.unpack += reduced.elapsed();
+        self.pack += pack;
+        self.reduce += reduce;
+        self.unpack += unpack;
+    }
+
+    /// One bucket of `bytes`, packed, reduced and unpacked one after the
+    /// other from `started` (unpacking lasts until now).
+    pub(super) fn count_bucket_since(
+        &mut self,
+        bytes: usize,
+        [started, packed, reduced]: [Instant; 3],
+    ) {
+        let times = [packed - started, reduced - packed, reduced.elapsed()];
+        self.count_bucket(bytes, times);
     }
 
     /// Adds `other`'s counts and times to these.
