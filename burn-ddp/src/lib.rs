@@ -53,6 +53,9 @@ pub mod collective;
 pub mod data;
 mod device;
 mod no_sync;
+// #42's readiness hook, tested against Burn's backward; Ddp<B> does not use it yet.
+#[cfg(test)]
+mod ready_hook;
 pub mod replicas;
 pub mod shard;
 mod shard_record;
