@@ -57,6 +57,6 @@ pub use group::{ProcessGroup, ProcessGroupBuilder, WeakProcessGroup};
 pub use reducer::{
     check_layouts_agree, check_same_layout, Bucket, BucketConfig, BucketPlan, DeviceBucket,
     ElementBytes, GradientSet, HostCopies, ParamInfo, ParamLayout, Piece, Placement, Reducer,
-    Round, RoundMode, ShardPlan, Sharder, SyncStats,
+    Round, RoundMode, ShardPlan, Sharder, SyncRound, SyncStats,
 };
 pub use transport::{WireCompression, COMPRESSION_VAR};

@@ -50,6 +50,27 @@ pub(crate) fn agree<'a>(
     })
 }
 
+/// The check every synchronisation starts with: `Ok(true)` when the ranks
+/// have the same layout and some rank has a gradient, `Ok(false)` when none
+/// has, an error naming the first differing parameter otherwise.
+pub(crate) fn agree_on(
+    group: &ProcessGroup,
+    layout: &[ParamLayout],
+    has_gradients: bool,
+) -> Result<bool> {
+    let agreement = agree(group, layout.iter(), has_gradients)?;
+    if !agreement.same_layout {
+        check_same_layout(group, layout)?;
+        return Err(CommError::Mismatch {
+            rank: group.rank(),
+            message: "ranks' parameter layouts hash differently but compare equal; \
+                      please report this"
+                .into(),
+        });
+    }
+    Ok(agreement.any_gradients)
+}
+
 /// What every rank must build alike.
 const SAME_MODEL: &str =
     "Every rank must build the same model (same config, same layers in the same order)";

@@ -6,7 +6,9 @@
 //! It knows parameters only by shape, element type and placement, never by
 //! the framework that produced them: a front-end implements [`GradientSet`]
 //! (hand over each gradient, take the average back) and calls
-//! [`Reducer::synchronize`].
+//! [`Reducer::synchronize`]; or [`Reducer::begin`], hands gradients over as
+//! backward finishes them ([`SyncRound::ready`]: each complete bucket leaves at
+//! once), and ends with [`Reducer::finish`].
 
 mod gradient_set;
 mod host_copies;
@@ -16,6 +18,7 @@ mod plan;
 mod shard_plan;
 mod sharder;
 mod stats;
+mod sync_round;
 
 pub use gradient_set::{DeviceBucket, GradientSet, ParamInfo, Piece, Placement};
 pub use host_copies::{ElementBytes, HostCopies};
@@ -29,8 +32,10 @@ use crate::element::AlignedBuf;
 use crate::error::{CommError, Result};
 use crate::group::{ProcessGroup, WeakProcessGroup};
 use crate::transport::WireCompression;
-use pipeline::{Averaging, CommThread, Landed, Packed};
-use std::time::Instant;
+use pipeline::Averaging;
+use std::sync::Arc;
+use sync_round::Planned;
+pub use sync_round::SyncRound;
 
 /// Buckets and all-reduces one model's gradients over a process group.
 ///
@@ -42,9 +47,8 @@ pub struct Reducer {
     group: WeakProcessGroup,
     rank: usize,
     config: BucketConfig,
-    layout: Vec<ParamLayout>,
-    plan: BucketPlan,
-    /// One host buffer per bucket, reused across steps.
+    planned: Arc<Planned>,
+    /// One host buffer per bucket, reused across steps (lent to each round).
     host_buckets: Vec<AlignedBuf>,
     /// How the buckets' f32 means cross machines (`None`: the group's own setting).
     compression: Option<WireCompression>,
@@ -59,8 +63,7 @@ impl Reducer {
             group: group.downgrade(),
             rank: group.rank(),
             config: config.into(),
-            layout: Vec::new(),
-            plan: BucketPlan::default(),
+            planned: Arc::default(),
             host_buckets: Vec::new(),
             compression: None,
             stats: SyncStats::default(),
@@ -90,7 +93,7 @@ impl Reducer {
         let config = config.into();
         if config != self.config {
             self.config = config;
-            self.layout.clear();
+            self.planned = Arc::default();
         }
     }
 
@@ -101,7 +104,7 @@ impl Reducer {
 
     /// The current plan (empty before the first synchronisation).
     pub fn plan(&self) -> &BucketPlan {
-        &self.plan
+        &self.planned.plan
     }
 
     /// Averages every gradient of `set` over all ranks, in place; returns
@@ -111,55 +114,95 @@ impl Reducer {
     /// Collective: every rank calls it at the same point, with the same
     /// layout. A parameter without a gradient counts as zero.
     pub fn synchronize(&mut self, set: &mut dyn GradientSet) -> Result<Option<SyncStats>> {
+        match self.begin(set.params())? {
+            Some(round) => self.finish(round, set),
+            None => Ok(None),
+        }
+    }
+
+    /// Starts a synchronisation of parameters `params` (as
+    /// [`GradientSet::params`] will list them) whose gradients may be handed
+    /// over one by one as they become final ([`SyncRound::ready`]), the buckets
+    /// leaving meanwhile; `None` when nothing will move (a world of one, no
+    /// parameters). Nothing is sent before the first complete bucket.
+    pub fn begin(&mut self, params: &[ParamInfo]) -> Result<Option<SyncRound>> {
         self.check_config()?;
         let group = self.group()?;
         if !group.synchronizes() {
             return Ok(None);
         }
-        let Some(placement) = one_placement(self.rank, set.params())? else {
+        let Some(placement) = one_placement(self.rank, params)? else {
             return Ok(None);
         };
         let on_device = match placement {
             Placement::Device { ordinal } => group.uses_device_collectives(ordinal)?,
             Placement::Host => false,
         };
-        let mut stats = SyncStats {
-            syncs: 1,
-            ..SyncStats::default()
+        let layouts = || params.iter().map(|p| &p.layout);
+        if !layouts().eq(self.planned.layout.iter()) {
+            let layout: Vec<ParamLayout> = layouts().cloned().collect();
+            let plan = BucketPlan::new(&layout, self.config);
+            log::debug!(
+                "rank {}: {} parameters in {} bucket(s) of {:?} elements (caps {} and {} bytes)",
+                self.rank,
+                layout.len(),
+                plan.buckets.len(),
+                plan.buckets.iter().map(|b| b.numel).collect::<Vec<_>>(),
+                self.config.first_cap_bytes,
+                self.config.cap_bytes
+            );
+            self.host_buckets = (0..plan.buckets.len())
+                .map(|_| AlignedBuf::default())
+                .collect();
+            self.planned = Arc::new(Planned::new(layout, plan));
+        }
+        let averaging = Averaging {
+            compression: self.compression.unwrap_or(group.wire_compression()),
+            group,
         };
-        // The agreement is the one small collective every rank makes; it also
-        // absorbs the wait for the slowest rank, so its time is told apart
-        // from the time the bucket collectives take.
-        let waiting = Instant::now();
-        if !self.prepare(&group, set)? {
-            return Ok(None);
-        }
-        stats.wait = waiting.elapsed();
-        if on_device {
-            for index in 0..self.plan.buckets.len() {
-                self.reduce_on_device(&group, index, set, &mut stats)?;
-            }
-        } else {
-            self.reduce_on_host(&group, set, &mut stats)?;
-        }
-        log::debug!(
-            "rank {}: gradient sync of {} bytes in {} bucket(s) ({} on the GPU): wait {:?}, \
-             pack {:?}, all-reduce {:?}, unpack {:?}",
-            self.rank,
-            stats.bytes,
-            stats.buckets,
-            stats.device_buckets,
-            stats.wait,
-            stats.pack,
-            stats.reduce,
-            stats.unpack
-        );
-        self.stats.add(&stats);
-        Ok(Some(stats))
+        let buffers = std::mem::take(&mut self.host_buckets);
+        Ok(Some(SyncRound::new(
+            averaging,
+            self.planned.clone(),
+            buffers,
+            on_device,
+        )))
     }
 
-    /// Checks with every rank that the layouts agree and that someone has a
-    /// gradient, and plans the buckets for a new layout.
+    /// Ends a synchronisation [`begin`](Self::begin) started with the
+    /// gradients of `set` (the same parameters): every gradient not handed
+    /// over yet is read, the remaining buckets sent, every average written
+    /// back. Returns what it cost, `None` when no rank had a gradient.
+    /// Collective, as [`synchronize`](Self::synchronize).
+    pub fn finish(
+        &mut self,
+        mut round: SyncRound,
+        set: &mut dyn GradientSet,
+    ) -> Result<Option<SyncStats>> {
+        let result = round.finish(set);
+        let mut buffers = round.into_buffers();
+        // A failed round may keep buffers on its dead thread: fresh ones then.
+        buffers.resize_with(self.planned.plan.buckets.len(), AlignedBuf::default);
+        self.host_buckets = buffers;
+        let stats = result?;
+        if let Some(stats) = &stats {
+            log::debug!(
+                "rank {}: gradient sync of {} bytes in {} bucket(s) ({} on the GPU): wait {:?}, \
+                 pack {:?}, all-reduce {:?}, unpack {:?}",
+                self.rank,
+                stats.bytes,
+                stats.buckets,
+                stats.device_buckets,
+                stats.wait,
+                stats.pack,
+                stats.reduce,
+                stats.unpack
+            );
+            self.stats.add(stats);
+        }
+        Ok(stats)
+    }
+
     /// Bucket caps must be at least one byte (in every world size, so a bad
     /// setting shows on one machine before it reaches a cluster).
     fn check_config(&self) -> Result<()> {
@@ -176,197 +219,6 @@ impl Reducer {
             });
         }
         Ok(())
-    }
-
-    fn prepare(&mut self, group: &ProcessGroup, set: &dyn GradientSet) -> Result<bool> {
-        let params = set.params();
-        let layouts = || params.iter().map(|p| &p.layout);
-        let agreement = layout::agree(group, layouts(), set.has_gradients())?;
-        if !agreement.same_layout {
-            let mine: Vec<ParamLayout> = layouts().cloned().collect();
-            check_same_layout(group, &mine)?;
-            return Err(CommError::Mismatch {
-                rank: self.rank,
-                message: "ranks' parameter layouts hash differently but compare equal; \
-                          please report this"
-                    .into(),
-            });
-        }
-        if !agreement.any_gradients {
-            return Ok(false);
-        }
-        if !layouts().eq(self.layout.iter()) {
-            self.layout = layouts().cloned().collect();
-            self.plan = BucketPlan::new(&self.layout, self.config);
-            self.host_buckets = (0..self.plan.buckets.len())
-                .map(|_| AlignedBuf::default())
-                .collect();
-            log::debug!(
-                "rank {}: {} parameters in {} bucket(s) of {:?} elements (caps {} and {} bytes)",
-                self.rank,
-                self.layout.len(),
-                self.plan.buckets.len(),
-                self.plan
-                    .buckets
-                    .iter()
-                    .map(|b| b.numel)
-                    .collect::<Vec<_>>(),
-                self.config.first_cap_bytes,
-                self.config.cap_bytes
-            );
-        }
-        Ok(true)
-    }
-
-    /// Every bucket through host memory: gradients copied into the bucket's
-    /// buffer here, averaged by the host transport on a communication thread
-    /// while the next bucket is packed, copied back out as they land.
-    fn reduce_on_host(
-        &mut self,
-        group: &ProcessGroup,
-        set: &mut dyn GradientSet,
-        stats: &mut SyncStats,
-    ) -> Result<()> {
-        let averaging = Averaging {
-            group: group.clone(),
-            compression: self.compression.unwrap_or(group.wire_compression()),
-        };
-        if self.plan.buckets.len() == 1 {
-            // Nothing to overlap the collective with: no thread.
-            let packed = self.pack_host(0, set)?;
-            return self.unpack_host(averaging.reduce(packed), set, stats);
-        }
-        std::thread::scope(|scope| {
-            let mut comm = CommThread::start(scope, averaging);
-            let result = self.pipeline_host(&mut comm, set, stats);
-            comm.join();
-            result
-        })
-    }
-
-    /// Packs and submits every bucket in order, unpacking those that have
-    /// landed in between, then waits for the rest.
-    fn pipeline_host(
-        &mut self,
-        comm: &mut CommThread<'_>,
-        set: &mut dyn GradientSet,
-        stats: &mut SyncStats,
-    ) -> Result<()> {
-        let mut unpacked = 0;
-        for index in 0..self.plan.buckets.len() {
-            let packed = self.pack_host(index, set)?;
-            if !comm.submit(packed) {
-                break; // the thread stopped on a failure, which has landed
-            }
-            while let Some(landed) = comm.try_landed() {
-                self.unpack_host(landed, set, stats)?;
-                unpacked += 1;
-            }
-        }
-        comm.close();
-        while let Some(landed) = comm.next_landed() {
-            self.unpack_host(landed, set, stats)?;
-            unpacked += 1;
-        }
-        if unpacked != self.plan.buckets.len() {
-            return Err(CommError::InvalidArgument {
-                rank: self.rank,
-                message: format!(
-                    "{unpacked} of {} gradient buckets came back from the communication thread",
-                    self.plan.buckets.len()
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// Bucket `index`'s gradients read into its buffer.
-    fn pack_host(&mut self, index: usize, set: &mut dyn GradientSet) -> Result<Packed> {
-        let started = Instant::now();
-        let bucket = &self.plan.buckets[index];
-        let size = bucket.dtype.size();
-        let mut buffer = std::mem::take(&mut self.host_buckets[index]);
-        let bytes = buffer.bytes(bucket.numel * size);
-        for (&param, &offset) in self.plan.members(index).iter().zip(&bucket.offsets) {
-            let len = self.layout[param].numel() * size;
-            set.read_host(param, &mut bytes[offset * size..offset * size + len])?;
-        }
-        Ok(Packed {
-            index,
-            buffer,
-            bytes: bucket.numel * size,
-            dtype: bucket.dtype,
-            pack: started.elapsed(),
-        })
-    }
-
-    /// A landed bucket's averages written back, its buffer kept for the next step.
-    fn unpack_host(
-        &mut self,
-        landed: Landed,
-        set: &mut dyn GradientSet,
-        stats: &mut SyncStats,
-    ) -> Result<()> {
-        landed.result?;
-        let started = Instant::now();
-        let Landed {
-            index,
-            mut buffer,
-            bytes: len,
-            pack,
-            reduce,
-            ..
-        } = landed;
-        let bucket = &self.plan.buckets[index];
-        let size = bucket.dtype.size();
-        let bytes = buffer.bytes(len);
-        for (&param, &offset) in self.plan.members(index).iter().zip(&bucket.offsets) {
-            let len = self.layout[param].numel() * size;
-            set.write_host(param, &bytes[offset * size..offset * size + len])?;
-        }
-        self.host_buckets[index] = buffer;
-        stats.count_bucket(len, [pack, reduce, started.elapsed()]);
-        Ok(())
-    }
-
-    /// One bucket on the GPU: the front-end packs it into one device buffer,
-    /// NCCL averages it in place, the front-end unpacks it.
-    #[cfg(feature = "nccl")]
-    fn reduce_on_device(
-        &mut self,
-        group: &ProcessGroup,
-        index: usize,
-        set: &mut dyn GradientSet,
-        stats: &mut SyncStats,
-    ) -> Result<()> {
-        let started = Instant::now();
-        let bucket = &self.plan.buckets[index];
-        let members = self.plan.members(index);
-        let packed_bucket = set.pack_device(members, bucket.numel, bucket.dtype)?;
-        let packed = Instant::now();
-        // SAFETY: `DeviceBucket::new`'s contract: live, fully written device
-        // memory of `numel` elements, used by nobody else until it is handed
-        // back below; the call returns once NCCL is done with it.
-        unsafe { group.all_reduce_device(packed_bucket.buffer(), ReduceOp::Mean)? };
-        let reduced = Instant::now();
-        set.unpack_device(members, &bucket.offsets, packed_bucket)?;
-        stats.device_buckets += 1;
-        stats.count_bucket_since(
-            bucket.numel * bucket.dtype.size(),
-            [started, packed, reduced],
-        );
-        Ok(())
-    }
-
-    #[cfg(not(feature = "nccl"))]
-    fn reduce_on_device(
-        &mut self,
-        _group: &ProcessGroup,
-        _index: usize,
-        _set: &mut dyn GradientSet,
-        _stats: &mut SyncStats,
-    ) -> Result<()> {
-        unreachable!("without NCCL the group never reduces on the device")
     }
 }
 

@@ -1,45 +1,69 @@
-//! Host buckets in flight: while a communication thread all-reduces bucket
-//! `i`, the caller packs bucket `i + 1` and unpacks the buckets that have
-//! landed. The collectives still run one at a time and in bucket order, so
-//! every rank issues the same sequence and the results are the ones a
-//! bucket-by-bucket loop gives, bit for bit.
+//! The communication thread of one synchronisation: it runs the layout
+//! agreement and then each bucket's all-reduce, one at a time and in the
+//! order they were handed over, while the caller goes on (packing the next
+//! bucket, or running backward). Every rank hands over the same sequence,
+//! so the collectives match and the sums are those of a bucket-by-bucket
+//! loop, bit for bit.
 //!
-//! Only byte buffers cross to the thread; the gradients (and whatever
-//! framework holds them) stay with the caller. The thread lives for one
-//! synchronisation (a scoped thread), so none outlives an error.
+//! Only byte buffers and layouts cross to the thread; the gradients (and
+//! whatever framework holds them) stay with the caller. The thread ends with
+//! its synchronisation: [`CommThread::join`], or its `Drop` on an error.
 
+use super::layout::{agree_on, ParamLayout};
 use crate::element::{AlignedBuf, BufferMut, DType, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::group::ProcessGroup;
 use crate::transport::WireCompression;
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::thread::{Scope, ScopedJoinHandle};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// A packed bucket for the communication thread.
+/// A packed bucket to average.
 pub(super) struct Packed {
     pub index: usize,
     pub buffer: AlignedBuf,
     pub bytes: usize,
     pub dtype: DType,
-    /// How long packing it took.
-    pub pack: Duration,
 }
 
-/// A bucket back from the communication thread, averaged unless `result`
-/// says otherwise.
-pub(super) struct Landed {
-    pub index: usize,
-    pub buffer: AlignedBuf,
-    pub bytes: usize,
-    /// How long packing it took.
-    pub pack: Duration,
-    /// How long its all-reduce took.
-    pub reduce: Duration,
-    pub result: Result<()>,
+/// Work for the communication thread.
+pub(super) enum Job {
+    /// The check every synchronisation starts with (see `agree_on`).
+    Agree {
+        layout: Arc<Vec<ParamLayout>>,
+        has_gradients: bool,
+    },
+    /// One bucket's all-reduce.
+    Bucket(Packed),
 }
 
-/// How the buckets are averaged: the group, and how f32 means cross machines.
+/// A job done.
+pub(super) enum Landed {
+    /// Whether any rank has gradients, and how long the agreement took (it
+    /// absorbs the wait for the slowest rank).
+    Agreed {
+        any_gradients: Result<bool>,
+        took: Duration,
+    },
+    /// A bucket, averaged unless `result` says otherwise.
+    Bucket {
+        packed: Packed,
+        reduce: Duration,
+        result: Result<()>,
+    },
+}
+
+impl Landed {
+    fn failed(&self) -> bool {
+        match self {
+            Landed::Agreed { any_gradients, .. } => !matches!(any_gradients, Ok(true)),
+            Landed::Bucket { result, .. } => result.is_err(),
+        }
+    }
+}
+
+/// How a synchronisation averages: the group, and how f32 means cross machines.
 #[derive(Clone)]
 pub(super) struct Averaging {
     pub group: ProcessGroup,
@@ -47,84 +71,97 @@ pub(super) struct Averaging {
 }
 
 impl Averaging {
-    /// Averages one packed bucket over the group, in place.
-    pub fn reduce(&self, mut packed: Packed) -> Landed {
+    /// Does one job, on the calling thread.
+    pub fn run(&self, job: Job) -> Landed {
         let started = Instant::now();
-        let bytes = packed.buffer.bytes(packed.bytes);
-        let result = match BufferMut::from_bytes(packed.dtype, bytes) {
-            Some(data) => self
-                .group
-                .all_reduce_compressed(data, ReduceOp::Mean, self.compression),
-            None => Err(CommError::InvalidArgument {
-                rank: self.group.rank(),
-                message: format!(
-                    "bucket {}: {} bytes are not whole {:?} elements",
-                    packed.index, packed.bytes, packed.dtype
-                ),
-            }),
-        };
-        Landed {
-            index: packed.index,
-            buffer: packed.buffer,
-            bytes: packed.bytes,
-            pack: packed.pack,
-            reduce: started.elapsed(),
-            result,
+        match job {
+            Job::Agree {
+                layout,
+                has_gradients,
+            } => Landed::Agreed {
+                any_gradients: agree_on(&self.group, &layout, has_gradients),
+                took: started.elapsed(),
+            },
+            Job::Bucket(mut packed) => {
+                let result = self.reduce(&mut packed);
+                Landed::Bucket {
+                    packed,
+                    reduce: started.elapsed(),
+                    result,
+                }
+            }
         }
+    }
+
+    fn reduce(&self, packed: &mut Packed) -> Result<()> {
+        let (index, len, dtype) = (packed.index, packed.bytes, packed.dtype);
+        let Some(data) = BufferMut::from_bytes(dtype, packed.buffer.bytes(len)) else {
+            return Err(CommError::InvalidArgument {
+                rank: self.group.rank(),
+                message: format!("bucket {index}: {len} bytes are not whole {dtype:?} elements"),
+            });
+        };
+        self.group
+            .all_reduce_compressed(data, ReduceOp::Mean, self.compression)
     }
 }
 
 /// The communication thread of one synchronisation.
-pub(super) struct CommThread<'scope> {
-    submit: Option<Sender<Packed>>,
+pub(super) struct CommThread {
+    submit: Option<Sender<Job>>,
     landed: Receiver<Landed>,
     in_flight: usize,
-    thread: ScopedJoinHandle<'scope, ()>,
+    thread: Option<JoinHandle<()>>,
 }
 
-impl<'scope> CommThread<'scope> {
-    /// Starts the thread in `scope`; it averages what is submitted, in order,
-    /// and stops after the first failure (the group is unusable then).
-    pub fn start<'env>(scope: &'scope Scope<'scope, 'env>, averaging: Averaging) -> Self {
-        let (submit, jobs) = mpsc::channel::<Packed>();
+impl CommThread {
+    /// Starts the thread; it does what is submitted, in order, and stops
+    /// after the first failure (or an agreement that nobody has gradients:
+    /// nothing may follow it).
+    pub fn start(averaging: Averaging) -> Self {
+        let (submit, jobs) = mpsc::channel::<Job>();
         let (landed_tx, landed) = mpsc::channel();
-        let thread = scope.spawn(move || {
-            for packed in jobs {
-                let landed = averaging.reduce(packed);
-                let failed = landed.result.is_err();
-                if landed_tx.send(landed).is_err() || failed {
-                    break;
+        let rank = averaging.group.rank();
+        let thread = std::thread::Builder::new()
+            .name(format!("burn-ddp-comm-{rank}"))
+            .spawn(move || {
+                for job in jobs {
+                    let landed = averaging.run(job);
+                    let failed = landed.failed();
+                    if landed_tx.send(landed).is_err() || failed {
+                        break;
+                    }
                 }
-            }
-        });
+            })
+            .expect("spawning the gradient communication thread");
         Self {
             submit: Some(submit),
             landed,
             in_flight: 0,
-            thread,
+            thread: Some(thread),
         }
     }
 
-    /// Queues a packed bucket; `false` when the thread has stopped (a failed
-    /// collective, which [`next_landed`](Self::next_landed) reports).
-    pub fn submit(&mut self, packed: Packed) -> bool {
+    /// Queues a job; `false` when the thread has stopped (after a failure,
+    /// which [`next_landed`](Self::next_landed) reports).
+    pub fn submit(&mut self, job: Job) -> bool {
         let sent = self
             .submit
             .as_ref()
-            .is_some_and(|submit| submit.send(packed).is_ok());
+            .is_some_and(|submit| submit.send(job).is_ok());
         self.in_flight += sent as usize;
         sent
     }
 
-    /// A bucket that has landed, without waiting.
+    /// A job done, without waiting.
     pub fn try_landed(&mut self) -> Option<Landed> {
         let landed = self.landed.try_recv().ok()?;
         self.in_flight -= 1;
         Some(landed)
     }
 
-    /// The next bucket to land, waiting for it; `None` once none is in
-    /// flight (or the thread stopped).
+    /// The next job done, waiting for it; `None` once none is in flight (or
+    /// the thread stopped).
     pub fn next_landed(&mut self) -> Option<Landed> {
         if self.in_flight == 0 {
             return None;
@@ -134,26 +171,36 @@ impl<'scope> CommThread<'scope> {
         Some(landed)
     }
 
-    /// No more buckets: the thread ends once the queued ones have landed.
-    pub fn close(&mut self) {
-        self.submit = None;
-    }
-
-    /// Waits for the thread to end (after [`close`](Self::close) and the
-    /// last bucket landed, it has nothing left to do); a panic on it goes on
-    /// here, on the caller's thread.
+    /// Ends the thread: no more jobs; the one under way finishes (bounded by
+    /// the group's timeout), queued ones are dropped. A panic on the thread
+    /// goes on here, on the caller's.
     pub fn join(mut self) {
-        self.close();
-        drop(self.landed);
-        if let Err(panic) = self.thread.join() {
+        if let Err(panic) = self.stop() {
             std::panic::resume_unwind(panic);
         }
+    }
+
+    fn stop(&mut self) -> std::thread::Result<()> {
+        self.submit = None;
+        // Its next send fails, so it stops after the job under way.
+        let (_, closed) = mpsc::channel();
+        drop(std::mem::replace(&mut self.landed, closed));
+        self.thread.take().map_or(Ok(()), JoinHandle::join)
     }
 
     /// Whether the thread has ended.
     #[cfg(test)]
     pub fn is_finished(&self) -> bool {
-        self.thread.is_finished()
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for CommThread {
+    /// No thread outlives its synchronisation, even on an error path.
+    fn drop(&mut self) {
+        if self.stop().is_err() {
+            log::error!("the gradient communication thread panicked");
+        }
     }
 }
 
@@ -163,7 +210,7 @@ mod tests {
     use crate::CollectiveBackend;
 
     fn averaging() -> Averaging {
-        // A world of one forced to reduce: the collective runs for real.
+        // A world of one forced to reduce: the collectives run for real.
         let group = ProcessGroup::builder(0, 1)
             .device_backend(CollectiveBackend::Nccl)
             .build()
@@ -174,64 +221,96 @@ mod tests {
         }
     }
 
-    fn packed(index: usize, values: &[f32]) -> Packed {
+    fn bucket(index: usize, values: &[f32]) -> Job {
         let mut buffer = AlignedBuf::default();
         let bytes = buffer.bytes(values.len() * 4);
         bytes.copy_from_slice(bytemuck::cast_slice(values));
-        Packed {
+        Job::Bucket(Packed {
             index,
             buffer,
             bytes: values.len() * 4,
             dtype: DType::F32,
-            pack: Duration::ZERO,
+        })
+    }
+
+    fn wait_until_finished(comm: &CommThread) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !comm.is_finished() {
+            assert!(Instant::now() < deadline, "the thread outlived its work");
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
     #[test]
-    fn buckets_land_in_the_order_they_were_submitted_and_the_thread_ends() {
-        std::thread::scope(|scope| {
-            let mut comm = CommThread::start(scope, averaging());
-            for index in 0..5 {
-                assert!(comm.submit(packed(index, &[index as f32; 3])));
-            }
-            comm.close();
-            let mut order = Vec::new();
-            while let Some(mut landed) = comm.next_landed() {
-                landed.result.unwrap();
-                let values: &[f32] = bytemuck::cast_slice(landed.buffer.bytes(landed.bytes));
-                assert_eq!(values, [landed.index as f32; 3]);
-                order.push(landed.index);
-            }
-            assert_eq!(order, [0, 1, 2, 3, 4]);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !comm.is_finished() {
-                assert!(Instant::now() < deadline, "the thread outlived its buckets");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        });
+    fn jobs_land_in_the_order_they_were_submitted() {
+        let mut comm = CommThread::start(averaging());
+        let layout = Arc::new(vec![ParamLayout {
+            shape: vec![3],
+            dtype: DType::F32,
+        }]);
+        assert!(comm.submit(Job::Agree {
+            layout,
+            has_gradients: true
+        }));
+        for index in 0..5 {
+            assert!(comm.submit(bucket(index, &[index as f32; 3])));
+        }
+        let Some(Landed::Agreed { any_gradients, .. }) = comm.next_landed() else {
+            panic!("the agreement lands first");
+        };
+        assert!(any_gradients.unwrap());
+        let mut order = Vec::new();
+        while let Some(landed) = comm.next_landed() {
+            let Landed::Bucket {
+                mut packed, result, ..
+            } = landed
+            else {
+                panic!("one agreement only");
+            };
+            result.unwrap();
+            let values: &[f32] = bytemuck::cast_slice(packed.buffer.bytes(packed.bytes));
+            assert_eq!(values, [packed.index as f32; 3]);
+            order.push(packed.index);
+        }
+        assert_eq!(order, [0, 1, 2, 3, 4]);
+        comm.join();
     }
 
     #[test]
     fn a_failed_bucket_stops_the_thread_and_is_reported() {
-        std::thread::scope(|scope| {
-            let mut comm = CommThread::start(scope, averaging());
-            let mut broken = packed(0, &[1.0]);
-            broken.bytes = 3; // not a whole f32
-            assert!(comm.submit(broken));
-            let err = comm.next_landed().unwrap().result.unwrap_err().to_string();
-            assert!(
-                err.contains("rank 0") && err.contains("bucket 0: 3 bytes are not whole F32"),
-                "{err}"
-            );
-            // The thread has stopped: later buckets are refused, not lost in a queue.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !comm.is_finished() {
-                assert!(Instant::now() < deadline, "the thread outlived its failure");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            assert!(!comm.submit(packed(1, &[1.0])));
-            assert!(comm.next_landed().is_none());
-            comm.join();
+        let mut comm = CommThread::start(averaging());
+        let Job::Bucket(mut broken) = bucket(0, &[1.0]) else {
+            unreachable!()
+        };
+        broken.bytes = 3; // not a whole f32
+        assert!(comm.submit(Job::Bucket(broken)));
+        let Some(Landed::Bucket { result, .. }) = comm.next_landed() else {
+            panic!("the bucket lands");
+        };
+        let err = result.unwrap_err().to_string();
+        assert!(
+            err.contains("rank 0") && err.contains("bucket 0: 3 bytes are not whole F32"),
+            "{err}"
+        );
+        // The thread has stopped: later jobs are refused, not lost in a queue.
+        wait_until_finished(&comm);
+        assert!(!comm.submit(bucket(1, &[1.0])));
+        assert!(comm.next_landed().is_none());
+    }
+
+    #[test]
+    fn dropping_it_mid_work_ends_the_thread_without_running_the_queue() {
+        let mut comm = CommThread::start(averaging());
+        for index in 0..200 {
+            comm.submit(bucket(index, &[1.0; 1 << 16]));
+        }
+        let (done, dropped) = mpsc::channel();
+        std::thread::spawn(move || {
+            drop(comm);
+            done.send(()).unwrap();
         });
+        dropped
+            .recv_timeout(Duration::from_secs(10))
+            .expect("dropping the thread's handle returned (its thread joined)");
     }
 }

@@ -32,12 +32,11 @@ pub struct SyncStats {
 }
 
 impl SyncStats {
-    /// One bucket of `bytes`, with how long it took to pack, reduce and
-    /// unpack.
-    pub(super) fn count_bucket(&mut self, bytes: usize, [pack, reduce, unpack]: [Duration; 3]) {
+    /// One bucket of `bytes`, with how long it took to reduce and unpack
+    /// (its packing is counted as it happens, parameter by parameter).
+    pub(super) fn count_bucket(&mut self, bytes: usize, reduce: Duration, unpack: Duration) {
         self.buckets += 1;
         self.bytes += bytes as u64;
-        self.pack += pack;
         self.reduce += reduce;
         self.unpack += unpack;
     }
@@ -49,8 +48,8 @@ impl SyncStats {
         bytes: usize,
         [started, packed, reduced]: [Instant; 3],
     ) {
-        let times = [packed - started, reduced - packed, reduced.elapsed()];
-        self.count_bucket(bytes, times);
+        self.pack += packed - started;
+        self.count_bucket(bytes, reduced - packed, reduced.elapsed());
     }
 
     /// Adds `other`'s counts and times to these.

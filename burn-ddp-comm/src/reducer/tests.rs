@@ -166,3 +166,56 @@ fn bad_caps_mixed_devices_and_a_destroyed_group_are_errors() {
         Err(CommError::Destroyed)
     ));
 }
+
+#[test]
+fn gradients_handed_over_early_leave_in_complete_buckets_and_are_not_read_again() {
+    let group = forced_group();
+    let config = BucketConfig {
+        cap_bytes: 16,
+        first_cap_bytes: 8,
+    };
+    let shapes: &[&[usize]] = &[&[2], &[2, 2], &[1], &[3]];
+    let grads = || {
+        vec![
+            Some(vec![1.0, 2.0]),
+            Some(vec![3.0; 4]),
+            None,
+            Some(vec![4.0, 5.0, 6.0]),
+        ]
+    };
+    let mut reference = FakeSet::new(grads(), shapes);
+    Reducer::new(&group, config)
+        .synchronize(&mut reference)
+        .unwrap();
+
+    let mut reducer = Reducer::new(&group, config);
+    let mut set = FakeSet::new(grads(), shapes);
+    let mut round = reducer.begin(set.params()).unwrap().unwrap();
+    // Buckets, last parameter first: [3], [2, 1], [0].
+    assert_eq!(reducer.plan().members(0), &[3]);
+    assert_eq!(reducer.plan().members(1), &[2, 1]);
+    let hand_over = |round: &mut SyncRound, param: usize| {
+        let grad: Vec<f32> = set.grads[param].clone().unwrap_or(vec![0.0; 1]);
+        round
+            .ready(param, |out| {
+                out.copy_from_slice(bytemuck::cast_slice(&grad));
+                Ok(())
+            })
+            .unwrap();
+    };
+    hand_over(&mut round, 1);
+    assert_eq!(
+        round.sent(),
+        0,
+        "bucket 1 is incomplete and bucket 0 not sent"
+    );
+    hand_over(&mut round, 3);
+    assert_eq!(round.sent(), 1, "bucket 0 leaves as soon as it is complete");
+    hand_over(&mut round, 3); // a second report changes nothing
+    assert_eq!(round.sent(), 1);
+    let stats = reducer.finish(round, &mut set).unwrap().unwrap();
+    assert_eq!(set.reads, [2, 0], "only what was not handed over is read");
+    assert_eq!(set.writes, [3, 2, 1, 0]);
+    assert_eq!(set.grads, reference.grads);
+    assert_eq!((stats.buckets, stats.bytes), (3, 4 * 10));
+}

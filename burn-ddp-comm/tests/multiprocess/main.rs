@@ -34,6 +34,14 @@ fn main() {
         ),
         ("many_operations_back_to_back", many_operations_back_to_back),
         (
+            "gradients_handed_over_in_any_order_average_as_synchronize_does",
+            rounds_match_synchronize,
+        ),
+        (
+            "a_peer_that_dies_mid_round_fails_every_rank_fast",
+            peer_dies_mid_round,
+        ),
+        (
             "world_of_one_needs_no_network",
             world_of_one_needs_no_network,
         ),
@@ -238,6 +246,36 @@ fn many_operations_back_to_back() -> Result<(), String> {
                 .env("BURN_DDP_TRANSPORT", transport)
                 .run("back_to_back"),
         )?;
+    }
+    Ok(())
+}
+
+fn rounds_match_synchronize() -> Result<(), String> {
+    for (world, transport) in [(2, "shm"), (3, "tcp")] {
+        let outcomes = World::new(world)
+            .env("BURN_DDP_TRANSPORT", transport)
+            .run("rounds");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(o.stdout.contains("rounds ok over"), || o.stdout.clone())?;
+        }
+    }
+    Ok(())
+}
+
+fn peer_dies_mid_round() -> Result<(), String> {
+    let mut world = World::new(3).rank_env(1, "DIE_IN_ROUND", "1");
+    world.timeout_secs = 60.0;
+    world.deadline = Duration::from_secs(90);
+    let outcomes = world.run("die_in_round");
+    for o in outcomes.iter().filter(|o| o.rank != 1) {
+        check(o.code == Some(1), || {
+            format!("rank {} should fail: {o:?}", o.rank)
+        })?;
+        check(o.elapsed < Duration::from_secs(20), || {
+            format!("rank {} took {:?}: {}", o.rank, o.elapsed, o.stderr)
+        })?;
+        check(o.stderr.contains("rank 1"), || o.stderr.clone())?;
     }
     Ok(())
 }

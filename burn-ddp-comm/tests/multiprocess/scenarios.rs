@@ -1,6 +1,9 @@
 //! What each rank process does; every scenario exits the process.
 
-use burn_ddp_comm::{ProcessGroup, ReduceOp};
+use burn_ddp_comm::{
+    BucketConfig, DType, GradientSet, ParamInfo, ParamLayout, Placement, ProcessGroup, ReduceOp,
+    Reducer,
+};
 
 pub fn run(name: &str) -> ! {
     let result = match name {
@@ -15,6 +18,8 @@ pub fn run(name: &str) -> ! {
         "big_loop" => big_loop(),
         "compare_algorithms" => compare_algorithms(),
         "compressed" => compressed(),
+        "rounds" => rounds(),
+        "die_in_round" => die_in_round(),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -380,4 +385,146 @@ fn compressed() -> Result<(), String> {
         .collect();
     expect("i64 sum", &ints, &expect_ints)?;
     g.destroy().map_err(e)
+}
+
+/// Gradients in plain vectors, as a front-end holds them.
+struct VecSet {
+    params: Vec<ParamInfo>,
+    grads: Vec<Option<Vec<f32>>>,
+    reads: Vec<usize>,
+}
+
+impl VecSet {
+    /// Rank `rank`'s gradients of step `step`: parameter `i`, element `j` is
+    /// `(rank + 1) * (i + 1) + (j + step) % 7`; parameter `rank % 7` has none
+    /// on this rank (it counts as zero).
+    fn new(rank: usize, step: usize) -> Self {
+        let sizes = [3usize, 1000, 5, 300_000, 7, 1100, 50];
+        let params = sizes
+            .iter()
+            .enumerate()
+            .map(|(id, &n)| ParamInfo {
+                id: id as u64,
+                layout: ParamLayout {
+                    shape: vec![n],
+                    dtype: DType::F32,
+                },
+                placement: Placement::Host,
+            })
+            .collect();
+        let grads = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let value = |j: usize| ((rank + 1) * (i + 1) + (j + step) % 7) as f32;
+                (i != rank % 7).then(|| (0..n).map(value).collect())
+            })
+            .collect();
+        Self {
+            params,
+            grads,
+            reads: Vec::new(),
+        }
+    }
+
+    fn bytes(&self, index: usize, out: &mut [u8]) {
+        match &self.grads[index] {
+            Some(grad) => out.copy_from_slice(bytemuck::cast_slice(grad)),
+            None => out.fill(0),
+        }
+    }
+}
+
+impl GradientSet for VecSet {
+    fn params(&self) -> &[ParamInfo] {
+        &self.params
+    }
+
+    fn read_host(&mut self, index: usize, out: &mut [u8]) -> burn_ddp_comm::Result<()> {
+        self.reads.push(index);
+        self.bytes(index, out);
+        Ok(())
+    }
+
+    fn write_host(&mut self, index: usize, averaged: &[u8]) -> burn_ddp_comm::Result<()> {
+        self.grads[index] = Some(bytemuck::cast_slice(averaged).to_vec());
+        Ok(())
+    }
+}
+
+/// Small buckets: several per step, so some leave while others fill.
+fn small_buckets() -> BucketConfig {
+    BucketConfig {
+        cap_bytes: 4096,
+        first_cap_bytes: 64,
+    }
+}
+
+/// Gradients handed over one by one, in a different order on every rank
+/// (as backward finishes them), average to the bits `synchronize` gives;
+/// those not handed over are read at `finish`, and no one is read twice.
+fn rounds() -> Result<(), String> {
+    let g = group()?;
+    let rank = g.rank();
+    let e = |e: burn_ddp_comm::CommError| e.to_string();
+    let mut whole = Reducer::new(&g, small_buckets());
+    let mut early = Reducer::new(&g, small_buckets());
+    for step in 0..20 {
+        let mut reference = VecSet::new(rank, step);
+        whole.synchronize(&mut reference).map_err(e)?;
+        let mut set = VecSet::new(rank, step);
+        let mut round = early.begin(set.params()).map_err(e)?.ok_or("no round")?;
+        // Rank- and step-dependent order; one parameter left to `finish`.
+        let order: Vec<usize> = (0..7).map(|k| (k * (rank + 2) + step) % 7).collect();
+        for &param in &order[..6] {
+            round
+                .ready(param, |out| {
+                    set.bytes(param, out);
+                    Ok(())
+                })
+                .map_err(e)?;
+        }
+        early.finish(round, &mut set).map_err(e)?;
+        if set.reads != [order[6]] {
+            return Err(format!(
+                "step {step}: read at finish {:?}, not [{}]",
+                set.reads, order[6]
+            ));
+        }
+        for i in 0..7 {
+            let got = set.grads[i].as_ref().ok_or("a gradient missing")?;
+            let want = reference.grads[i].as_ref().ok_or("a gradient missing")?;
+            expect(&format!("step {step}, parameter {i}"), got, want)?;
+        }
+    }
+    let buckets = early.plan().buckets.len();
+    if buckets < 4 {
+        return Err(format!("only {buckets} buckets: the test needs several"));
+    }
+    println!("rounds ok over {buckets} buckets");
+    g.destroy().map_err(e)
+}
+
+/// The rank with DIE_IN_ROUND exits after handing over half its gradients
+/// (some buckets have left); the others must fail, not hang.
+fn die_in_round() -> Result<(), String> {
+    let g = group()?;
+    let e = |e: burn_ddp_comm::CommError| e.to_string();
+    let mut reducer = Reducer::new(&g, small_buckets());
+    let mut set = VecSet::new(g.rank(), 0);
+    let mut round = reducer.begin(set.params()).map_err(e)?.ok_or("no round")?;
+    for param in [6, 5, 4] {
+        round
+            .ready(param, |out| {
+                set.bytes(param, out);
+                Ok(())
+            })
+            .map_err(e)?;
+    }
+    if std::env::var("DIE_IN_ROUND").is_ok() {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        std::process::exit(7);
+    }
+    reducer.finish(round, &mut set).map_err(e)?;
+    Err("the round with a dead peer should have failed".into())
 }

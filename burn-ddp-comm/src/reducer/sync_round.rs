@@ -1,0 +1,365 @@
+//! One synchronisation, from [`Reducer::begin`](super::Reducer::begin) to
+//! [`Reducer::finish`](super::Reducer::finish): gradients may be handed
+//! over one by one as they become final ([`SyncSyncRound::ready`], during backward),
+//! and each bucket leaves for the communication thread as soon as it and
+//! every bucket before it are complete; `finish` reads the rest, sends what
+//! is left and writes every average back.
+
+use super::gradient_set::GradientSet;
+use super::layout::ParamLayout;
+use super::pipeline::{Averaging, CommThread, Job, Landed, Packed};
+use super::plan::BucketPlan;
+use super::stats::SyncStats;
+use crate::element::AlignedBuf;
+use crate::error::{CommError, Result};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A layout and its bucket plan, with where each parameter sits.
+#[derive(Debug, Default)]
+pub(super) struct Planned {
+    pub layout: Vec<ParamLayout>,
+    pub plan: BucketPlan,
+    /// Per parameter: its bucket and its first element there.
+    pub place: Vec<(usize, usize)>,
+}
+
+impl Planned {
+    pub fn new(layout: Vec<ParamLayout>, plan: BucketPlan) -> Self {
+        let mut place = vec![(0, 0); layout.len()];
+        for (index, bucket) in plan.buckets.iter().enumerate() {
+            for (&param, &offset) in plan.members(index).iter().zip(&bucket.offsets) {
+                place[param] = (index, offset);
+            }
+        }
+        Self {
+            layout,
+            plan,
+            place,
+        }
+    }
+
+    fn bucket_bytes(&self, index: usize) -> usize {
+        let bucket = &self.plan.buckets[index];
+        bucket.numel * bucket.dtype.size()
+    }
+
+    /// Parameter `param`'s byte range in its bucket.
+    fn range(&self, param: usize) -> std::ops::Range<usize> {
+        let (bucket, offset) = self.place[param];
+        let start = offset * self.plan.buckets[bucket].dtype.size();
+        start..start + self.layout[param].bytes()
+    }
+}
+
+/// Where the ranks' agreement stands.
+enum Agreement {
+    NotAsked,
+    /// Handed to the communication thread, ahead of the first bucket.
+    Asked,
+    /// Some rank has gradients: the buckets go.
+    Reached,
+}
+
+/// One synchronisation through host memory in progress.
+pub struct SyncRound {
+    averaging: Averaging,
+    planned: Arc<Planned>,
+    layout: Arc<Vec<ParamLayout>>,
+    buffers: Vec<AlignedBuf>,
+    /// Per bucket: members not read yet.
+    unread: Vec<usize>,
+    read: Vec<bool>,
+    /// Buckets handed over (always a prefix), and buckets written back.
+    submitted: usize,
+    unpacked: usize,
+    /// Reduced by NCCL on the GPU at `finish`, not through host memory.
+    on_device: bool,
+    agreement: Agreement,
+    comm: Option<CommThread>,
+    pub(super) stats: SyncStats,
+}
+
+impl SyncRound {
+    pub(super) fn new(
+        averaging: Averaging,
+        planned: Arc<Planned>,
+        buffers: Vec<AlignedBuf>,
+        on_device: bool,
+    ) -> Self {
+        let unread = planned.plan.buckets.iter().map(|b| b.slots.len()).collect();
+        Self {
+            averaging,
+            layout: Arc::new(planned.layout.clone()),
+            read: vec![false; planned.layout.len()],
+            planned,
+            buffers,
+            unread,
+            submitted: 0,
+            unpacked: 0,
+            on_device,
+            agreement: Agreement::NotAsked,
+            comm: None,
+            stats: SyncStats {
+                syncs: 1,
+                ..SyncStats::default()
+            },
+        }
+    }
+
+    /// Parameter `param`'s gradient is final: `read` writes it into its
+    /// slot of the bucket (exactly `layout.bytes()` bytes), and every bucket
+    /// now complete, in order, leaves for the communication thread. The
+    /// parameter is not read again at [`finish`](super::Reducer::finish).
+    /// The ranks need not hand them over in the same order: the buckets
+    /// leave in the same order everywhere. On the GPU path nothing happens
+    /// before `finish`.
+    pub fn ready(
+        &mut self,
+        param: usize,
+        read: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        if self.on_device || self.read[param] {
+            return Ok(());
+        }
+        self.read_into_bucket(param, read)?;
+        self.send_complete_buckets()
+    }
+
+    fn read_into_bucket(
+        &mut self,
+        param: usize,
+        read: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let bucket = self.planned.place[param].0;
+        let bytes = self.buffers[bucket].bytes(self.planned.bucket_bytes(bucket));
+        read(&mut bytes[self.planned.range(param)])?;
+        self.read[param] = true;
+        self.unread[bucket] -= 1;
+        self.stats.pack += started.elapsed();
+        Ok(())
+    }
+
+    /// Hands over every complete bucket after the last one handed over,
+    /// preceded by the agreement if nobody asked for it yet (this rank has a
+    /// gradient then: whatever the others say, some rank has).
+    fn send_complete_buckets(&mut self) -> Result<()> {
+        while self.submitted < self.unread.len() && self.unread[self.submitted] == 0 {
+            if let Agreement::NotAsked = self.agreement {
+                self.submit(Job::Agree {
+                    layout: self.layout.clone(),
+                    has_gradients: true,
+                })?;
+                self.agreement = Agreement::Asked;
+            }
+            let packed = self.take_packed(self.submitted);
+            self.submit(Job::Bucket(packed))?;
+            self.submitted += 1;
+        }
+        Ok(())
+    }
+
+    fn take_packed(&mut self, index: usize) -> Packed {
+        Packed {
+            index,
+            buffer: std::mem::take(&mut self.buffers[index]),
+            bytes: self.planned.bucket_bytes(index),
+            dtype: self.planned.plan.buckets[index].dtype,
+        }
+    }
+
+    fn submit(&mut self, job: Job) -> Result<()> {
+        let averaging = &self.averaging;
+        let comm = self
+            .comm
+            .get_or_insert_with(|| CommThread::start(averaging.clone()));
+        if comm.submit(job) {
+            return Ok(());
+        }
+        // Stopped on a failure: that is the error to report.
+        while let Some(landed) = comm.next_landed() {
+            if let Landed::Agreed {
+                any_gradients: Err(err),
+                ..
+            }
+            | Landed::Bucket {
+                result: Err(err), ..
+            } = landed
+            {
+                return Err(err);
+            }
+        }
+        Err(self.thread_lost())
+    }
+
+    /// Reads every gradient not handed over yet, sends the rest and writes
+    /// every average back; `None` when no rank had a gradient.
+    pub(super) fn finish(&mut self, set: &mut dyn GradientSet) -> Result<Option<SyncStats>> {
+        if let Agreement::NotAsked = self.agreement {
+            if !self.agree_first(set.has_gradients())? {
+                return Ok(None);
+            }
+        }
+        if self.on_device {
+            return self.finish_on_device(set).map(Some);
+        }
+        if self.comm.is_none() && self.unread.len() == 1 {
+            // One bucket and nothing sent yet: nothing to overlap, no thread.
+            self.read_rest(set)?;
+            let packed = self.take_packed(0);
+            let landed = self.averaging.run(Job::Bucket(packed));
+            self.unpack(landed, set)?;
+            return Ok(Some(self.stats));
+        }
+        for param in self.planned.plan.order.clone() {
+            if !self.read[param] {
+                self.read_into_bucket(param, |out| set.read_host(param, out))?;
+                self.send_complete_buckets()?;
+                self.unpack_landed(set, false)?;
+            }
+        }
+        self.unpack_landed(set, true)?;
+        if self.unpacked != self.unread.len() {
+            return Err(self.thread_lost());
+        }
+        if let Some(comm) = self.comm.take() {
+            comm.join();
+        }
+        Ok(Some(self.stats))
+    }
+
+    fn read_rest(&mut self, set: &mut dyn GradientSet) -> Result<()> {
+        for param in self.planned.plan.order.clone() {
+            if !self.read[param] {
+                self.read_into_bucket(param, |out| set.read_host(param, out))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The agreement before anything was handed over: on this thread (it is
+    /// the only job, nothing to overlap it with).
+    fn agree_first(&mut self, has_gradients: bool) -> Result<bool> {
+        let landed = self.averaging.run(Job::Agree {
+            layout: self.layout.clone(),
+            has_gradients,
+        });
+        let Landed::Agreed {
+            any_gradients,
+            took,
+        } = landed
+        else {
+            unreachable!("an agreement lands as one");
+        };
+        self.stats.wait = took;
+        let any = any_gradients?;
+        if any {
+            self.agreement = Agreement::Reached;
+        }
+        Ok(any)
+    }
+
+    /// Writes back what has landed: all of it, waiting, with `wait`.
+    fn unpack_landed(&mut self, set: &mut dyn GradientSet, wait: bool) -> Result<()> {
+        loop {
+            let Some(comm) = self.comm.as_mut() else {
+                return Ok(());
+            };
+            let landed = if wait {
+                comm.next_landed()
+            } else {
+                comm.try_landed()
+            };
+            let Some(landed) = landed else {
+                break;
+            };
+            self.unpack(landed, set)?;
+        }
+        Ok(())
+    }
+
+    fn unpack(&mut self, landed: Landed, set: &mut dyn GradientSet) -> Result<()> {
+        match landed {
+            Landed::Agreed {
+                any_gradients,
+                took,
+            } => {
+                self.stats.wait = took;
+                // Asked for because this rank had a gradient: the answer is yes.
+                any_gradients?;
+                self.agreement = Agreement::Reached;
+                Ok(())
+            }
+            Landed::Bucket {
+                mut packed,
+                reduce,
+                result,
+            } => {
+                result?;
+                let started = Instant::now();
+                let bytes = packed.buffer.bytes(packed.bytes);
+                for &param in self.planned.plan.members(packed.index) {
+                    set.write_host(param, &bytes[self.planned.range(param)])?;
+                }
+                self.stats
+                    .count_bucket(packed.bytes, reduce, started.elapsed());
+                self.buffers[packed.index] = packed.buffer;
+                self.unpacked += 1;
+                Ok(())
+            }
+        }
+    }
+
+    fn thread_lost(&self) -> CommError {
+        CommError::InvalidArgument {
+            rank: self.averaging.group.rank(),
+            message: "the gradient communication thread ended before its buckets came back".into(),
+        }
+    }
+
+    /// Every bucket on the GPU, one after the other: the front-end packs it
+    /// into one device buffer, NCCL averages it in place, the front-end
+    /// unpacks it.
+    #[cfg(feature = "nccl")]
+    fn finish_on_device(&mut self, set: &mut dyn GradientSet) -> Result<SyncStats> {
+        for index in 0..self.unread.len() {
+            let started = Instant::now();
+            let bucket = &self.planned.plan.buckets[index];
+            let members = self.planned.plan.members(index);
+            let packed_bucket = set.pack_device(members, bucket.numel, bucket.dtype)?;
+            let packed = Instant::now();
+            // SAFETY: `DeviceBucket::new`'s contract: live, fully written device
+            // memory of `numel` elements, used by nobody else until it is handed
+            // back below; the call returns once NCCL is done with it.
+            unsafe {
+                self.averaging
+                    .group
+                    .all_reduce_device(packed_bucket.buffer(), crate::element::ReduceOp::Mean)?
+            };
+            let reduced = Instant::now();
+            set.unpack_device(members, &bucket.offsets, packed_bucket)?;
+            self.stats.device_buckets += 1;
+            let bytes = bucket.numel * bucket.dtype.size();
+            self.stats
+                .count_bucket_since(bytes, [started, packed, reduced]);
+        }
+        Ok(self.stats)
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    fn finish_on_device(&mut self, _set: &mut dyn GradientSet) -> Result<SyncStats> {
+        unreachable!("without NCCL the group never reduces on the device")
+    }
+
+    /// Buckets handed to the communication thread so far.
+    #[cfg(test)]
+    pub(super) fn sent(&self) -> usize {
+        self.submitted
+    }
+
+    /// The bucket buffers, for the next synchronisation.
+    pub(super) fn into_buffers(self) -> Vec<AlignedBuf> {
+        self.buffers
+    }
+}
