@@ -69,6 +69,13 @@ pub struct DdpConfig {
     /// between ranks (a frozen tensor only one rank has).
     #[config(default = true)]
     pub broadcast_buffers: bool,
+    /// Whether each bucket's all-reduce starts during `backward()`, as soon
+    /// as its gradients are final, overlapping the rest of backward (as
+    /// PyTorch's DDP does; the averages are the same, bit for bit). Only
+    /// Burn 0.21's `Ddp<B>` can tell when a gradient is final; elsewhere
+    /// (`sync_gradients`, Burn 0.22) gradients are reduced after backward.
+    #[config(default = true)]
+    pub overlap_backward: bool,
 }
 
 /// How the sharded optimizer (ZeRO stage 1) moves gradients and parameters:
@@ -126,6 +133,7 @@ impl DdpConfig {
             buckets: self.bucket_config(group.rank())?.into(),
             compression: self.gradient_compression.into(),
             broadcast_buffers: self.broadcast_buffers,
+            overlap_backward: self.overlap_backward,
         })
     }
 }

@@ -17,6 +17,7 @@ use burn_ddp_comm::{
     ProcessGroup, Reducer, SyncStats, WireCompression,
 };
 use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// The default group and every wrapped model of one front-end.
@@ -56,9 +57,15 @@ pub struct ModelScope {
     /// The model's reducer (its group, buckets, compression and statistics).
     pub reducer: Mutex<Reducer>,
     params: Mutex<HashSet<u64>>,
+    overlap_backward: AtomicBool,
 }
 
 impl ModelScope {
+    /// Whether its buckets may leave during backward ([`WrapSettings`]).
+    pub fn overlaps_backward(&self) -> bool {
+        self.overlap_backward.load(Ordering::Relaxed)
+    }
+
     /// Whether `param` is one of this model's parameters.
     pub fn holds(&self, param: u64) -> bool {
         self.params.lock().unwrap().contains(&param)
@@ -88,6 +95,9 @@ pub struct WrapSettings {
     pub compression: WireCompression,
     /// Whether the buffers are broadcast too, so they must agree.
     pub broadcast_buffers: bool,
+    /// Whether buckets may leave during backward, as its gradients become
+    /// final (where the front-end can tell; Burn 0.21's `Ddp<B>`).
+    pub overlap_backward: bool,
 }
 
 /// Where a model's gradients are synchronised: its own scope, or the
@@ -161,6 +171,7 @@ impl Session {
                 buckets: 0,
                 bytes: 0,
                 device_buckets: 0,
+                early_buckets: 0,
                 wait: std::time::Duration::ZERO,
                 pack: std::time::Duration::ZERO,
                 reduce: std::time::Duration::ZERO,
@@ -286,7 +297,11 @@ impl Session {
         if settings.compression != WireCompression::None {
             reducer = reducer.with_compression(settings.compression);
         }
-        Ok(Some(self.register(reducer, layout.trainable_ids)))
+        let scope = self.register(reducer, layout.trainable_ids);
+        scope
+            .overlap_backward
+            .store(settings.overlap_backward, Ordering::Relaxed);
+        Ok(Some(scope))
     }
 
     /// The scope for a model with trainable `params`: the one these
@@ -310,6 +325,7 @@ impl Session {
                     id: state.next_id,
                     reducer: Mutex::new(reducer),
                     params: Mutex::new(params),
+                    overlap_backward: AtomicBool::new(false),
                 });
                 state.next_id += 1;
                 state.models.push(Arc::clone(&scope));
@@ -414,6 +430,21 @@ impl Session {
         Ok(stats.is_some())
     }
 
+    /// Ends a synchronisation begun on `reducer` ([`Reducer::begin`]),
+    /// counted as [`synchronize`](Self::synchronize) counts one.
+    pub fn finish(
+        &self,
+        reducer: &Mutex<Reducer>,
+        round: burn_ddp_comm::SyncRound,
+        set: &mut dyn burn_ddp_comm::GradientSet,
+    ) -> Result<bool> {
+        let stats = reducer.lock().unwrap().finish(round, set)?;
+        if let Some(stats) = &stats {
+            self.totals.lock().unwrap().add(stats);
+        }
+        Ok(stats.is_some())
+    }
+
     /// Every synchronisation made through this session so far, summed (each
     /// model's own figures are its reducer's).
     pub fn sync_stats(&self) -> SyncStats {
@@ -435,6 +466,7 @@ mod tests {
             buckets: BucketConfig::from_mib(0, 2.0, 0.5).unwrap(),
             compression: WireCompression::None,
             broadcast_buffers: true,
+            overlap_backward: true,
         }
     }
 

@@ -77,7 +77,11 @@ impl<B: Backend, C: CheckpointStrategy> AutodiffCollectives for Autodiff<B, C> {
                 .compute_bound()
                 .stateful()
             {
-                OpsKind::Tracked(prep) => prep.finish(group.clone(), output),
+                OpsKind::Tracked(prep) => {
+                    // Its backward runs a collective: no bucket may leave early.
+                    crate::overlap::forward::note_collective();
+                    prep.finish(group.clone(), output)
+                }
                 OpsKind::UnTracked(prep) => prep.finish(output),
             },
         )

@@ -53,9 +53,7 @@ pub mod collective;
 pub mod data;
 mod device;
 mod no_sync;
-// #42's readiness hook, tested against Burn's backward; Ddp<B> does not use it yet.
-#[cfg(test)]
-mod ready_hook;
+mod overlap;
 pub mod replicas;
 pub mod shard;
 mod shard_record;

@@ -8,6 +8,10 @@
 //! autodiff backend).
 
 use crate::no_sync::{self, Silence};
+use crate::overlap::{
+    self,
+    pass::{Begun, Ended, Installed},
+};
 use crate::shared::gradients::TensorGradients;
 use crate::shared::session::SESSION;
 pub use crate::shared::session::{reset_sync_stats, sync_stats};
@@ -17,10 +21,12 @@ use crate::tracking::{self, LiveParam, TrackedAutodiff};
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
+use burn_backend::tensor::FloatTensor;
+use burn_ddp_comm::ParamLayout;
 pub use burn_ddp_comm::SyncStats;
-use burn_ddp_comm::{CommError, ProcessGroup, Reducer, Result};
+use burn_ddp_comm::{CommError, GradientSet, ProcessGroup, Reducer, Result};
 use burn_ddp_training::session::{ModelScope, DEFAULT_SCOPE};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// What synchronising `model`'s gradients cost so far: its own reducer's
@@ -103,15 +109,35 @@ pub fn sync_enabled() -> bool {
 /// A wrapped model's state (none: the default scope) and its live parameters.
 type ScopeParams<B> = (Option<Arc<ModelScope>>, Vec<LiveParam<B>>);
 
-/// Called by `Ddp<B>::backward` with the fresh gradients: each wrapped model's
-/// parameters averaged with its own reducer, in wrap order; without wrapped
-/// models, every parameter over the default group.
-pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Result<()> {
+/// `Ddp<B>::backward`: `B`'s backward, then each wrapped model's gradients
+/// averaged with its own reducer, in wrap order (without wrapped models,
+/// every parameter over the default group). The first model wrapped with
+/// `overlap_backward` sends its buckets during backward, as soon as their
+/// gradients are final ([`crate::overlap`]), and is synchronised first. The
+/// gradients come back with the synchronisation's outcome.
+pub(crate) fn backward<B: TrackedAutodiff>(tensor: FloatTensor<B>) -> (B::Gradients, Result<()>) {
+    let step = overlap::forward::end_step();
     if !no_sync::all_enabled() {
-        return Ok(());
+        return (B::backward(tensor), Ok(()));
     }
-    // Parameters of a model forgotten with its group (destroy_process_group)
-    // are back in the default scope, as if never wrapped.
+    let early = if step.collective_inside {
+        None
+    } else {
+        begin_early::<B>(&step.used)
+    };
+    let installed = Installed::new(early);
+    let mut grads = B::backward(tensor);
+    let early = installed.take();
+    // After backward: tensors only its graph kept alive are gone, so these
+    // are the parameters the models hold.
+    let outcome = synchronize_models::<B>(&mut grads, models::<B>(), early);
+    (grads, outcome)
+}
+
+/// The live parameters by model, in wrap order. Parameters of a model
+/// forgotten with its group (destroy_process_group) are back in the default
+/// scope, as if never wrapped.
+fn models<B: TrackedAutodiff>() -> BTreeMap<u64, ScopeParams<B>> {
     let mut by_scope: BTreeMap<u64, Vec<LiveParam<B>>> = BTreeMap::new();
     for param in tracking::live_params::<B>() {
         by_scope.entry(param.scope).or_default().push(param);
@@ -123,8 +149,74 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
         let entry = models.entry(id).or_insert_with(|| (model, Vec::new()));
         entry.1.extend(params);
     }
+    models
+}
+
+/// Whether the model of `scope` sends its buckets during backward and is
+/// synchronised first: wrapped with `overlap_backward`, not under `no_sync`.
+fn overlaps(scope: u64, model: &Option<Arc<ModelScope>>) -> bool {
+    model.as_ref().is_some_and(|m| m.overlaps_backward()) && no_sync::enabled(scope)
+}
+
+/// The layout each model had at its last synchronisation, by scope: the
+/// parameters every rank agreed the model holds.
+static SYNCED_LAYOUTS: Mutex<BTreeMap<u64, Vec<ParamLayout>>> = Mutex::new(BTreeMap::new());
+
+/// A round for the first model that overlaps, begun before backward, with
+/// the parameters no op of the forward pass took already in as zeros (the
+/// gradient an unused parameter gets). Before backward, tensors the graph
+/// alone keeps alive (replaced parameters not yet freed) still count as
+/// parameters, differently on each rank; so the round begins only when the
+/// model's parameters have the layout every rank agreed at its last
+/// synchronisation, else the model waits for the end of backward (a
+/// first step, a changed model). Only one model a step overlaps: two
+/// models' collectives over one group must come in the same order on
+/// every rank.
+fn begin_early<B: TrackedAutodiff>(used: &HashSet<u64>) -> Option<Begun> {
+    let models = models::<B>();
+    let (&scope, (model, params)) = models.iter().find(|(id, (m, _))| overlaps(**id, m))?;
+    if !params.iter().any(|p| used.contains(&p.id)) {
+        return None; // not in this step's graph: nothing to overlap
+    }
+    let mut reducer = model.as_ref()?.reducer.lock().unwrap();
+    let group = reducer.group().ok()?;
+    let set = gradient_set::<B>(&group, params, |_| None).ok()?;
+    let agreed = SYNCED_LAYOUTS.lock().unwrap().get(&scope).cloned()?;
+    if !set.params().iter().map(|p| &p.layout).eq(agreed.iter()) {
+        return None;
+    }
+    let mut round = reducer.begin(set.params()).ok()??;
+    let mut unused = Vec::new();
+    for (position, param) in params.iter().enumerate() {
+        if !used.contains(&param.id) {
+            round.zero(position);
+            unused.push(param.id);
+        }
+    }
+    Some(Begun {
+        scope,
+        round,
+        params: params.iter().map(|p| p.id).collect(),
+        unused,
+    })
+}
+
+/// Each model's gradients averaged: the first model that overlaps first
+/// (its buckets have been leaving during backward), then the others in wrap
+/// order.
+fn synchronize_models<B: TrackedAutodiff>(
+    grads: &mut B::Gradients,
+    models: BTreeMap<u64, ScopeParams<B>>,
+    mut early: Option<Ended>,
+) -> Result<()> {
+    let first = models
+        .iter()
+        .find(|(id, (m, _))| overlaps(**id, m))
+        .map(|(id, _)| *id);
+    let (first, rest): (Vec<_>, Vec<_>) =
+        models.into_iter().partition(|(id, _)| Some(*id) == first);
     let wrapped = SESSION.any_wrapped();
-    for (id, (model, params)) in models {
+    for (id, (model, params)) in first.into_iter().chain(rest) {
         if !no_sync::enabled(id) {
             continue;
         }
@@ -136,7 +228,7 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
             let Some(state) = SESSION.required_if_distributed()? else {
                 continue;
             };
-            sync_params::<B>(&state.reducer, &state.group, params, grads)?;
+            sync_params::<B>(&state.reducer, &state.group, params, grads, None)?;
             continue;
         }
         let model = model.expect("a wrapped model's scope");
@@ -148,32 +240,55 @@ pub(crate) fn after_backward<B: TrackedAutodiff>(grads: &mut B::Gradients) -> Re
                  still runs; wrap the model again over a live group",
             )
         })?;
-        sync_params::<B>(&model.reducer, &group, params, grads)?;
+        let round = early.take_if(|ended| ended.scope == id);
+        let layout = sync_params::<B>(&model.reducer, &group, params, grads, round)?;
+        SYNCED_LAYOUTS.lock().unwrap().insert(id, layout);
     }
     Ok(())
 }
 
-/// One scope's gradients, out of `grads`, averaged, and back in.
+/// The gradients of `params` (those `grad` gives) as the reducer's set.
+fn gradient_set<B: TrackedAutodiff>(
+    group: &ProcessGroup,
+    params: &[LiveParam<B>],
+    mut grad: impl FnMut(&LiveParam<B>) -> Option<shim::Grad<B>>,
+) -> Result<TensorGradients<shim::Grad<B>>> {
+    let device = B::float_device(&params[0].key);
+    let mut set = TensorGradients::<shim::Grad<B>>::new(group.rank(), device);
+    for param in params {
+        set.push(param.id, param.shape.clone(), param.dtype, grad(param))?;
+    }
+    Ok(set)
+}
+
+/// One scope's gradients, out of `grads`, averaged (ending the round begun
+/// for it before backward, if there is one), and back in. Returns the
+/// layout synchronised.
 fn sync_params<B: TrackedAutodiff>(
     reducer: &Mutex<Reducer>,
     group: &ProcessGroup,
     params: Vec<LiveParam<B>>,
     grads: &mut B::Gradients,
-) -> Result<()> {
+    round: Option<Ended>,
+) -> Result<Vec<ParamLayout>> {
     if !group.synchronizes() || params.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    let device = B::float_device(&params[0].key);
-    let mut set = TensorGradients::<shim::Grad<B>>::new(group.rank(), device);
-    for param in &params {
-        // A parameter this pass did not reach gets a zero gradient, so every
-        // rank issues the same collectives.
+    if let Some(ended) = &round {
+        check_round::<B>(&params, ended, grads)?;
+    }
+    // A parameter this pass did not reach gets a zero gradient, so every
+    // rank issues the same collectives.
+    let mut set = gradient_set::<B>(group, &params, |param| {
         let numel = param.shape.iter().product();
-        let grad = B::grad_remove(&param.key, grads).map(|g| shim::flat_grad(g, numel));
-        set.push(param.id, param.shape.clone(), param.dtype, grad)?;
-    }
+        B::grad_remove(&param.key, grads).map(|g| shim::flat_grad(g, numel))
+    })?;
     crate::shared::sync::check_backend(group, &set)?;
-    let moved = SESSION.synchronize(reducer, &mut set)?;
+    let layout = set.params().iter().map(|p| p.layout.clone()).collect();
+    let moved = match round {
+        Some(ended) => SESSION.finish(reducer, ended.round?, &mut set)?,
+        None => SESSION.synchronize(reducer, &mut set)?,
+    };
     let averaged = if moved {
         set.into_averaged()
     } else {
@@ -184,7 +299,50 @@ fn sync_params<B: TrackedAutodiff>(
             B::grad_replace(&param.key, grads, shim::shaped_grad(grad, &param.shape));
         }
     }
-    Ok(())
+    Ok(layout)
+}
+
+/// A round begun before backward covers the parameters the model holds
+/// after it, and those it took as unused got no gradient: otherwise its
+/// buckets went out wrong, and this rank says why.
+fn check_round<B: TrackedAutodiff>(
+    params: &[LiveParam<B>],
+    ended: &Ended,
+    grads: &B::Gradients,
+) -> Result<()> {
+    let rank = rank_here();
+    if !params.iter().map(|p| p.id).eq(ended.params.iter().copied()) {
+        return Err(CommError::config(
+            Some(rank),
+            "overlap_backward",
+            format!(
+                "rank {rank}: the model's parameters changed during backward() ({} before, {} \
+                 after), after its first buckets were sent; wrap it with \
+                 DdpConfig::new().with_overlap_backward(false)",
+                ended.params.len(),
+                params.len()
+            ),
+        ));
+    }
+    let seen_unused = |p: &&LiveParam<B>| ended.unused.contains(&p.id);
+    let Some(param) = params
+        .iter()
+        .filter(seen_unused)
+        .find(|p| B::grad(&p.key, grads).is_some())
+    else {
+        return Ok(());
+    };
+    Err(CommError::config(
+        Some(rank),
+        "overlap_backward",
+        format!(
+            "rank {rank}: a parameter (shape {:?}) got a gradient in backward() although no \
+             operation of this step's forward pass took it through Ddp<B> (a graph built \
+             before the previous backward?), so its bucket was sent with zeros; wrap the \
+             model with DdpConfig::new().with_overlap_backward(false)",
+            param.shape
+        ),
+    ))
 }
 
 /// With models wrapped, a trainable tensor of none of them that got a

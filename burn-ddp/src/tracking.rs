@@ -17,6 +17,7 @@
 //! the last `inner()` of a parameter on this thread, if its shape and type
 //! match, names the predecessor. Anything else is in the default scope.
 
+use crate::overlap::hook::OnReady;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::Autodiff;
 use burn_backend::backend::{AutodiffBackend, Backend};
@@ -59,6 +60,21 @@ pub trait Slots: AutodiffBackend {
 
     /// The autodiff node id of a tensor that requires gradients.
     fn node_id(tensor: &FloatTensor<Self>) -> Option<u64>;
+
+    /// A tensor's node id and backward level (a leaf's is 0, an op's its
+    /// deepest input's plus one).
+    fn node_level(tensor: &FloatTensor<Self>) -> (u64, usize);
+
+    /// Whether it is a parameter: a leaf that requires gradients.
+    fn is_param(tensor: &FloatTensor<Self>) -> bool;
+
+    /// `param` through a readiness hook at backward level `level`
+    /// ([`crate::overlap`]); `None` where it cannot have one.
+    fn hooked(
+        param: &FloatTensor<Self>,
+        level: usize,
+        on_ready: OnReady<Self::InnerBackend>,
+    ) -> Option<FloatTensor<Self>>;
 }
 
 impl<B: Backend, C: CheckpointStrategy> Slots for Autodiff<B, C> {
@@ -87,6 +103,22 @@ impl<B: Backend, C: CheckpointStrategy> Slots for Autodiff<B, C> {
 
     fn node_id(tensor: &FloatTensor<Self>) -> Option<u64> {
         Self::float_is_require_grad(tensor).then_some(tensor.node.id.value)
+    }
+
+    fn node_level(tensor: &FloatTensor<Self>) -> (u64, usize) {
+        (tensor.node.id.value, tensor.node.order)
+    }
+
+    fn is_param(tensor: &FloatTensor<Self>) -> bool {
+        tensor.node.parents.is_empty() && Self::float_is_require_grad(tensor)
+    }
+
+    fn hooked(
+        param: &FloatTensor<Self>,
+        level: usize,
+        on_ready: OnReady<B>,
+    ) -> Option<FloatTensor<Self>> {
+        crate::overlap::hook::hooked::<B, C>(param, level, on_ready)
     }
 }
 
@@ -224,6 +256,12 @@ fn register<B: TrackedAutodiff>(slot: ParamSlot<B>) {
             registry.prune();
         }
     })
+}
+
+/// The scope (wrapped model) parameter node `id` belongs to, if it is a
+/// parameter `Ddp<B>` follows.
+pub(crate) fn scope_of(id: u64) -> Option<u64> {
+    with_registry(|registry| registry.scopes.get(&id).copied())
 }
 
 /// A live parameter, as the backward pass needs it.

@@ -26,6 +26,9 @@ impl DdpConfig {
     pub fn wrap<B: Backend, M: Module<B>>(&self, model: M, group: &ProcessGroup) -> Result<M> {
         let layout = module_layout(group.rank(), shim::walker(&model))?;
         let scope = SESSION.wrap(group, self.settings(group)?, layout)?;
+        if self.overlap_backward && group.synchronizes() {
+            crate::overlap::forward::arm();
+        }
         // Parameters marked while broadcasting are this model's (`Ddp<B>`).
         let _wrapping = scope.map(|scope| WrappingScope::enter(scope.id));
         broadcast_checked(group, self.broadcast_buffers, |r| shim::rewrite(model, r))

@@ -225,12 +225,13 @@ pub fn print_share(report: &ShareReport) {
         100.0 * per_step(stats.wait) / step_ms
     );
     println!(
-        "| sync work: pack {:.2} + all-reduce {:.2} + unpack {:.2} ms ({:.1} MB, {} buckets) | {work:.2} ms = {:.1}% of the step |",
+        "| sync work: pack {:.2} + all-reduce {:.2} + unpack {:.2} ms ({:.1} MB, {} buckets, {} sent during backward) | {work:.2} ms = {:.1}% of the step |",
         per_step(stats.pack),
         per_step(stats.reduce),
         per_step(stats.unpack),
         stats.bytes as f64 / 1e6 / stats.syncs.max(1) as f64,
         stats.buckets / stats.syncs.max(1),
+        stats.early_buckets / stats.syncs.max(1),
         100.0 * work / step_ms
     );
     println!(

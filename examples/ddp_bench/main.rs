@@ -8,6 +8,8 @@
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode buckets
 //! # share of a 2-rank MNIST CNN step spent synchronising gradients:
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode share
+//! # gradient sync exposed by a step, buckets sent during backward against after it:
+//! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode overlap --batch-size 64
 //! # SyncBatchNorm against BatchNorm in a 2-rank CNN step:
 //! target/release/burn-ddp-run --standalone --nproc-per-node 2 target/release/examples/ddp_bench --mode sync-bn
 //! ```
@@ -57,6 +59,9 @@ enum Mode {
     Share,
     /// SyncBatchNorm's cost: a CNN step with it against one with BatchNorm.
     SyncBn,
+    /// Gradient sync left exposed by a step: buckets sent during backward
+    /// (`overlap_backward`) against after it, and no sync at all, alternating.
+    Overlap,
 }
 
 #[derive(Parser, Debug)]
@@ -211,6 +216,60 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     );
 }
 
+/// The MNIST CNN's step three ways, each started by every rank together, in
+/// turn: synchronised with buckets sent during backward, synchronised after
+/// backward (the same model wrapped with `overlap_backward` off), and under
+/// `no_sync`; 2 warm-ups, then `iters` of each. Rank 0 prints the medians
+/// and the sync each way leaves exposed (its step minus the `no_sync` one).
+fn overlap(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
+    let device = Default::default();
+    let rank = Some(group.rank());
+    let wrap = |overlap: bool| {
+        let model = DdpConfig::new()
+            .with_overlap_backward(overlap)
+            .wrap(Net::<Wrapped>::new(&device), group);
+        Some(model.unwrap_or_else(|e| fail(rank, e)))
+    };
+    let mut models = [wrap(true), wrap(false), wrap(false)];
+    let mut steps: [Vec<f64>; 3] = Default::default();
+    for i in 0..iters + 2 {
+        for (kind, slot) in models.iter_mut().enumerate() {
+            group.barrier().unwrap_or_else(|e| fail(rank, e));
+            let model = slot.take().expect("each model is put back after its step");
+            let (model, timing) = mnist_step(model, batch, kind < 2);
+            *slot = Some(model);
+            if i >= 2 {
+                steps[kind].push(timing.step);
+            }
+        }
+    }
+    let overlapped = models[0].as_ref().expect("put back");
+    let early = burn_ddp::sync::sync_stats_of(overlapped).unwrap_or_default();
+    if group.is_main() {
+        let [during, after, local] = steps.map(|s| median(s) * 1e3);
+        println!(
+            "MNIST CNN step, batch {batch} per rank, world size {}, transport {}, {iters} steps each (median)",
+            group.world_size(),
+            group.transport_name()
+        );
+        println!("| step | time | sync exposed (step - no_sync step) |");
+        println!("| --- | ---: | ---: |");
+        println!(
+            "| buckets sent during backward | {during:.1} ms | {:.1} ms |",
+            during - local
+        );
+        println!(
+            "| buckets sent after backward | {after:.1} ms | {:.1} ms |",
+            after - local
+        );
+        println!("| no_sync | {local:.1} ms | |");
+        println!(
+            "buckets sent during backward: {} of {}",
+            early.early_buckets, early.buckets
+        );
+    }
+}
+
 /// One training step of the normalised CNN (gradients synchronised): the
 /// model and the step's seconds.
 fn bn_step<N>(model: BnNet<Wrapped, N>, batch: usize) -> (BnNet<Wrapped, N>, f64)
@@ -264,6 +323,7 @@ fn main() {
         Mode::Buckets => buckets(&group, iters),
         Mode::Share => share(&group, iters, batch),
         Mode::SyncBn => sync_bn(&group, iters, batch),
+        Mode::Overlap => overlap(&group, iters, batch),
     }
     burn_ddp::destroy_process_group().unwrap_or_else(|e| fail(Some(group.rank()), e));
 }

@@ -16,6 +16,10 @@ pub struct SyncStats {
     pub bytes: u64,
     /// Buckets averaged on the GPU over NCCL (the others went through host memory).
     pub device_buckets: u64,
+    /// Buckets sent while backward still ran (the front-end handed their
+    /// gradients over as they became final), their all-reduce overlapping
+    /// the rest of backward.
+    pub early_buckets: u64,
     /// Waiting for the slowest rank to finish its backward pass (load imbalance,
     /// not communication).
     pub wait: Duration,
@@ -58,6 +62,7 @@ impl SyncStats {
         self.buckets += other.buckets;
         self.bytes += other.bytes;
         self.device_buckets += other.device_buckets;
+        self.early_buckets += other.early_buckets;
         self.wait += other.wait;
         self.pack += other.pack;
         self.reduce += other.reduce;
@@ -76,6 +81,7 @@ mod tests {
             buckets: 2,
             bytes: 30,
             device_buckets: 1,
+            early_buckets: 1,
             wait: Duration::from_millis(1),
             pack: Duration::from_millis(2),
             reduce: Duration::from_millis(3),

@@ -75,6 +75,7 @@ pub struct SyncRound {
     unpacked: usize,
     /// Reduced by NCCL on the GPU at `finish`, not through host memory.
     on_device: bool,
+
     agreement: Agreement,
     comm: Option<CommThread>,
     pub(super) stats: SyncStats,
@@ -123,7 +124,26 @@ impl SyncRound {
             return Ok(());
         }
         self.read_into_bucket(param, read)?;
-        self.send_complete_buckets()
+        let sent = self.submitted;
+        self.send_complete_buckets()?;
+        self.stats.early_buckets += (self.submitted - sent) as u64;
+        Ok(())
+    }
+
+    /// Parameter `param` gets no gradient in this pass (an unused one): its
+    /// slot is zeros, as [`finish`](super::Reducer::finish) would read it.
+    /// Nothing is sent on its account; the next [`ready`](Self::ready)
+    /// sends every bucket it completed.
+    pub fn zero(&mut self, param: usize) {
+        if self.on_device || self.read[param] {
+            return;
+        }
+        let zeros = |out: &mut [u8]| {
+            out.fill(0);
+            Ok(())
+        };
+        self.read_into_bucket(param, zeros)
+            .expect("filling a bucket slot with zeros cannot fail");
     }
 
     fn read_into_bucket(
@@ -212,6 +232,8 @@ impl SyncRound {
             self.unpack(landed, set)?;
             return Ok(Some(self.stats));
         }
+        // Buckets filled before finish by zeros alone go first.
+        self.send_complete_buckets()?;
         for param in self.planned.plan.order.clone() {
             if !self.read[param] {
                 self.read_into_bucket(param, |out| set.read_host(param, out))?;

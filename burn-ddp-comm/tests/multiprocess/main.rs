@@ -251,7 +251,7 @@ fn many_operations_back_to_back() -> Result<(), String> {
 }
 
 fn rounds_match_synchronize() -> Result<(), String> {
-    for (world, transport) in [(2, "shm"), (3, "tcp")] {
+    for (world, transport) in [(2, "shm"), (3, "tcp"), (3, "shm"), (4, "shm")] {
         let outcomes = World::new(world)
             .env("BURN_DDP_TRANSPORT", transport)
             .run("rounds");

@@ -117,10 +117,12 @@ impl<B: TrackedAutodiff> AutodiffBackend for Ddp<B> {
     type InnerBackend = B::InnerBackend;
     type Gradients = B::Gradients;
 
-    /// `B`'s backward, then the gradients of every wrapped model averaged over
+    /// `B`'s backward, with the gradients of every wrapped model averaged over
     /// all ranks of its group, model by model (all parameters over the default
     /// group when no model was wrapped), except on a thread inside
     /// [`crate::no_sync`] or, for one model, [`crate::sync::no_sync_for`].
+    /// A model wrapped with `overlap_backward` (the default) sends each
+    /// bucket while backward still runs, as soon as its gradients are final.
     ///
     /// # Panics
     /// If the all-reduce fails (a rank died, timed out, or the models differ):
@@ -128,8 +130,8 @@ impl<B: TrackedAutodiff> AutodiffBackend for Ddp<B> {
     /// gradients would silently diverge. The message names the rank and cause,
     /// printed as one line without Rust's panic report or a backtrace.
     fn backward(tensor: FloatTensor<Self>) -> Self::Gradients {
-        let mut grads = B::backward(tensor);
-        if let Err(err) = crate::sync::after_backward::<B>(&mut grads) {
+        let (grads, outcome) = crate::sync::backward::<B>(tensor);
+        if let Err(err) = outcome {
             burn_ddp_training::failure::panic_with_message(format!(
                 "burn-ddp: gradient synchronisation failed: {err}"
             ));

@@ -11,6 +11,7 @@
 mod common;
 mod decorator;
 mod gan;
+mod overlap;
 mod shared;
 mod shim;
 
@@ -35,6 +36,10 @@ fn main() {
             ),
             ("two_thousand_steps_do_not_grow_memory", memory),
             (
+                "buckets_sent_during_backward_change_no_bit_at_2_and_3_ranks",
+                overlapped_equals_after_backward,
+            ),
+            (
                 "a_killed_checkpoint_writer_leaves_a_whole_checkpoint",
                 killed_checkpoint_writer,
             ),
@@ -57,11 +62,25 @@ fn program(name: &str) -> Result<(), String> {
         "memory" => decorator::memory(),
         "save_forever" => decorator::save_forever(),
         "gan" => gan::run(),
+        "overlap" => overlap::run(),
         "stray_gradient" => gan::stray_gradient(),
         "sync_bn_unregistered" => decorator::sync_batch_norm_unregistered(),
         "sync_bn_checkpointing" => decorator::sync_batch_norm_checkpointing(),
         other => shared::run(other),
     }
+}
+
+fn overlapped_equals_after_backward() -> Result<(), String> {
+    for world in [2, 3] {
+        let outcomes = World::new(world).run("overlap");
+        all_ok(&outcomes)?;
+        for o in &outcomes {
+            check(o.stdout.matches("equal over 6 steps").count() == 4, || {
+                format!("rank {}: {}", o.rank, o.stdout)
+            })?;
+        }
+    }
+    Ok(())
 }
 
 fn layout_change() -> Result<(), String> {

@@ -20,58 +20,110 @@ use core::ops::Range;
 
 impl<B: TrackedAutodiff> ActivationOps<Self> for Ddp<B> {
     fn leaky_relu(tensor: FloatTensor<Self>, negative_slope: Scalar) -> FloatTensor<Self> {
-        B::leaky_relu(tensor, negative_slope)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::leaky_relu(tensor, negative_slope))
     }
 
     fn relu(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::relu(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::relu(tensor))
     }
 
     fn relu_backward(output: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::relu_backward(output, grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&output);
+        uses.see::<B>(&grad);
+        let output = uses.route::<B>(output);
+        let grad = uses.route::<B>(grad);
+        uses.output::<B>(B::relu_backward(output, grad))
     }
 
     fn gelu(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::gelu(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::gelu(tensor))
     }
 
     fn prelu(tensor: FloatTensor<Self>, alpha: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::prelu(tensor, alpha)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        uses.see::<B>(&alpha);
+        let tensor = uses.route::<B>(tensor);
+        let alpha = uses.route::<B>(alpha);
+        uses.output::<B>(B::prelu(tensor, alpha))
     }
 
     fn gelu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::gelu_backward(x, grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&grad);
+        let x = uses.route::<B>(x);
+        let grad = uses.route::<B>(grad);
+        uses.output::<B>(B::gelu_backward(x, grad))
     }
 
     fn sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::sigmoid(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::sigmoid(tensor))
     }
 
     fn sigmoid_backward(output: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::sigmoid_backward(output, grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&output);
+        uses.see::<B>(&grad);
+        let output = uses.route::<B>(output);
+        let grad = uses.route::<B>(grad);
+        uses.output::<B>(B::sigmoid_backward(output, grad))
     }
 
     fn hard_sigmoid(tensor: FloatTensor<Self>, alpha: Scalar, beta: Scalar) -> FloatTensor<Self> {
-        B::hard_sigmoid(tensor, alpha, beta)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::hard_sigmoid(tensor, alpha, beta))
     }
 
     fn log_sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::log_sigmoid(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::log_sigmoid(tensor))
     }
 
     fn softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::softmax(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::softmax(tensor, dim))
     }
 
     fn log_softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::log_softmax(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::log_softmax(tensor, dim))
     }
 
     fn softmin(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::softmin(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::softmin(tensor, dim))
     }
 
     fn log_sigmoid_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::log_sigmoid_backward(x, grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&grad);
+        let x = uses.route::<B>(x);
+        let grad = uses.route::<B>(grad);
+        uses.output::<B>(B::log_sigmoid_backward(x, grad))
     }
 }

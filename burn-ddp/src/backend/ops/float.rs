@@ -60,7 +60,10 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
     }
 
     fn float_to_device(tensor: FloatTensor<Self>, device: &Device<Self>) -> FloatTensor<Self> {
-        B::float_to_device(tensor, device)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_to_device(tensor, device))
     }
 
     fn float_into_int(tensor: FloatTensor<Self>, out_dtype: IntDType) -> IntTensor<Self> {
@@ -72,63 +75,120 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
     }
 
     fn float_repeat_dim(tensor: FloatTensor<Self>, dim: usize, times: usize) -> FloatTensor<Self> {
-        B::float_repeat_dim(tensor, dim, times)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_repeat_dim(tensor, dim, times))
     }
 
     fn float_add(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_add(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        uses.see::<B>(&rhs);
+        let lhs = uses.route::<B>(lhs);
+        let rhs = uses.route::<B>(rhs);
+        uses.output::<B>(B::float_add(lhs, rhs))
     }
 
     fn float_add_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        B::float_add_scalar(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        let lhs = uses.route::<B>(lhs);
+        uses.output::<B>(B::float_add_scalar(lhs, rhs))
     }
 
     fn float_clamp_min(tensor: FloatTensor<Self>, min: Scalar) -> FloatTensor<Self> {
-        B::float_clamp_min(tensor, min)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_clamp_min(tensor, min))
     }
 
     fn float_clamp_max(tensor: FloatTensor<Self>, max: Scalar) -> FloatTensor<Self> {
-        B::float_clamp_max(tensor, max)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_clamp_max(tensor, max))
     }
 
     fn float_clamp(tensor: FloatTensor<Self>, min: Scalar, max: Scalar) -> FloatTensor<Self> {
-        B::float_clamp(tensor, min, max)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_clamp(tensor, min, max))
     }
 
     fn float_sub(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_sub(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        uses.see::<B>(&rhs);
+        let lhs = uses.route::<B>(lhs);
+        let rhs = uses.route::<B>(rhs);
+        uses.output::<B>(B::float_sub(lhs, rhs))
     }
 
     fn float_sub_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        B::float_sub_scalar(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        let lhs = uses.route::<B>(lhs);
+        uses.output::<B>(B::float_sub_scalar(lhs, rhs))
     }
 
     fn float_mul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_mul(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        uses.see::<B>(&rhs);
+        let lhs = uses.route::<B>(lhs);
+        let rhs = uses.route::<B>(rhs);
+        uses.output::<B>(B::float_mul(lhs, rhs))
     }
 
     fn float_mul_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        B::float_mul_scalar(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        let lhs = uses.route::<B>(lhs);
+        uses.output::<B>(B::float_mul_scalar(lhs, rhs))
     }
 
     fn float_div(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_div(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        uses.see::<B>(&rhs);
+        let lhs = uses.route::<B>(lhs);
+        let rhs = uses.route::<B>(rhs);
+        uses.output::<B>(B::float_div(lhs, rhs))
     }
 
     fn float_div_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        B::float_div_scalar(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        let lhs = uses.route::<B>(lhs);
+        uses.output::<B>(B::float_div_scalar(lhs, rhs))
     }
 
     fn float_remainder(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_remainder(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        uses.see::<B>(&rhs);
+        let lhs = uses.route::<B>(lhs);
+        let rhs = uses.route::<B>(rhs);
+        uses.output::<B>(B::float_remainder(lhs, rhs))
     }
 
     fn float_remainder_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        B::float_remainder_scalar(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        let lhs = uses.route::<B>(lhs);
+        uses.output::<B>(B::float_remainder_scalar(lhs, rhs))
     }
 
     fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_matmul(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        uses.see::<B>(&rhs);
+        let lhs = uses.route::<B>(lhs);
+        let rhs = uses.route::<B>(rhs);
+        uses.output::<B>(B::float_matmul(lhs, rhs))
     }
 
     fn float_cross(
@@ -136,35 +196,61 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         rhs: FloatTensor<Self>,
         dim: usize,
     ) -> FloatTensor<Self> {
-        B::float_cross(lhs, rhs, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        uses.see::<B>(&rhs);
+        let lhs = uses.route::<B>(lhs);
+        let rhs = uses.route::<B>(rhs);
+        uses.output::<B>(B::float_cross(lhs, rhs, dim))
     }
 
     fn float_neg(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_neg(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_neg(tensor))
     }
 
     fn float_recip(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_recip(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_recip(tensor))
     }
 
     fn float_transpose(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_transpose(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_transpose(tensor))
     }
 
     fn float_swap_dims(tensor: FloatTensor<Self>, dim1: usize, dim2: usize) -> FloatTensor<Self> {
-        B::float_swap_dims(tensor, dim1, dim2)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_swap_dims(tensor, dim1, dim2))
     }
 
     fn float_permute(tensor: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
-        B::float_permute(tensor, axes)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_permute(tensor, axes))
     }
 
     fn float_flip(tensor: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
-        B::float_flip(tensor, axes)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_flip(tensor, axes))
     }
 
     fn float_reshape(tensor: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
-        B::float_reshape(tensor, shape)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_reshape(tensor, shape))
     }
 
     fn float_gather(
@@ -172,7 +258,10 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         tensor: FloatTensor<Self>,
         indices: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::float_gather(dim, tensor, indices)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_gather(dim, tensor, indices))
     }
 
     fn float_scatter_add(
@@ -181,7 +270,12 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         indices: IntTensor<Self>,
         value: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::float_scatter_add(dim, tensor, indices, value)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        uses.see::<B>(&value);
+        let tensor = uses.route::<B>(tensor);
+        let value = uses.route::<B>(value);
+        uses.output::<B>(B::float_scatter_add(dim, tensor, indices, value))
     }
 
     fn float_scatter_nd(
@@ -190,11 +284,19 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         values: FloatTensor<Self>,
         reduction: burn_backend::tensor::IndexingUpdateOp,
     ) -> FloatTensor<Self> {
-        B::float_scatter_nd(data, indices, values, reduction)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&data);
+        uses.see::<B>(&values);
+        let data = uses.route::<B>(data);
+        let values = uses.route::<B>(values);
+        uses.output::<B>(B::float_scatter_nd(data, indices, values, reduction))
     }
 
     fn float_gather_nd(data: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
-        B::float_gather_nd(data, indices)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&data);
+        let data = uses.route::<B>(data);
+        uses.output::<B>(B::float_gather_nd(data, indices))
     }
 
     fn float_select(
@@ -202,7 +304,10 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         dim: usize,
         indices: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::float_select(tensor, dim, indices)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_select(tensor, dim, indices))
     }
 
     fn float_select_add(
@@ -211,11 +316,19 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         indices: IntTensor<Self>,
         value: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::float_select_add(tensor, dim, indices, value)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        uses.see::<B>(&value);
+        let tensor = uses.route::<B>(tensor);
+        let value = uses.route::<B>(value);
+        uses.output::<B>(B::float_select_add(tensor, dim, indices, value))
     }
 
     fn float_slice(tensor: FloatTensor<Self>, slices: &[Slice]) -> FloatTensor<Self> {
-        B::float_slice(tensor, slices)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_slice(tensor, slices))
     }
 
     fn float_slice_assign(
@@ -223,7 +336,12 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         slices: &[Slice],
         value: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::float_slice_assign(tensor, slices, value)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        uses.see::<B>(&value);
+        let tensor = uses.route::<B>(tensor);
+        let value = uses.route::<B>(value);
+        uses.output::<B>(B::float_slice_assign(tensor, slices, value))
     }
 
     fn float_mask_where(
@@ -231,7 +349,12 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         mask: BoolTensor<Self>,
         value: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::float_mask_where(tensor, mask, value)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        uses.see::<B>(&value);
+        let tensor = uses.route::<B>(tensor);
+        let value = uses.route::<B>(value);
+        uses.output::<B>(B::float_mask_where(tensor, mask, value))
     }
 
     fn float_mask_fill(
@@ -239,7 +362,10 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         mask: BoolTensor<Self>,
         value: Scalar,
     ) -> FloatTensor<Self> {
-        B::float_mask_fill(tensor, mask, value)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_mask_fill(tensor, mask, value))
     }
 
     fn float_equal(
@@ -353,167 +479,294 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
     }
 
     fn float_sum(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_sum(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_sum(tensor))
     }
 
     fn float_sum_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_sum_dim(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_sum_dim(tensor, dim))
     }
 
     fn float_prod(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_prod(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_prod(tensor))
     }
 
     fn float_prod_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_prod_dim(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_prod_dim(tensor, dim))
     }
 
     fn float_mean(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_mean(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_mean(tensor))
     }
 
     fn float_mean_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_mean_dim(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_mean_dim(tensor, dim))
     }
 
     fn float_cumsum(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_cumsum(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_cumsum(tensor, dim))
     }
 
     fn float_cumprod(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_cumprod(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_cumprod(tensor, dim))
     }
 
     fn float_cummin(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_cummin(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_cummin(tensor, dim))
     }
 
     fn float_cummax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_cummax(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_cummax(tensor, dim))
     }
 
     fn float_cast(tensor: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        B::float_cast(tensor, dtype)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_cast(tensor, dtype))
     }
 
     fn float_exp(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_exp(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_exp(tensor))
     }
 
     fn float_log(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_log(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_log(tensor))
     }
 
     fn float_log1p(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_log1p(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_log1p(tensor))
     }
 
     fn float_powf(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_powf(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        uses.see::<B>(&rhs);
+        let lhs = uses.route::<B>(lhs);
+        let rhs = uses.route::<B>(rhs);
+        uses.output::<B>(B::float_powf(lhs, rhs))
     }
 
     fn float_powi(lhs: FloatTensor<Self>, rhs: IntTensor<Self>) -> FloatTensor<Self> {
-        B::float_powi(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        let lhs = uses.route::<B>(lhs);
+        uses.output::<B>(B::float_powi(lhs, rhs))
     }
 
     fn float_powi_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        B::float_powi_scalar(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        let lhs = uses.route::<B>(lhs);
+        uses.output::<B>(B::float_powi_scalar(lhs, rhs))
     }
 
     fn float_powi_scalar_impl(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        B::float_powi_scalar_impl(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        let lhs = uses.route::<B>(lhs);
+        uses.output::<B>(B::float_powi_scalar_impl(lhs, rhs))
     }
 
     fn float_powf_scalar(tensor: FloatTensor<Self>, value: Scalar) -> FloatTensor<Self> {
-        B::float_powf_scalar(tensor, value)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_powf_scalar(tensor, value))
     }
 
     fn float_powf_scalar_impl(tensor: FloatTensor<Self>, value: Scalar) -> FloatTensor<Self> {
-        B::float_powf_scalar_impl(tensor, value)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_powf_scalar_impl(tensor, value))
     }
 
     fn float_sqrt(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_sqrt(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_sqrt(tensor))
     }
 
     fn float_abs(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_abs(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_abs(tensor))
     }
 
     fn float_cos(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_cos(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_cos(tensor))
     }
 
     fn float_sin(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_sin(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_sin(tensor))
     }
 
     fn float_tan(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_tan(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_tan(tensor))
     }
 
     fn float_cosh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_cosh(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_cosh(tensor))
     }
 
     fn float_sinh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_sinh(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_sinh(tensor))
     }
 
     fn float_tanh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_tanh(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_tanh(tensor))
     }
 
     fn float_acos(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_acos(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_acos(tensor))
     }
 
     fn float_acosh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_acosh(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_acosh(tensor))
     }
 
     fn float_asin(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_asin(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_asin(tensor))
     }
 
     fn float_asinh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_asinh(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_asinh(tensor))
     }
 
     fn float_atan(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_atan(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_atan(tensor))
     }
 
     fn float_atanh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_atanh(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_atanh(tensor))
     }
 
     fn float_atan2(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_atan2(lhs, rhs)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&lhs);
+        uses.see::<B>(&rhs);
+        let lhs = uses.route::<B>(lhs);
+        let rhs = uses.route::<B>(rhs);
+        uses.output::<B>(B::float_atan2(lhs, rhs))
     }
 
     fn float_round(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_round(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_round(tensor))
     }
 
     fn float_floor(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_floor(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_floor(tensor))
     }
 
     fn float_ceil(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_ceil(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_ceil(tensor))
     }
 
     fn float_trunc(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_trunc(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_trunc(tensor))
     }
 
     fn float_erf(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_erf(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_erf(tensor))
     }
 
     fn float_cat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
-        B::float_cat(tensors, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see_all::<B>(&tensors);
+        let tensors = uses.route_all::<B>(tensors);
+        uses.output::<B>(B::float_cat(tensors, dim))
     }
 
     fn float_argmax(tensor: FloatTensor<Self>, dim: usize, out_dtype: IntDType) -> IntTensor<Self> {
@@ -530,7 +783,10 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
     }
 
     fn float_topk(tensor: FloatTensor<Self>, dim: usize, k: usize) -> FloatTensor<Self> {
-        B::float_topk(tensor, dim, k)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_topk(tensor, dim, k))
     }
 
     fn float_argmin(tensor: FloatTensor<Self>, dim: usize, out_dtype: IntDType) -> IntTensor<Self> {
@@ -538,11 +794,17 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
     }
 
     fn float_max(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_max(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_max(tensor))
     }
 
     fn float_max_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_max_dim(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_max_dim(tensor, dim))
     }
 
     fn float_max_dim_with_indices(
@@ -550,15 +812,24 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         dim: usize,
         indices_dtype: IntDType,
     ) -> (FloatTensor<Self>, IntTensor<Self>) {
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
         B::float_max_dim_with_indices(tensor, dim, indices_dtype)
     }
 
     fn float_min(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_min(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_min(tensor))
     }
 
     fn float_min_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_min_dim(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_min_dim(tensor, dim))
     }
 
     fn float_min_dim_with_indices(
@@ -566,15 +837,24 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         dim: usize,
         indices_dtype: IntDType,
     ) -> (FloatTensor<Self>, IntTensor<Self>) {
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
         B::float_min_dim_with_indices(tensor, dim, indices_dtype)
     }
 
     fn float_max_abs(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_max_abs(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_max_abs(tensor))
     }
 
     fn float_max_abs_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        B::float_max_abs_dim(tensor, dim)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_max_abs_dim(tensor, dim))
     }
 
     fn float_any(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
@@ -602,15 +882,24 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
     }
 
     fn float_sign(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::float_sign(tensor)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_sign(tensor))
     }
 
     fn float_expand(tensor: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
-        B::float_expand(tensor, shape)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_expand(tensor, shape))
     }
 
     fn float_sort(tensor: FloatTensor<Self>, dim: usize, descending: bool) -> FloatTensor<Self> {
-        B::float_sort(tensor, dim, descending)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_sort(tensor, dim, descending))
     }
 
     fn float_sort_with_indices(
@@ -619,6 +908,9 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         descending: bool,
         indices_dtype: IntDType,
     ) -> (FloatTensor<Self>, IntTensor<Self>) {
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
         B::float_sort_with_indices(tensor, dim, descending, indices_dtype)
     }
 
@@ -636,7 +928,12 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         grid: FloatTensor<Self>,
         options: GridSampleOptions,
     ) -> FloatTensor<Self> {
-        B::float_grid_sample_2d(tensor, grid, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        uses.see::<B>(&grid);
+        let tensor = uses.route::<B>(tensor);
+        let grid = uses.route::<B>(grid);
+        uses.output::<B>(B::float_grid_sample_2d(tensor, grid, options))
     }
 
     fn float_unfold(
@@ -645,7 +942,10 @@ impl<B: TrackedAutodiff> FloatTensorOps<Self> for Ddp<B> {
         size: usize,
         step: usize,
     ) -> FloatTensor<Self> {
-        B::float_unfold(tensor, dim, size, step)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        let tensor = uses.route::<B>(tensor);
+        uses.output::<B>(B::float_unfold(tensor, dim, size, step))
     }
 
     fn float_is_nan(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {

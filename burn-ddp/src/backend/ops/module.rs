@@ -20,7 +20,10 @@ use core::ops::Range;
 
 impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
     fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
-        B::embedding(weights, indices)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&weights);
+        let weights = uses.route::<B>(weights);
+        uses.output::<B>(B::embedding(weights, indices))
     }
 
     fn embedding_backward(
@@ -28,7 +31,12 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         indices: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::embedding_backward(weights, output_grad, indices)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&weights);
+        uses.see::<B>(&output_grad);
+        let weights = uses.route::<B>(weights);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::embedding_backward(weights, output_grad, indices))
     }
 
     fn linear(
@@ -36,25 +44,45 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        B::linear(x, weight, bias)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see_opt::<B>(&bias);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let bias = uses.route_opt::<B>(bias);
+        uses.output::<B>(B::linear(x, weight, bias))
     }
 
     fn linear_x_backward(
         weight: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::linear_x_backward(weight, output_grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::linear_x_backward(weight, output_grad))
     }
 
     fn linear_weight_backward(
         x: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::linear_weight_backward(x, output_grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::linear_weight_backward(x, output_grad))
     }
 
     fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        B::linear_bias_backward(output_grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&output_grad);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::linear_bias_backward(output_grad))
     }
 
     fn conv1d(
@@ -63,7 +91,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: Option<FloatTensor<Self>>,
         options: ConvOptions<1>,
     ) -> FloatTensor<Self> {
-        B::conv1d(x, weight, bias, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see_opt::<B>(&bias);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let bias = uses.route_opt::<B>(bias);
+        uses.output::<B>(B::conv1d(x, weight, bias, options))
     }
 
     fn conv1d_x_backward(
@@ -72,7 +107,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<1>,
     ) -> FloatTensor<Self> {
-        B::conv1d_x_backward(x, weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv1d_x_backward(x, weight, output_grad, options))
     }
 
     fn conv1d_weight_backward(
@@ -81,7 +123,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<1>,
     ) -> FloatTensor<Self> {
-        B::conv1d_weight_backward(x, weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv1d_weight_backward(x, weight, output_grad, options))
     }
 
     fn conv1d_bias_backward(
@@ -89,7 +138,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::conv1d_bias_backward(x, bias, output_grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&bias);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let bias = uses.route::<B>(bias);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv1d_bias_backward(x, bias, output_grad))
     }
 
     fn conv2d(
@@ -98,7 +154,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: Option<FloatTensor<Self>>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        B::conv2d(x, weight, bias, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see_opt::<B>(&bias);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let bias = uses.route_opt::<B>(bias);
+        uses.output::<B>(B::conv2d(x, weight, bias, options))
     }
 
     fn conv2d_x_backward(
@@ -107,7 +170,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        B::conv2d_x_backward(x, weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv2d_x_backward(x, weight, output_grad, options))
     }
 
     fn conv2d_weight_backward(
@@ -116,7 +186,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        B::conv2d_weight_backward(x, weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv2d_weight_backward(x, weight, output_grad, options))
     }
 
     fn conv2d_bias_backward(
@@ -124,7 +201,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::conv2d_bias_backward(x, bias, output_grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&bias);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let bias = uses.route::<B>(bias);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv2d_bias_backward(x, bias, output_grad))
     }
 
     fn deform_conv2d(
@@ -135,7 +219,18 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: Option<FloatTensor<Self>>,
         options: DeformConvOptions<2>,
     ) -> FloatTensor<Self> {
-        B::deform_conv2d(x, offset, weight, mask, bias, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&offset);
+        uses.see::<B>(&weight);
+        uses.see_opt::<B>(&mask);
+        uses.see_opt::<B>(&bias);
+        let x = uses.route::<B>(x);
+        let offset = uses.route::<B>(offset);
+        let weight = uses.route::<B>(weight);
+        let mask = uses.route_opt::<B>(mask);
+        let bias = uses.route_opt::<B>(bias);
+        uses.output::<B>(B::deform_conv2d(x, offset, weight, mask, bias, options))
     }
 
     fn deform_conv2d_backward(
@@ -147,6 +242,19 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: DeformConvOptions<2>,
     ) -> DeformConv2dBackward<Self> {
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&offset);
+        uses.see::<B>(&weight);
+        uses.see_opt::<B>(&mask);
+        uses.see_opt::<B>(&bias);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let offset = uses.route::<B>(offset);
+        let weight = uses.route::<B>(weight);
+        let mask = uses.route_opt::<B>(mask);
+        let bias = uses.route_opt::<B>(bias);
+        let output_grad = uses.route::<B>(output_grad);
         convert::deform_conv2d_backward_from_inner::<B>(B::deform_conv2d_backward(
             x,
             offset,
@@ -164,7 +272,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: Option<FloatTensor<Self>>,
         options: ConvOptions<3>,
     ) -> FloatTensor<Self> {
-        B::conv3d(x, weight, bias, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see_opt::<B>(&bias);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let bias = uses.route_opt::<B>(bias);
+        uses.output::<B>(B::conv3d(x, weight, bias, options))
     }
 
     fn conv3d_x_backward(
@@ -173,7 +288,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<3>,
     ) -> FloatTensor<Self> {
-        B::conv3d_x_backward(x, weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv3d_x_backward(x, weight, output_grad, options))
     }
 
     fn conv3d_weight_backward(
@@ -182,7 +304,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<3>,
     ) -> FloatTensor<Self> {
-        B::conv3d_weight_backward(x, weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv3d_weight_backward(x, weight, output_grad, options))
     }
 
     fn conv3d_bias_backward(
@@ -190,7 +319,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::conv3d_bias_backward(x, bias, output_grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&bias);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let bias = uses.route::<B>(bias);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv3d_bias_backward(x, bias, output_grad))
     }
 
     fn conv_transpose1d(
@@ -199,7 +335,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: Option<FloatTensor<Self>>,
         options: ConvTransposeOptions<1>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose1d(x, weight, bias, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see_opt::<B>(&bias);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let bias = uses.route_opt::<B>(bias);
+        uses.output::<B>(B::conv_transpose1d(x, weight, bias, options))
     }
 
     fn conv_transpose1d_x_backward(
@@ -207,7 +350,12 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvTransposeOptions<1>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose1d_x_backward(weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv_transpose1d_x_backward(weight, output_grad, options))
     }
 
     fn conv_transpose1d_weight_backward(
@@ -216,7 +364,19 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvTransposeOptions<1>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose1d_weight_backward(x, weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv_transpose1d_weight_backward(
+            x,
+            weight,
+            output_grad,
+            options,
+        ))
     }
 
     fn conv_transpose1d_bias_backward(
@@ -224,7 +384,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose1d_bias_backward(x, bias, output_grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&bias);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let bias = uses.route::<B>(bias);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv_transpose1d_bias_backward(x, bias, output_grad))
     }
 
     fn conv_transpose2d(
@@ -233,7 +400,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: Option<FloatTensor<Self>>,
         options: ConvTransposeOptions<2>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose2d(x, weight, bias, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see_opt::<B>(&bias);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let bias = uses.route_opt::<B>(bias);
+        uses.output::<B>(B::conv_transpose2d(x, weight, bias, options))
     }
 
     fn conv_transpose2d_x_backward(
@@ -241,7 +415,12 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvTransposeOptions<2>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose2d_x_backward(weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv_transpose2d_x_backward(weight, output_grad, options))
     }
 
     fn conv_transpose2d_weight_backward(
@@ -250,7 +429,19 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvTransposeOptions<2>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose2d_weight_backward(x, weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv_transpose2d_weight_backward(
+            x,
+            weight,
+            output_grad,
+            options,
+        ))
     }
 
     fn conv_transpose2d_bias_backward(
@@ -258,7 +449,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose2d_bias_backward(x, bias, output_grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&bias);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let bias = uses.route::<B>(bias);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv_transpose2d_bias_backward(x, bias, output_grad))
     }
 
     fn conv_transpose3d(
@@ -267,7 +465,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: Option<FloatTensor<Self>>,
         options: ConvTransposeOptions<3>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose3d(x, weight, bias, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see_opt::<B>(&bias);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let bias = uses.route_opt::<B>(bias);
+        uses.output::<B>(B::conv_transpose3d(x, weight, bias, options))
     }
 
     fn conv_transpose3d_x_backward(
@@ -275,7 +480,12 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvTransposeOptions<3>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose3d_x_backward(weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv_transpose3d_x_backward(weight, output_grad, options))
     }
 
     fn conv_transpose3d_weight_backward(
@@ -284,7 +494,19 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         options: ConvTransposeOptions<3>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose3d_weight_backward(x, weight, output_grad, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&weight);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let weight = uses.route::<B>(weight);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv_transpose3d_weight_backward(
+            x,
+            weight,
+            output_grad,
+            options,
+        ))
     }
 
     fn conv_transpose3d_bias_backward(
@@ -292,7 +514,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         bias: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::conv_transpose3d_bias_backward(x, bias, output_grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&bias);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let bias = uses.route::<B>(bias);
+        let output_grad = uses.route::<B>(output_grad);
+        uses.output::<B>(B::conv_transpose3d_bias_backward(x, bias, output_grad))
     }
 
     fn unfold4d(
@@ -300,7 +529,10 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         kernel_size: [usize; 2],
         options: UnfoldOptions,
     ) -> FloatTensor<Self> {
-        B::unfold4d(x, kernel_size, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
+        uses.output::<B>(B::unfold4d(x, kernel_size, options))
     }
 
     fn avg_pool1d(
@@ -311,14 +543,17 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         count_include_pad: bool,
         ceil_mode: bool,
     ) -> FloatTensor<Self> {
-        B::avg_pool1d(
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
+        uses.output::<B>(B::avg_pool1d(
             x,
             kernel_size,
             stride,
             padding,
             count_include_pad,
             ceil_mode,
-        )
+        ))
     }
 
     fn avg_pool1d_backward(
@@ -330,7 +565,12 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         count_include_pad: bool,
         ceil_mode: bool,
     ) -> FloatTensor<Self> {
-        B::avg_pool1d_backward(
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&grad);
+        let x = uses.route::<B>(x);
+        let grad = uses.route::<B>(grad);
+        uses.output::<B>(B::avg_pool1d_backward(
             x,
             grad,
             kernel_size,
@@ -338,7 +578,7 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
             padding,
             count_include_pad,
             ceil_mode,
-        )
+        ))
     }
 
     fn avg_pool2d(
@@ -349,14 +589,17 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         count_include_pad: bool,
         ceil_mode: bool,
     ) -> FloatTensor<Self> {
-        B::avg_pool2d(
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
+        uses.output::<B>(B::avg_pool2d(
             x,
             kernel_size,
             stride,
             padding,
             count_include_pad,
             ceil_mode,
-        )
+        ))
     }
 
     fn avg_pool2d_backward(
@@ -368,7 +611,12 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         count_include_pad: bool,
         ceil_mode: bool,
     ) -> FloatTensor<Self> {
-        B::avg_pool2d_backward(
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&grad);
+        let x = uses.route::<B>(x);
+        let grad = uses.route::<B>(grad);
+        uses.output::<B>(B::avg_pool2d_backward(
             x,
             grad,
             kernel_size,
@@ -376,29 +624,45 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
             padding,
             count_include_pad,
             ceil_mode,
-        )
+        ))
     }
 
     fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self> {
-        B::adaptive_avg_pool2d(x, output_size)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
+        uses.output::<B>(B::adaptive_avg_pool2d(x, output_size))
     }
 
     fn adaptive_avg_pool2d_backward(
         x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::adaptive_avg_pool2d_backward(x, grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&grad);
+        let x = uses.route::<B>(x);
+        let grad = uses.route::<B>(grad);
+        uses.output::<B>(B::adaptive_avg_pool2d_backward(x, grad))
     }
 
     fn adaptive_avg_pool1d(x: FloatTensor<Self>, output_size: usize) -> FloatTensor<Self> {
-        B::adaptive_avg_pool1d(x, output_size)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
+        uses.output::<B>(B::adaptive_avg_pool1d(x, output_size))
     }
 
     fn adaptive_avg_pool1d_backward(
         x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        B::adaptive_avg_pool1d_backward(x, grad)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&grad);
+        let x = uses.route::<B>(x);
+        let grad = uses.route::<B>(grad);
+        uses.output::<B>(B::adaptive_avg_pool1d_backward(x, grad))
     }
 
     fn max_pool1d(
@@ -409,7 +673,17 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         dilation: usize,
         ceil_mode: bool,
     ) -> FloatTensor<Self> {
-        B::max_pool1d(x, kernel_size, stride, padding, dilation, ceil_mode)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
+        uses.output::<B>(B::max_pool1d(
+            x,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            ceil_mode,
+        ))
     }
 
     fn max_pool1d_with_indices(
@@ -420,6 +694,9 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         dilation: usize,
         ceil_mode: bool,
     ) -> MaxPool1dWithIndices<Self> {
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
         convert::max_pool1d_with_indices_from_inner::<B>(B::max_pool1d_with_indices(
             x,
             kernel_size,
@@ -440,6 +717,11 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         indices: IntTensor<Self>,
     ) -> MaxPool1dBackward<Self> {
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let output_grad = uses.route::<B>(output_grad);
         convert::max_pool1d_backward_from_inner::<B>(B::max_pool1d_with_indices_backward(
             x,
             kernel_size,
@@ -460,7 +742,17 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         dilation: [usize; 2],
         ceil_mode: bool,
     ) -> FloatTensor<Self> {
-        B::max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
+        uses.output::<B>(B::max_pool2d(
+            x,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            ceil_mode,
+        ))
     }
 
     fn max_pool2d_with_indices(
@@ -471,6 +763,9 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         dilation: [usize; 2],
         ceil_mode: bool,
     ) -> MaxPool2dWithIndices<Self> {
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
         convert::max_pool2d_with_indices_from_inner::<B>(B::max_pool2d_with_indices(
             x,
             kernel_size,
@@ -491,6 +786,11 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_grad: FloatTensor<Self>,
         indices: IntTensor<Self>,
     ) -> MaxPool2dBackward<Self> {
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&output_grad);
+        let x = uses.route::<B>(x);
+        let output_grad = uses.route::<B>(output_grad);
         convert::max_pool2d_backward_from_inner::<B>(B::max_pool2d_with_indices_backward(
             x,
             kernel_size,
@@ -508,7 +808,10 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_size: [usize; 2],
         options: InterpolateOptions,
     ) -> FloatTensor<Self> {
-        B::interpolate(x, output_size, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        let x = uses.route::<B>(x);
+        uses.output::<B>(B::interpolate(x, output_size, options))
     }
 
     fn interpolate_backward(
@@ -517,7 +820,12 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         output_size: [usize; 2],
         options: InterpolateOptions,
     ) -> FloatTensor<Self> {
-        B::interpolate_backward(x, grad, output_size, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&x);
+        uses.see::<B>(&grad);
+        let x = uses.route::<B>(x);
+        let grad = uses.route::<B>(grad);
+        uses.output::<B>(B::interpolate_backward(x, grad, output_size, options))
     }
 
     fn attention(
@@ -528,7 +836,16 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         attn_bias: Option<FloatTensor<Self>>,
         options: AttentionModuleOptions,
     ) -> FloatTensor<Self> {
-        B::attention(query, key, value, mask, attn_bias, options)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&query);
+        uses.see::<B>(&key);
+        uses.see::<B>(&value);
+        uses.see_opt::<B>(&attn_bias);
+        let query = uses.route::<B>(query);
+        let key = uses.route::<B>(key);
+        let value = uses.route::<B>(value);
+        let attn_bias = uses.route_opt::<B>(attn_bias);
+        uses.output::<B>(B::attention(query, key, value, mask, attn_bias, options))
     }
 
     fn layer_norm(
@@ -537,7 +854,14 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         beta: Option<FloatTensor<Self>>,
         epsilon: f64,
     ) -> FloatTensor<Self> {
-        B::layer_norm(tensor, gamma, beta, epsilon)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&tensor);
+        uses.see::<B>(&gamma);
+        uses.see_opt::<B>(&beta);
+        let tensor = uses.route::<B>(tensor);
+        let gamma = uses.route::<B>(gamma);
+        let beta = uses.route_opt::<B>(beta);
+        uses.output::<B>(B::layer_norm(tensor, gamma, beta, epsilon))
     }
 
     fn ctc_loss(
@@ -547,7 +871,16 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         target_lengths: IntTensor<Self>,
         blank: usize,
     ) -> FloatTensor<Self> {
-        B::ctc_loss(log_probs, targets, input_lengths, target_lengths, blank)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&log_probs);
+        let log_probs = uses.route::<B>(log_probs);
+        uses.output::<B>(B::ctc_loss(
+            log_probs,
+            targets,
+            input_lengths,
+            target_lengths,
+            blank,
+        ))
     }
 
     fn has_ctc_loss_backward() -> bool {
@@ -562,14 +895,19 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         grad_loss: FloatTensor<Self>,
         blank: usize,
     ) -> FloatTensor<Self> {
-        B::ctc_loss_backward(
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&log_probs);
+        uses.see::<B>(&grad_loss);
+        let log_probs = uses.route::<B>(log_probs);
+        let grad_loss = uses.route::<B>(grad_loss);
+        uses.output::<B>(B::ctc_loss_backward(
             log_probs,
             targets,
             input_lengths,
             target_lengths,
             grad_loss,
             blank,
-        )
+        ))
     }
 
     fn rfft(
@@ -577,6 +915,9 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         dim: usize,
         n: Option<usize>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&signal);
+        let signal = uses.route::<B>(signal);
         B::rfft(signal, dim, n)
     }
 
@@ -586,6 +927,11 @@ impl<B: TrackedAutodiff> ModuleOps<Self> for Ddp<B> {
         dim: usize,
         n: Option<usize>,
     ) -> FloatTensor<Self> {
-        B::irfft(spectrum_re, spectrum_im, dim, n)
+        let mut uses = crate::overlap::Uses::new();
+        uses.see::<B>(&spectrum_re);
+        uses.see::<B>(&spectrum_im);
+        let spectrum_re = uses.route::<B>(spectrum_re);
+        let spectrum_im = uses.route::<B>(spectrum_im);
+        uses.output::<B>(B::irfft(spectrum_re, spectrum_im, dim, n))
     }
 }

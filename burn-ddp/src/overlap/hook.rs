@@ -1,7 +1,6 @@
-//! The readiness hook, issue #42's mechanism on Burn 0.21 (not yet wired
-//! into `Ddp<B>`; see docs/overlap.md): an identity op between a parameter
-//! and its consumers whose backward step runs once every consumer's has, so
-//! it is handed the parameter's final gradient while backward goes on.
+//! The readiness hook: an identity op between a parameter and its consumers
+//! whose backward step runs once every consumer's has, so it is handed the
+//! parameter's final gradient while backward goes on.
 //!
 //! Burn 0.21 runs backward steps level by level from the deepest (a node's
 //! level is its deepest input's plus one, a leaf's is 0), so an op made on a
