@@ -79,7 +79,7 @@ impl<B: Backend, C: CheckpointStrategy> AutodiffCollectives for Autodiff<B, C> {
             {
                 OpsKind::Tracked(prep) => {
                     // Its backward runs a collective: no bucket may leave early.
-                    crate::overlap::forward::note_collective();
+                    crate::overlap::armed::note_collective();
                     prep.finish(group.clone(), output)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(output),

@@ -27,7 +27,7 @@ impl DdpConfig {
         let layout = module_layout(group.rank(), shim::walker(&model))?;
         let scope = SESSION.wrap(group, self.settings(group)?, layout)?;
         if self.overlap_backward && group.synchronizes() {
-            crate::overlap::forward::arm();
+            crate::overlap::armed::arm();
         }
         // Parameters marked while broadcasting are this model's (`Ddp<B>`).
         let _wrapping = scope.map(|scope| WrappingScope::enter(scope.id));

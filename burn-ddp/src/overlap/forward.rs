@@ -12,6 +12,7 @@
 //! op with other inputs; a hook made at a parameter's first use takes the
 //! smallest slack of that use and of the previous step's uses.
 
+use super::armed;
 use super::hook::OnReady;
 use crate::shared::session::SESSION;
 use crate::tracking::{self, TrackedAutodiff};
@@ -19,17 +20,10 @@ use burn_backend::tensor::FloatTensor;
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// Set once a model is wrapped with `overlap_backward` over a group that
-/// synchronises: until then every op skips all of this.
-static ARMED: AtomicBool = AtomicBool::new(false);
-
-/// From now on, `Ddp<B>`'s ops report their inputs.
-pub(crate) fn arm() {
-    ARMED.store(true, Ordering::Relaxed);
-}
+/// Chain links kept at most between two backward passes.
+const MAX_CHAIN_LINKS: usize = 1 << 16;
 
 /// How a parameter is used in this step.
 enum Route {
@@ -51,20 +45,10 @@ struct Forward {
     first_uses: Vec<u64>,
     /// Per first-use position, the slack the previous step saw.
     remembered: Vec<usize>,
-    /// A collective that runs inside backward was recorded (SyncBatchNorm).
-    collective: bool,
 }
 
 thread_local! {
     static FORWARD: RefCell<Forward> = RefCell::new(Forward::default());
-}
-
-/// A collective that runs inside backward was recorded on this thread: no
-/// bucket may leave early in the coming backward.
-pub(crate) fn note_collective() {
-    if ARMED.load(Ordering::Relaxed) {
-        FORWARD.with(|f| f.borrow_mut().collective = true);
-    }
 }
 
 /// What a forward pass leaves to its backward.
@@ -80,7 +64,7 @@ pub(crate) struct Step {
 /// let go (the graph holds what backward needs), the slack of each
 /// first-use position remembered for the next step.
 pub(crate) fn end_step() -> Step {
-    if !ARMED.load(Ordering::Relaxed) {
+    if !armed::is_armed() {
         return Step::default();
     }
     FORWARD.with(|f| {
@@ -93,7 +77,7 @@ pub(crate) fn end_step() -> Step {
             .collect();
         f.chains.clear();
         Step {
-            collective_inside: std::mem::take(&mut f.collective),
+            collective_inside: armed::take_collective(),
             used: f.routes.drain().map(|(id, _)| id).collect(),
         }
     })
@@ -115,7 +99,7 @@ impl Input {
 
 /// One op's float inputs, as `Ddp<B>` sees them: shown ([`see`](Self::see)),
 /// then routed ([`route`](Self::route)), then the op's output registered
-/// ([`output`](Self::output)). Does nothing until [`arm`].
+/// ([`output`](Self::output)). Does nothing until [`armed::arm`].
 pub(crate) struct Uses {
     armed: bool,
     inputs: Vec<Input>,
@@ -125,7 +109,7 @@ pub(crate) struct Uses {
 impl Uses {
     pub fn new() -> Self {
         Self {
-            armed: ARMED.load(Ordering::Relaxed),
+            armed: armed::is_armed(),
             inputs: Vec::new(),
             recorded: false,
         }
@@ -189,7 +173,16 @@ impl Uses {
             return output;
         };
         let (id, _) = B::node_level(&output);
-        FORWARD.with(|f| f.borrow_mut().chains.insert(id, (param, depth + 1)));
+        FORWARD.with(|f| {
+            let mut f = f.borrow_mut();
+            // Forward passes without a backward (an evaluation on the
+            // training backend) would pile links up: losing them only costs
+            // a hook some depth.
+            if f.chains.len() >= MAX_CHAIN_LINKS {
+                f.chains.clear();
+            }
+            f.chains.insert(id, (param, depth + 1));
+        });
         output
     }
 

@@ -10,17 +10,18 @@
 //!   every use of the previous step), so the gradients are the same, bit for
 //!   bit, as without it.
 //! - `Ddp<B>::backward` begins a [`SyncRound`](burn_ddp_comm::SyncRound)
-//!   per wrapped model before Burn's backward ([`pass`]); each hook hands
-//!   its parameter's final gradient to the round, which sends every bucket
-//!   as soon as it is complete, on its communication thread. After
-//!   backward, the round reads the gradients no hook reported (parameters
-//!   used on the inputs directly, or only through ops with no other input)
-//!   and writes every average back.
+//!   for the first model wrapped with `overlap_backward` before Burn's
+//!   backward ([`pass`], `crate::sync`); each hook hands its parameter's
+//!   final gradient to the round, which sends every bucket as soon as it is
+//!   complete, on its communication thread. After backward, the round reads
+//!   the gradients no hook reported (parameters used on the inputs
+//!   directly) and writes every average back.
 //!
-//! A step with a collective inside backward (SyncBatchNorm's sum) sends no
-//! bucket early: two threads' collectives could interleave differently on
-//! different ranks.
+//! A step with a collective inside backward (SyncBatchNorm's sum, see
+//! [`armed`]) sends no bucket early: two threads' collectives could
+//! interleave differently on different ranks. docs/overlap.md has the rest.
 
+pub(crate) mod armed;
 pub(crate) mod forward;
 pub(crate) mod hook;
 pub(crate) mod pass;
