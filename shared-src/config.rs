@@ -69,13 +69,38 @@ pub struct DdpConfig {
     /// between ranks (a frozen tensor only one rank has).
     #[config(default = true)]
     pub broadcast_buffers: bool,
-    /// Whether each bucket's all-reduce starts during `backward()`, as soon
+    /// When each bucket's all-reduce may start during `backward()`, as soon
     /// as its gradients are final, overlapping the rest of backward (as
     /// PyTorch's DDP does; the averages are the same, bit for bit). Only
     /// Burn 0.21's `Ddp<B>` can tell when a gradient is final; elsewhere
     /// (`sync_gradients`, Burn 0.22) gradients are reduced after backward.
-    #[config(default = true)]
-    pub overlap_backward: bool,
+    #[config(default = "Overlap::AcrossMachines")]
+    pub overlap_backward: Overlap,
+}
+
+/// [`DdpConfig::overlap_backward`]: when buckets may leave during backward.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum Overlap {
+    /// Never: every bucket after backward.
+    Never,
+    /// When the model's group spans machines (the default): there the link
+    /// is slow and backward hides it. Within one machine the all-reduce
+    /// through shared memory is fast, and running it beside backward only
+    /// takes CPU time from it.
+    AcrossMachines,
+    /// Always, within one machine too.
+    Always,
+}
+
+impl Overlap {
+    /// Whether buckets leave during backward for a model over `group`.
+    pub(crate) fn applies_to(self, group: &ProcessGroup) -> bool {
+        match self {
+            Overlap::Never => false,
+            Overlap::AcrossMachines => group.spans_machines(),
+            Overlap::Always => true,
+        }
+    }
 }
 
 /// How the sharded optimizer (ZeRO stage 1) moves gradients and parameters:
@@ -133,7 +158,7 @@ impl DdpConfig {
             buckets: self.bucket_config(group.rank())?.into(),
             compression: self.gradient_compression.into(),
             broadcast_buffers: self.broadcast_buffers,
-            overlap_backward: self.overlap_backward,
+            overlap_backward: self.overlap_backward.applies_to(group),
         })
     }
 }

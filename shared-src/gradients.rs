@@ -104,6 +104,12 @@ impl<G: FlatGrad> GradientSet for TensorGradients<G> {
         self.host.read(index, data, out)
     }
 
+    fn keep_for_average(&mut self, index: usize) {
+        // Uniquely held once backward is over: its data without a copy.
+        let data = self.grads[index].take().map(G::into_data);
+        self.host.keep(index, data);
+    }
+
     fn write_host(&mut self, index: usize, averaged: &[u8]) -> Result<()> {
         let layout = &self.params[index].layout;
         let (dtype, numel) = (dtype::to_burn(layout.dtype), layout.numel());

@@ -13,5 +13,7 @@ pub mod group {
 
 /// The settings of `wrap` and of the sharded optimizer.
 pub mod config {
-    pub use crate::shared::config::{BucketConfig, DdpConfig, GradientCompression, ShardConfig};
+    pub use crate::shared::config::{
+        BucketConfig, DdpConfig, GradientCompression, Overlap, ShardConfig,
+    };
 }

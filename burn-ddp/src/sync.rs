@@ -12,7 +12,7 @@ use crate::overlap::{
     self,
     pass::{Begun, Ended, Installed},
 };
-use crate::shared::gradients::TensorGradients;
+use crate::shared::gradients::{FlatGrad, TensorGradients};
 use crate::shared::session::SESSION;
 pub use crate::shared::session::{reset_sync_stats, sync_stats};
 use crate::shared::walk::first_trainable;
@@ -21,12 +21,13 @@ use crate::tracking::{self, LiveParam, TrackedAutodiff};
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Shape, TensorData};
 use burn_backend::tensor::FloatTensor;
 use burn_ddp_comm::ParamLayout;
 pub use burn_ddp_comm::SyncStats;
 use burn_ddp_comm::{CommError, GradientSet, ProcessGroup, Reducer, Result};
 use burn_ddp_training::session::{ModelScope, DEFAULT_SCOPE};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 /// What synchronising `model`'s gradients cost so far: its own reducer's
@@ -123,7 +124,7 @@ pub(crate) fn backward<B: TrackedAutodiff>(tensor: FloatTensor<B>) -> (B::Gradie
     let early = if step.collective_inside {
         None
     } else {
-        begin_early::<B>(&step.used)
+        begin_early::<B>(&step)
     };
     let installed = Installed::new(early);
     let mut grads = B::backward(tensor);
@@ -168,35 +169,55 @@ static SYNCED_LAYOUTS: Mutex<BTreeMap<u64, Vec<ParamLayout>>> = Mutex::new(BTree
 /// alone keeps alive (replaced parameters not yet freed) still count as
 /// parameters, differently on each rank; so the round begins only when the
 /// model's parameters have the layout every rank agreed at its last
-/// synchronisation, else the model waits for the end of backward (a
-/// first step, a changed model). Only one model a step overlaps: two
-/// models' collectives over one group must come in the same order on
-/// every rank.
-fn begin_early<B: TrackedAutodiff>(used: &HashSet<u64>) -> Option<Begun> {
+/// synchronisation, else the model waits for the end of backward (a first
+/// step, a changed model). Only one model a step overlaps: two models'
+/// collectives over one group must come in the same order on every rank.
+///
+/// Only the leading buckets whose every gradient is reported by a hook (or
+/// unused) can leave before backward ends; the hooks of the others do not
+/// report (their gradients are read once backward is over, without a copy),
+/// and without such a bucket there is no round at all.
+fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begun> {
     let models = models::<B>();
     let (&scope, (model, params)) = models.iter().find(|(id, (m, _))| overlaps(**id, m))?;
-    if !params.iter().any(|p| used.contains(&p.id)) {
-        return None; // not in this step's graph: nothing to overlap
-    }
     let mut reducer = model.as_ref()?.reducer.lock().unwrap();
     let group = reducer.group().ok()?;
-    let set = gradient_set::<B>(&group, params, |_| None).ok()?;
+    let set = gradient_set::<B>(&group, params, |_, _| None).ok()?;
     let agreed = SYNCED_LAYOUTS.lock().unwrap().get(&scope).cloned()?;
     if !set.params().iter().map(|p| &p.layout).eq(agreed.iter()) {
         return None;
     }
-    let mut round = reducer.begin(set.params()).ok()??;
-    let mut unused = Vec::new();
-    for (position, param) in params.iter().enumerate() {
-        if !used.contains(&param.id) {
-            round.zero(position);
-            unused.push(param.id);
-        }
+    let unused = |i: usize| !step.used.contains(&params[i].id);
+    let early = |i: usize| unused(i) || step.hooked.contains(&params[i].id);
+    // The plan of the agreed layout, which the last synchronisation built.
+    let plan = reducer.plan();
+    if plan.order.len() != params.len() {
+        return None;
     }
+    let leading = (0..plan.buckets.len())
+        .take_while(|&b| plan.members(b).iter().all(|&i| early(i)))
+        .count();
+    if leading == 0 {
+        return None;
+    }
+    let reporting: Vec<(u64, usize)> = (0..leading)
+        .flat_map(|b| plan.members(b).iter().copied())
+        .filter(|&i| !unused(i))
+        .map(|i| (params[i].id, i))
+        .collect();
+    let mut round = reducer.begin(set.params()).ok()??;
+    let unused: Vec<u64> = (0..params.len())
+        .filter(|&i| unused(i))
+        .map(|i| {
+            round.zero(i);
+            params[i].id
+        })
+        .collect();
     Some(Begun {
         scope,
         round,
         params: params.iter().map(|p| p.id).collect(),
+        reporting,
         unused,
     })
 }
@@ -247,16 +268,18 @@ fn synchronize_models<B: TrackedAutodiff>(
     Ok(())
 }
 
-/// The gradients of `params` (those `grad` gives) as the reducer's set.
+/// The gradients of `params` (those `grad` gives, by position) as the
+/// reducer's set.
 fn gradient_set<B: TrackedAutodiff>(
     group: &ProcessGroup,
     params: &[LiveParam<B>],
-    mut grad: impl FnMut(&LiveParam<B>) -> Option<shim::Grad<B>>,
+    mut grad: impl FnMut(usize, &LiveParam<B>) -> Option<shim::Grad<B>>,
 ) -> Result<TensorGradients<shim::Grad<B>>> {
     let device = B::float_device(&params[0].key);
     let mut set = TensorGradients::<shim::Grad<B>>::new(group.rank(), device);
-    for param in params {
-        set.push(param.id, param.shape.clone(), param.dtype, grad(param))?;
+    for (index, param) in params.iter().enumerate() {
+        let grad = grad(index, param);
+        set.push(param.id, param.shape.clone(), param.dtype, grad)?;
     }
     Ok(set)
 }
@@ -269,7 +292,7 @@ fn sync_params<B: TrackedAutodiff>(
     group: &ProcessGroup,
     params: Vec<LiveParam<B>>,
     grads: &mut B::Gradients,
-    round: Option<Ended>,
+    mut round: Option<Ended>,
 ) -> Result<Vec<ParamLayout>> {
     if !group.synchronizes() || params.is_empty() {
         return Ok(Vec::new());
@@ -277,11 +300,22 @@ fn sync_params<B: TrackedAutodiff>(
     if let Some(ended) = &round {
         check_round::<B>(&params, ended, grads)?;
     }
-    // A parameter this pass did not reach gets a zero gradient, so every
+    // The gradients the round took during backward come back as they were;
+    // a parameter this pass did not reach gets a zero gradient, so every
     // rank issues the same collectives.
-    let mut set = gradient_set::<B>(group, &params, |param| {
+    let mut taken: HashMap<usize, TensorData> = match &mut round {
+        Some(ended) => std::mem::take(&mut ended.taken).into_iter().collect(),
+        None => HashMap::new(),
+    };
+    let device = B::float_device(&params[0].key);
+    let mut set = gradient_set::<B>(group, &params, |index, param| {
         let numel = param.shape.iter().product();
-        B::grad_remove(&param.key, grads).map(|g| shim::flat_grad(g, numel))
+        let Some(mut data) = taken.remove(&index) else {
+            return B::grad_remove(&param.key, grads).map(|g| shim::flat_grad(g, numel));
+        };
+        data.shape = Shape::new([numel]);
+        let dtype = data.dtype;
+        Some(FlatGrad::from_data(data, &device, dtype))
     })?;
     crate::shared::sync::check_backend(group, &set)?;
     let layout = set.params().iter().map(|p| p.layout.clone()).collect();
@@ -318,7 +352,7 @@ fn check_round<B: TrackedAutodiff>(
             format!(
                 "rank {rank}: the model's parameters changed during backward() ({} before, {} \
                  after), after its first buckets were sent; wrap it with \
-                 DdpConfig::new().with_overlap_backward(false)",
+                 DdpConfig::new().with_overlap_backward(burn_ddp::config::Overlap::Never)",
                 ended.params.len(),
                 params.len()
             ),
@@ -339,7 +373,7 @@ fn check_round<B: TrackedAutodiff>(
             "rank {rank}: a parameter (shape {:?}) got a gradient in backward() although no \
              operation of this step's forward pass took it through Ddp<B> (a graph built \
              before the previous backward?), so its bucket was sent with zeros; wrap the \
-             model with DdpConfig::new().with_overlap_backward(false)",
+             model with DdpConfig::new().with_overlap_backward(burn_ddp::config::Overlap::Never)",
             param.shape
         ),
     ))

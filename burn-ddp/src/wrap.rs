@@ -26,7 +26,7 @@ impl DdpConfig {
     pub fn wrap<B: Backend, M: Module<B>>(&self, model: M, group: &ProcessGroup) -> Result<M> {
         let layout = module_layout(group.rank(), shim::walker(&model))?;
         let scope = SESSION.wrap(group, self.settings(group)?, layout)?;
-        if self.overlap_backward && group.synchronizes() {
+        if self.overlap_backward.applies_to(group) && group.synchronizes() {
             crate::overlap::armed::arm();
         }
         // Parameters marked while broadcasting are this model's (`Ddp<B>`).

@@ -33,6 +33,7 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_ddp::collective::ReduceOp;
+use burn_ddp::config::Overlap;
 use burn_ddp::{Ddp, DdpConfig, SyncBatchNorm};
 use burn_ddp_examples_common as common;
 use clap::Parser;
@@ -60,7 +61,7 @@ enum Mode {
     /// SyncBatchNorm's cost: a CNN step with it against one with BatchNorm.
     SyncBn,
     /// Gradient sync left exposed by a step: buckets sent during backward
-    /// (`overlap_backward`) against after it, and no sync at all, alternating.
+    /// (`Overlap::Always`) against after it, and no sync at all, alternating.
     Overlap,
 }
 
@@ -218,19 +219,23 @@ fn share(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
 
 /// The MNIST CNN's step three ways, each started by every rank together, in
 /// turn: synchronised with buckets sent during backward, synchronised after
-/// backward (the same model wrapped with `overlap_backward` off), and under
+/// backward (the same model wrapped with `Overlap::Never`), and under
 /// `no_sync`; 2 warm-ups, then `iters` of each. Rank 0 prints the medians
 /// and the sync each way leaves exposed (its step minus the `no_sync` one).
 fn overlap(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     let device = Default::default();
     let rank = Some(group.rank());
-    let wrap = |overlap: bool| {
+    let wrap = |overlap: Overlap| {
         let model = DdpConfig::new()
             .with_overlap_backward(overlap)
             .wrap(Net::<Wrapped>::new(&device), group);
         Some(model.unwrap_or_else(|e| fail(rank, e)))
     };
-    let mut models = [wrap(true), wrap(false), wrap(false)];
+    let mut models = [
+        wrap(Overlap::Always),
+        wrap(Overlap::Never),
+        wrap(Overlap::Never),
+    ];
     let mut steps: [Vec<f64>; 3] = Default::default();
     for i in 0..iters + 2 {
         for (kind, slot) in models.iter_mut().enumerate() {

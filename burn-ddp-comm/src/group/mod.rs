@@ -246,6 +246,12 @@ impl ProcessGroup {
         self.inner.local_rank
     }
 
+    /// Whether the ranks are on more than one machine (some collectives
+    /// cross a network link).
+    pub fn spans_machines(&self) -> bool {
+        self.inner.spans_machines
+    }
+
     /// Number of processes on this machine.
     pub fn local_world_size(&self) -> usize {
         self.inner.local_world_size

@@ -102,6 +102,14 @@ pub trait GradientSet {
     /// bytes).
     fn write_host(&mut self, index: usize, averaged: &[u8]) -> Result<()>;
 
+    /// Parameter `index`'s gradient was read before (handed to a
+    /// [`SyncRound`](super::SyncRound) during backward) and will not be read
+    /// here: the set may keep its memory for the average
+    /// ([`write_host`](Self::write_host)) instead of allocating. A hint.
+    fn keep_for_average(&mut self, index: usize) {
+        let _ = index;
+    }
+
     /// The gradients of `members` (zeros for missing ones) packed, in that
     /// order, into one device buffer of `numel` elements of `dtype`. Only
     /// called for parameters on a device, when the group reduces on it.

@@ -53,6 +53,12 @@ impl<D> HostCopies<D> {
         Ok(())
     }
 
+    /// `GradientSet::keep_for_average`: `data`, read elsewhere, kept as the
+    /// buffer parameter `index`'s average is written into (no copy).
+    pub fn keep(&mut self, index: usize, data: Option<D>) {
+        self.read[index] = data;
+    }
+
     /// `GradientSet::write_host`: the data read for parameter `index` (or
     /// `zeros()` when it had none) with `averaged` written into it.
     pub fn write(&mut self, index: usize, averaged: &[u8], zeros: impl FnOnce() -> D) -> Result<D> {

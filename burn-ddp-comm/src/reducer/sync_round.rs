@@ -226,12 +226,14 @@ impl SyncRound {
         }
         if self.comm.is_none() && self.unread.len() == 1 {
             // One bucket and nothing sent yet: nothing to overlap, no thread.
+            self.keep_read_ones(set);
             self.read_rest(set)?;
             let packed = self.take_packed(0);
             let landed = self.averaging.run(Job::Bucket(packed));
             self.unpack(landed, set)?;
             return Ok(Some(self.stats));
         }
+        self.keep_read_ones(set);
         // Buckets filled before finish by zeros alone go first.
         self.send_complete_buckets()?;
         for param in self.planned.plan.order.clone() {
@@ -249,6 +251,13 @@ impl SyncRound {
             comm.join();
         }
         Ok(Some(self.stats))
+    }
+
+    /// The set may keep the memory of the gradients read before `finish`.
+    fn keep_read_ones(&self, set: &mut dyn GradientSet) {
+        (0..self.read.len())
+            .filter(|&param| self.read[param])
+            .for_each(|param| set.keep_for_average(param));
     }
 
     fn read_rest(&mut self, set: &mut dyn GradientSet) -> Result<()> {

@@ -121,8 +121,9 @@ impl<B: TrackedAutodiff> AutodiffBackend for Ddp<B> {
     /// all ranks of its group, model by model (all parameters over the default
     /// group when no model was wrapped), except on a thread inside
     /// [`crate::no_sync`] or, for one model, [`crate::sync::no_sync_for`].
-    /// A model wrapped with `overlap_backward` (the default) sends each
-    /// bucket while backward still runs, as soon as its gradients are final.
+    /// A model whose `overlap_backward` applies (by default, over a group
+    /// spanning machines) sends each bucket while backward still runs, as
+    /// soon as its gradients are final.
     ///
     /// # Panics
     /// If the all-reduce fails (a rank died, timed out, or the models differ):

@@ -58,6 +58,9 @@ pub(crate) struct Step {
     pub collective_inside: bool,
     /// The parameters some op of the pass took (node ids).
     pub used: HashSet<u64>,
+    /// Those of them behind a hook: their gradients are reported during
+    /// backward.
+    pub hooked: HashSet<u64>,
 }
 
 /// Ends this thread's forward pass (at the start of backward): the hooks are
@@ -76,10 +79,17 @@ pub(crate) fn end_step() -> Step {
             .map(|p| slack.get(p).copied().unwrap_or(0))
             .collect();
         f.chains.clear();
-        Step {
+        let mut step = Step {
             collective_inside: armed::take_collective(),
-            used: f.routes.drain().map(|(id, _)| id).collect(),
+            ..Step::default()
+        };
+        for (id, route) in f.routes.drain() {
+            step.used.insert(id);
+            if let Route::Hooked(_) = route {
+                step.hooked.insert(id);
+            }
         }
+        step
     })
 }
 

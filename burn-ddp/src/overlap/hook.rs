@@ -22,8 +22,11 @@ use burn_backend::tensor::FloatTensor;
 use std::fmt;
 use std::sync::Arc;
 
-/// Told, during backward, a parameter's node id and its final gradient.
-pub(crate) type OnReady<B> = Arc<dyn Fn(u64, &FloatTensor<B>) + Send + Sync>;
+/// Handed, during backward, a parameter's node id and its final gradient;
+/// gives the gradient back to be registered for the parameter, or keeps it
+/// (`None`: whoever took it puts the parameter's gradient back later).
+pub(crate) type OnReady<B> =
+    Arc<dyn Fn(u64, FloatTensor<B>) -> Option<FloatTensor<B>> + Send + Sync>;
 
 /// The hook's state: which parameter, and whom to tell.
 struct Ready<B: Backend> {
@@ -54,7 +57,9 @@ impl<B: Backend> Backward<B, 2> for GradientReady {
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        (ops.state.on_ready)(ops.state.param, &grad);
+        let Some(grad) = (ops.state.on_ready)(ops.state.param, grad) else {
+            return;
+        };
         // The second input only set the hook's level: never tracked.
         if let Some(param) = &ops.parents[0] {
             grads.register::<B>(param.id, grad);

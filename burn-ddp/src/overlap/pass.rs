@@ -4,31 +4,35 @@
 
 use crate::shared::dtype;
 use crate::shared::session::SESSION;
-use crate::shim;
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_backend::backend::Backend;
 use burn_backend::tensor::FloatTensor;
-use burn_backend::TensorMetadata;
 use burn_ddp_comm::{CommError, Result, SyncRound};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// The round begun for one wrapped model: its scope, its parameters' node
-/// ids in the round's order, and those the forward pass never used (in as
-/// zeros at once, so their buckets need not wait for the end).
+/// ids in the round's order, those whose hooks report to it (with their
+/// positions), and those the forward pass never used (in as zeros at once,
+/// so their buckets need not wait for the end).
 pub(crate) struct Begun {
     pub scope: u64,
     pub round: SyncRound,
     pub params: Vec<u64>,
+    pub reporting: Vec<(u64, usize)>,
     pub unused: Vec<u64>,
 }
 
 /// What the end of backward gets back: the round (an error if a gradient
-/// could not be handed over), for the model and parameters it was begun for.
+/// could not be handed over), for the model and parameters it was begun
+/// for, and the gradients the round took (by position), to be the
+/// parameters' gradients again.
 pub(crate) struct Ended {
     pub scope: u64,
     pub round: Result<SyncRound>,
     pub params: Vec<u64>,
     pub unused: Vec<u64>,
+    pub taken: Vec<(usize, TensorData)>,
 }
 
 /// The round of the backward pass under way on this thread.
@@ -50,17 +54,13 @@ pub(crate) struct Installed(());
 impl Installed {
     pub fn new(begun: Option<Begun>) -> Self {
         let pass = begun.map(|begun| Pass {
-            positions: begun
-                .params
-                .iter()
-                .enumerate()
-                .map(|(i, id)| (*id, i))
-                .collect(),
+            positions: begun.reporting.into_iter().collect(),
             ended: Ended {
                 scope: begun.scope,
                 round: Ok(begun.round),
                 params: begun.params,
                 unused: begun.unused,
+                taken: Vec::new(),
             },
         });
         PASS.with(|p| *p.borrow_mut() = pass);
@@ -79,36 +79,40 @@ impl Drop for Installed {
     }
 }
 
-/// A hook's report: parameter `param`'s gradient is final. Handed to its
-/// round, if one was begun for its model; an error is kept for the end of
-/// backward (a hook cannot return one, and must not panic inside Burn's
-/// backward).
-pub(crate) fn ready<I: Backend>(param: u64, grad: &FloatTensor<I>) {
+/// A hook's report: parameter `param`'s gradient is final. Handed to the
+/// round if the parameter's bucket can leave during backward: the gradient
+/// is taken (its data read into the bucket without a copy, kept to be the
+/// parameter's gradient again at the end of backward). Otherwise it goes
+/// back to the parameter. An error is kept for the end of backward (a hook
+/// cannot return one, and must not panic inside Burn's backward).
+pub(crate) fn ready<I: Backend>(param: u64, grad: FloatTensor<I>) -> Option<FloatTensor<I>> {
     PASS.with(|p| {
         let mut pass = p.borrow_mut();
         let Some(pass) = pass.as_mut() else {
-            return;
+            return Some(grad);
         };
         let Some(&position) = pass.positions.get(&param) else {
-            return;
+            return Some(grad);
         };
-        let slot = &mut pass.ended.round;
-        let Ok(round) = slot else {
-            return;
+        let Ok(round) = &mut pass.ended.round else {
+            return Some(grad);
         };
-        if let Err(err) = round.ready(position, |out| read_grad::<I>(grad, out)) {
-            *slot = Err(err);
+        // Uniquely held here: its own buffer, no copy.
+        let mut data = Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(grad)).into_data();
+        if let Err(err) = round.ready(position, |out| copy_bytes(&mut data, out)) {
+            pass.ended.round = Err(err);
         }
-    });
+        pass.ended.taken.push((position, data));
+        None
+    })
 }
 
-/// `grad`'s elements as bytes into `out`, as the host path reads a gradient.
-fn read_grad<I: Backend>(grad: &FloatTensor<I>, out: &mut [u8]) -> Result<()> {
-    let numel = grad.shape().num_elements();
-    let mut data = shim::flat_grad::<I>(grad.clone(), numel).into_data();
+/// A gradient's elements as bytes into `out`, as the host path reads one
+/// (a tensor's data is its elements in row-major order whatever its rank).
+fn copy_bytes(data: &mut TensorData, out: &mut [u8]) -> Result<()> {
     let rank = SESSION.rank().unwrap_or(0);
     let element = data.dtype;
-    let bytes = dtype::element_bytes(&mut data).ok_or_else(|| CommError::InvalidArgument {
+    let bytes = dtype::element_bytes(data).ok_or_else(|| CommError::InvalidArgument {
         rank,
         message: format!("a {element:?} gradient is not moved by the collectives"),
     })?;

@@ -17,6 +17,7 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor};
+use burn_ddp::config::Overlap;
 use burn_ddp::{Ddp, DdpConfig, ProcessGroup};
 
 type Wrapped = Ddp<Autodiff<NdArray>>;
@@ -76,7 +77,7 @@ impl<B: Backend> Net<B> {
 }
 
 /// Small buckets, so the CNN's gradients fill several.
-fn config(overlap: bool) -> DdpConfig {
+fn config(overlap: Overlap) -> DdpConfig {
     DdpConfig::new()
         .with_bucket_cap_mb(0.0005)
         .with_first_bucket_cap_mb(0.0001)
@@ -140,8 +141,8 @@ where
         B::seed(&device, 7);
         Net::<B>::new(&device)
     };
-    let mut overlapped = config(true).wrap(new(), group).map_err(e)?;
-    let mut reference = config(false).wrap(new(), group).map_err(e)?;
+    let mut overlapped = config(Overlap::Always).wrap(new(), group).map_err(e)?;
+    let mut reference = config(Overlap::Never).wrap(new(), group).map_err(e)?;
     let rank = group.rank();
     for i in 0..6 {
         overlapped = step(overlapped, rank, i, run);
