@@ -10,10 +10,10 @@
 //! backward finishes them ([`SyncRound::ready`]: each complete bucket leaves at
 //! once), and ends with [`Reducer::finish`].
 
+mod comm_thread;
 mod gradient_set;
 mod host_copies;
 mod layout;
-mod pipeline;
 mod plan;
 mod shard_plan;
 mod sharder;
@@ -32,7 +32,7 @@ use crate::element::AlignedBuf;
 use crate::error::{CommError, Result};
 use crate::group::{ProcessGroup, WeakProcessGroup};
 use crate::transport::WireCompression;
-use pipeline::Averaging;
+use comm_thread::Averaging;
 use std::sync::Arc;
 use sync_round::Planned;
 pub use sync_round::SyncRound;

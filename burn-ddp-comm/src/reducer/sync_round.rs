@@ -5,9 +5,9 @@
 //! every bucket before it are complete; `finish` reads the rest, sends what
 //! is left and writes every average back.
 
+use super::comm_thread::{Averaging, CommThread, Job, Landed, Packed};
 use super::gradient_set::GradientSet;
 use super::layout::ParamLayout;
-use super::pipeline::{Averaging, CommThread, Job, Landed, Packed};
 use super::plan::BucketPlan;
 use super::stats::SyncStats;
 use crate::element::AlignedBuf;
@@ -224,16 +224,19 @@ impl SyncRound {
         if self.on_device {
             return self.finish_on_device(set).map(Some);
         }
-        if self.comm.is_none() && self.unread.len() == 1 {
-            // One bucket and nothing sent yet: nothing to overlap, no thread.
-            self.keep_read_ones(set);
+        self.keep_read_ones(set);
+        if self.comm.is_none() {
+            // Nothing sent during backward: nothing left to overlap with, so
+            // bucket after bucket on this thread (a thread's hand-offs cost
+            // more than packing the next bucket saves on the host).
             self.read_rest(set)?;
-            let packed = self.take_packed(0);
-            let landed = self.averaging.run(Job::Bucket(packed));
-            self.unpack(landed, set)?;
+            for index in 0..self.unread.len() {
+                let packed = self.take_packed(index);
+                let landed = self.averaging.run(Job::Bucket(packed));
+                self.unpack(landed, set)?;
+            }
             return Ok(Some(self.stats));
         }
-        self.keep_read_ones(set);
         // Buckets filled before finish by zeros alone go first.
         self.send_complete_buckets()?;
         for param in self.planned.plan.order.clone() {

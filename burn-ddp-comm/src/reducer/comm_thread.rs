@@ -1,7 +1,7 @@
-//! The communication thread of one synchronisation: it runs the layout
-//! agreement and then each bucket's all-reduce, one at a time and in the
-//! order they were handed over, while the caller goes on (packing the next
-//! bucket, or running backward). Every rank hands over the same sequence,
+//! The communication thread of a synchronisation that starts during
+//! backward: it runs the layout agreement and then each bucket's all-reduce,
+//! one at a time and in the order they were handed over, while the caller
+//! goes on with backward. Every rank hands over the same sequence,
 //! so the collectives match and the sums are those of a bucket-by-bucket
 //! loop, bit for bit.
 //!
