@@ -178,6 +178,9 @@ static SYNCED_LAYOUTS: Mutex<BTreeMap<u64, Vec<ParamLayout>>> = Mutex::new(BTree
 /// report (their gradients are read once backward is over, without a copy),
 /// and without such a bucket there is no round at all.
 fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begun> {
+    if step.hooked.is_empty() {
+        return None; // no model overlaps, or no gradient will be reported
+    }
     let models = models::<B>();
     let (&scope, (model, params)) = models.iter().find(|(id, (m, _))| overlaps(**id, m))?;
     let mut reducer = model.as_ref()?.reducer.lock().unwrap();
@@ -249,7 +252,7 @@ fn synchronize_models<B: TrackedAutodiff>(
             let Some(state) = SESSION.required_if_distributed()? else {
                 continue;
             };
-            sync_params::<B>(&state.reducer, &state.group, params, grads, None)?;
+            sync_params::<B>(&state.reducer, &state.group, params, grads, None, false)?;
             continue;
         }
         let model = model.expect("a wrapped model's scope");
@@ -262,8 +265,11 @@ fn synchronize_models<B: TrackedAutodiff>(
             )
         })?;
         let round = early.take_if(|ended| ended.scope == id);
-        let layout = sync_params::<B>(&model.reducer, &group, params, grads, round)?;
-        SYNCED_LAYOUTS.lock().unwrap().insert(id, layout);
+        let keep = model.overlaps_backward();
+        let layout = sync_params::<B>(&model.reducer, &group, params, grads, round, keep)?;
+        if let Some(layout) = layout {
+            SYNCED_LAYOUTS.lock().unwrap().insert(id, layout);
+        }
     }
     Ok(())
 }
@@ -286,16 +292,17 @@ fn gradient_set<B: TrackedAutodiff>(
 
 /// One scope's gradients, out of `grads`, averaged (ending the round begun
 /// for it before backward, if there is one), and back in. Returns the
-/// layout synchronised.
+/// layout synchronised, with `keep_layout`.
 fn sync_params<B: TrackedAutodiff>(
     reducer: &Mutex<Reducer>,
     group: &ProcessGroup,
     params: Vec<LiveParam<B>>,
     grads: &mut B::Gradients,
     mut round: Option<Ended>,
-) -> Result<Vec<ParamLayout>> {
+    keep_layout: bool,
+) -> Result<Option<Vec<ParamLayout>>> {
     if !group.synchronizes() || params.is_empty() {
-        return Ok(Vec::new());
+        return Ok(None);
     }
     if let Some(ended) = &round {
         check_round::<B>(&params, ended, grads)?;
@@ -318,7 +325,7 @@ fn sync_params<B: TrackedAutodiff>(
         Some(FlatGrad::from_data(data, &device, dtype))
     })?;
     crate::shared::sync::check_backend(group, &set)?;
-    let layout = set.params().iter().map(|p| p.layout.clone()).collect();
+    let layout = keep_layout.then(|| set.params().iter().map(|p| p.layout.clone()).collect());
     let moved = match round {
         Some(ended) => SESSION.finish(reducer, ended.round?, &mut set)?,
         None => SESSION.synchronize(reducer, &mut set)?,

@@ -18,7 +18,8 @@ use std::time::Instant;
 /// A layout and its bucket plan, with where each parameter sits.
 #[derive(Debug, Default)]
 pub(super) struct Planned {
-    pub layout: Vec<ParamLayout>,
+    /// Shared with the agreement each round runs.
+    pub layout: Arc<Vec<ParamLayout>>,
     pub plan: BucketPlan,
     /// Per parameter: its bucket and its first element there.
     pub place: Vec<(usize, usize)>,
@@ -33,7 +34,7 @@ impl Planned {
             }
         }
         Self {
-            layout,
+            layout: Arc::new(layout),
             plan,
             place,
         }
@@ -91,7 +92,7 @@ impl SyncRound {
         let unread = planned.plan.buckets.iter().map(|b| b.slots.len()).collect();
         Self {
             averaging,
-            layout: Arc::new(planned.layout.clone()),
+            layout: planned.layout.clone(),
             read: vec![false; planned.layout.len()],
             planned,
             buffers,
