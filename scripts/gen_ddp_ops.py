@@ -6,7 +6,9 @@ that have default bodies: a default left in place would run burn-backend's
 generic implementation instead of `B`'s override (Autodiff's fused backward for
 relu, softmax or conv, say). The traits hold about 430 methods, so they are
 read from the burn-backend sources that cargo resolved and written out, one
-file per op family, as plain forwarding calls.
+file per op family, as plain forwarding calls. An op with a float result
+first shows its float inputs to the overlap (`crate::overlap::Uses`), which
+may route a parameter through its readiness hook (docs/overlap.md).
 
 Usage: python3 scripts/gen_ddp_ops.py   (from the repository root; needs cargo)
 Re-run it whenever the pinned Burn version changes, then `cargo fmt`.
