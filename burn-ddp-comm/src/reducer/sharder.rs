@@ -281,7 +281,7 @@ impl Sharder {
         let reduced = Instant::now();
         set.unpack_device(&round.members[self.rank], &round.offsets[self.rank], bucket)?;
         stats.device_buckets += 1;
-        stats.count_bucket(round.numel * round.dtype.size(), [started, packed, reduced]);
+        stats.count_bucket_since(round.numel * round.dtype.size(), [started, packed, reduced]);
         Ok(())
     }
 
@@ -329,7 +329,7 @@ impl Sharder {
             .unzip();
         set.unpack_device(&others, &offsets, bucket)?;
         stats.device_buckets += 1;
-        stats.count_bucket(round.numel * round.dtype.size(), [started, packed, reduced]);
+        stats.count_bucket_since(round.numel * round.dtype.size(), [started, packed, reduced]);
         Ok(())
     }
 

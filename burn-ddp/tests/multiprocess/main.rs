@@ -40,6 +40,10 @@ fn main() {
                 overlapped_equals_after_backward,
             ),
             (
+                "a_rank_dying_while_buckets_are_in_flight_is_named_fast",
+                rank_dies_mid_overlap,
+            ),
+            (
                 "a_killed_checkpoint_writer_leaves_a_whole_checkpoint",
                 killed_checkpoint_writer,
             ),
@@ -63,6 +67,7 @@ fn program(name: &str) -> Result<(), String> {
         "save_forever" => decorator::save_forever(),
         "gan" => gan::run(),
         "overlap" => overlap::run(),
+        "die_mid_overlap" => overlap::die_mid_overlap(),
         "stray_gradient" => gan::stray_gradient(),
         "sync_bn_unregistered" => decorator::sync_batch_norm_unregistered(),
         "sync_bn_checkpointing" => decorator::sync_batch_norm_checkpointing(),
@@ -79,6 +84,26 @@ fn overlapped_equals_after_backward() -> Result<(), String> {
                 format!("rank {}: {}", o.rank, o.stdout)
             })?;
         }
+    }
+    Ok(())
+}
+
+fn rank_dies_mid_overlap() -> Result<(), String> {
+    let mut world = World::new(3).rank_env(1, "DIE_AT_STEP", "3");
+    world.timeout_secs = 60.0;
+    world.deadline = std::time::Duration::from_secs(90);
+    let outcomes = world.run("die_mid_overlap");
+    for o in outcomes.iter().filter(|o| o.rank != 1) {
+        check(o.code.is_some_and(|code| code != 0), || {
+            format!("rank {} should fail: {o:?}", o.rank)
+        })?;
+        check(o.elapsed < std::time::Duration::from_secs(20), || {
+            format!("rank {} took {:?}: {}", o.rank, o.elapsed, o.stderr)
+        })?;
+        check(
+            o.stderr.contains("gradient synchronisation failed") && o.stderr.contains("rank 1"),
+            || o.stderr.clone(),
+        )?;
     }
     Ok(())
 }

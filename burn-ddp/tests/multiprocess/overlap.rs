@@ -176,6 +176,28 @@ where
     Ok(())
 }
 
+/// Rank `DIE_AT_STEP`'s process exits before that step's backward, while
+/// the others' first bucket is already on its way during theirs: they must
+/// fail within the timeout, naming it, not hang.
+pub fn die_mid_overlap() -> Res<()> {
+    let group = burn_ddp::init_process_group().map_err(e)?;
+    let die_at: Option<usize> = std::env::var("DIE_AT_STEP")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let device = Default::default();
+    Wrapped::seed(&device, 7);
+    let mut model = config(Overlap::Always)
+        .wrap(Net::<Wrapped>::new(&device), &group)
+        .map_err(e)?;
+    for i in 0..8 {
+        if die_at == Some(i) {
+            std::process::exit(7);
+        }
+        model = step(model, group.rank(), i, (Wiring::Plain, 1));
+    }
+    Err("the steps with a dead peer should have failed".into())
+}
+
 /// Every model of this file, overlapped and not.
 pub fn run() -> Res<()> {
     let group = burn_ddp::init_process_group().map_err(e)?;
