@@ -208,6 +208,9 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
         .filter(|&i| !unused(i))
         .map(|i| (params[i].id, i))
         .collect();
+    if reporting.is_empty() {
+        return None; // the model is not in this step's graph
+    }
     let mut round = reducer.begin(set.params()).ok()??;
     let unused: Vec<u64> = (0..params.len())
         .filter(|&i| unused(i))
