@@ -117,8 +117,8 @@ pub(super) struct CommThread {
 impl CommThread {
     /// Starts the thread; it does what is submitted, in order, and stops
     /// after the first failure (or an agreement that nobody has gradients:
-    /// nothing may follow it).
-    pub fn start(averaging: Averaging) -> Self {
+    /// nothing may follow it). An error when the system refuses a thread.
+    pub fn start(averaging: Averaging) -> Result<Self> {
         let (submit, jobs) = mpsc::channel::<Job>();
         let (landed_tx, landed) = mpsc::channel();
         let rank = averaging.group.rank();
@@ -133,13 +133,16 @@ impl CommThread {
                     }
                 }
             })
-            .expect("spawning the gradient communication thread");
-        Self {
+            .map_err(|err| CommError::InvalidArgument {
+                rank,
+                message: format!("cannot start the gradient communication thread: {err}"),
+            })?;
+        Ok(Self {
             submit: Some(submit),
             landed,
             in_flight: 0,
             thread: Some(thread),
-        }
+        })
     }
 
     /// Queues a job; `false` when the thread has stopped (after a failure,
@@ -243,7 +246,7 @@ mod tests {
 
     #[test]
     fn jobs_land_in_the_order_they_were_submitted() {
-        let mut comm = CommThread::start(averaging());
+        let mut comm = CommThread::start(averaging()).unwrap();
         let layout = Arc::new(vec![ParamLayout {
             shape: vec![3],
             dtype: DType::F32,
@@ -278,7 +281,7 @@ mod tests {
 
     #[test]
     fn a_failed_bucket_stops_the_thread_and_is_reported() {
-        let mut comm = CommThread::start(averaging());
+        let mut comm = CommThread::start(averaging()).unwrap();
         let Job::Bucket(mut broken) = bucket(0, &[1.0]) else {
             unreachable!()
         };
@@ -299,8 +302,8 @@ mod tests {
     }
 
     #[test]
-    fn dropping_it_mid_work_ends_the_thread_without_running_the_queue() {
-        let mut comm = CommThread::start(averaging());
+    fn dropping_it_mid_work_returns_within_a_bound() {
+        let mut comm = CommThread::start(averaging()).unwrap();
         for index in 0..200 {
             comm.submit(bucket(index, &[1.0; 1 << 16]));
         }

@@ -191,10 +191,10 @@ impl SyncRound {
     }
 
     fn submit(&mut self, job: Job) -> Result<()> {
-        let averaging = &self.averaging;
-        let comm = self
-            .comm
-            .get_or_insert_with(|| CommThread::start(averaging.clone()));
+        if self.comm.is_none() {
+            self.comm = Some(CommThread::start(self.averaging.clone())?);
+        }
+        let comm = self.comm.as_mut().expect("started above");
         if comm.submit(job) {
             return Ok(());
         }
