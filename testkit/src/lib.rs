@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 pub const SCENARIO_VAR: &str = "BURN_DDP_TEST_SCENARIO";
 
 /// How a rank ended.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RankOutcome {
     pub rank: usize,
     /// `None` when it was killed (by us at the deadline, or by a signal).
@@ -341,6 +341,29 @@ pub fn run_program_or_cases(
     }
     let cases: Vec<Case> = cases.iter().chain(extra).copied().collect();
     run_cases(&cases)
+}
+
+/// Every rank but `dead` failed within `within` (not at its timeout, not
+/// hung), as [`every_rank_failed`] says (`code_1`, `needles`).
+pub fn survivors_failed_within(
+    outcomes: &[RankOutcome],
+    dead: usize,
+    within: Duration,
+    code_1: bool,
+    needles: &[&str],
+) -> Result<(), String> {
+    let survivors: Vec<RankOutcome> = outcomes
+        .iter()
+        .filter(|o| o.rank != dead)
+        .cloned()
+        .collect();
+    check(!survivors.is_empty(), || "no rank survived to check".into())?;
+    for o in &survivors {
+        check(o.elapsed < within, || {
+            format!("rank {} took {:?}: {}", o.rank, o.elapsed, o.stderr)
+        })?;
+    }
+    every_rank_failed(&survivors, code_1, needles)
 }
 
 /// Every rank failed, with exit code 1 (`code_1`: an error returned) or
