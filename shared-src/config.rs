@@ -86,19 +86,42 @@ pub enum Overlap {
     /// When the model's group spans machines (the default): there the link
     /// is slow and backward hides it. Within one machine the all-reduce
     /// through shared memory is fast, and running it beside backward only
-    /// takes CPU time from it.
+    /// takes CPU time from it. `BURN_DDP_OVERLAP=always` or `never` decides
+    /// instead, without a change to the program.
     AcrossMachines,
     /// Always, within one machine too.
     Always,
 }
 
+/// `always` or `never` decides what [`Overlap::AcrossMachines`] (the
+/// default) does; unset or `auto`, it goes by whether the group spans
+/// machines. A program that sets `Always` or `Never` keeps it.
+pub const OVERLAP_VAR: &str = "BURN_DDP_OVERLAP";
+
 impl Overlap {
-    /// Whether buckets leave during backward for a model over `group`.
-    pub(crate) fn applies_to(self, group: &ProcessGroup) -> bool {
+    /// Whether buckets leave during backward for a model over `group`; an
+    /// error names the rank and a bad [`OVERLAP_VAR`].
+    pub(crate) fn applies_to(self, group: &ProcessGroup) -> burn_ddp_comm::Result<bool> {
         match self {
-            Overlap::Never => false,
-            Overlap::AcrossMachines => group.spans_machines(),
-            Overlap::Always => true,
+            Overlap::Never => Ok(false),
+            Overlap::Always => Ok(true),
+            Overlap::AcrossMachines => {
+                let value = std::env::var(OVERLAP_VAR).unwrap_or_default();
+                match value.as_str() {
+                    "" | "auto" => Ok(group.spans_machines()),
+                    "always" => Ok(true),
+                    "never" => Ok(false),
+                    other => Err(burn_ddp_comm::CommError::config(
+                        Some(group.rank()),
+                        OVERLAP_VAR,
+                        format!(
+                            "rank {}: {OVERLAP_VAR}={other:?}; expected always, never or auto \
+                             (unset: during backward when the ranks span machines)",
+                            group.rank()
+                        ),
+                    )),
+                }
+            }
         }
     }
 }
@@ -158,7 +181,7 @@ impl DdpConfig {
             buckets: self.bucket_config(group.rank())?.into(),
             compression: self.gradient_compression.into(),
             broadcast_buffers: self.broadcast_buffers,
-            overlap_backward: self.overlap_backward.applies_to(group),
+            overlap_backward: self.overlap_backward.applies_to(group)?,
         })
     }
 }

@@ -181,15 +181,30 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
     if step.hooked.is_empty() {
         return None; // no model overlaps, or no gradient will be reported
     }
-    let models = models::<B>();
-    let (&scope, (model, params)) = models.iter().find(|(id, (m, _))| overlaps(**id, m))?;
-    let mut reducer = model.as_ref()?.reducer.lock().unwrap();
+    let overlapping = || {
+        let models = models::<B>();
+        models.into_iter().find(|(id, (m, _))| overlaps(*id, m))
+    };
+    let (scope, (model, mut params)) = overlapping()?;
+    let model = model?;
+    let mut reducer = model.reducer.lock().unwrap();
     let group = reducer.group().ok()?;
-    let set = gradient_set::<B>(&group, params, |_, _| None).ok()?;
     let agreed = SYNCED_LAYOUTS.lock().unwrap().get(&scope).cloned()?;
-    if !set.params().iter().map(|p| &p.layout).eq(agreed.iter()) {
-        return None;
-    }
+    let agreeing = |params: &[LiveParam<B>]| {
+        let set = gradient_set::<B>(&group, params, |_, _| None).ok()?;
+        let layouts = set.params().iter().map(|p| &p.layout);
+        layouts.eq(agreed.iter()).then_some(set)
+    };
+    let set = match agreeing(&params) {
+        Some(set) => set,
+        None => {
+            // Replaced parameters that only Burn's graph still holds count
+            // until it lets them go; once it has, the model may agree.
+            tracking::release_orphaned_nodes::<B>(&params[0]);
+            params = overlapping().filter(|(id, _)| *id == scope)?.1 .1;
+            agreeing(&params)?
+        }
+    };
     let unused = |i: usize| !step.used.contains(&params[i].id);
     let early = |i: usize| unused(i) || step.hooked.contains(&params[i].id);
     // The plan of the agreed layout, which the last synchronisation built.
@@ -212,6 +227,9 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
         return None; // the model is not in this step's graph
     }
     let mut round = reducer.begin(set.params()).ok()??;
+    if !round.sends_during_backward() {
+        return None; // NCCL: the gradients stay on the GPU until backward ends
+    }
     let unused: Vec<u64> = (0..params.len())
         .filter(|&i| unused(i))
         .map(|i| {

@@ -295,6 +295,20 @@ pub(crate) fn live_params<B: TrackedAutodiff>() -> Vec<LiveParam<B>> {
     })
 }
 
+/// Lets Burn free the graph nodes nobody else holds now, rather than at the
+/// end of the next backward pass: until then its graph keeps a replaced
+/// parameter that no backward pass reached (an unused one, updated by the
+/// optimizer) alive, so it still counts as a parameter. A backward pass of
+/// a throwaway scalar, on `B` itself (no synchronisation), runs the cleanup
+/// every backward pass ends with; the graph under construction is held by
+/// its tensors and left alone.
+pub(crate) fn release_orphaned_nodes<B: TrackedAutodiff>(param: &LiveParam<B>) {
+    let device = B::float_device(&param.key);
+    let scalar = B::float_zeros(Shape::new([1]), &device, param.dtype.into());
+    let scalar = B::float_set_require_grad(scalar, true);
+    drop(B::backward(B::float_sum(scalar)));
+}
+
 /// How many parameter tensors `Ddp<B>` follows on this process (live, or
 /// dropped and not yet forgotten: the next backward pass prunes those), to
 /// check that replaced parameters are not kept alive.

@@ -25,8 +25,10 @@ impl DdpConfig {
     /// loading a record into it or moving it to another device.
     pub fn wrap<B: Backend, M: Module<B>>(&self, model: M, group: &ProcessGroup) -> Result<M> {
         let layout = module_layout(group.rank(), shim::walker(&model))?;
-        let scope = SESSION.wrap(group, self.settings(group)?, layout)?;
-        if self.overlap_backward.applies_to(group) && group.synchronizes() {
+        let settings = self.settings(group)?;
+        let overlaps = settings.overlap_backward;
+        let scope = SESSION.wrap(group, settings, layout)?;
+        if overlaps && group.synchronizes() {
             crate::overlap::armed::arm();
         }
         // Parameters marked while broadcasting are this model's (`Ddp<B>`).

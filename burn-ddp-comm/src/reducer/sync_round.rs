@@ -109,6 +109,14 @@ impl SyncRound {
         }
     }
 
+    /// Whether gradients handed over during backward leave early: on the
+    /// host path. On the GPU path (NCCL) every bucket is packed and reduced
+    /// on the device at `finish`, so a front-end should keep its gradients
+    /// where they are rather than read them out for [`ready`](Self::ready).
+    pub fn sends_during_backward(&self) -> bool {
+        !self.on_device
+    }
+
     /// Parameter `param`'s gradient is final: `read` writes it into its
     /// slot of the bucket (exactly `layout.bytes()` bytes), and every bucket
     /// now complete, in order, leaves for the communication thread. The

@@ -46,6 +46,10 @@ fn main() {
                 rank_dies_mid_overlap,
             ),
             (
+                "burn_ddp_overlap_decides_the_default_and_a_bad_value_is_named",
+                overlap_by_variable,
+            ),
+            (
                 "a_killed_checkpoint_writer_leaves_a_whole_checkpoint",
                 killed_checkpoint_writer,
             ),
@@ -70,6 +74,7 @@ fn program(name: &str) -> Result<(), String> {
         "gan" => gan::run(),
         "overlap" => overlap::run(),
         "die_mid_overlap" => overlap::die_mid_overlap(),
+        "overlap_by_variable" => overlap::by_variable(),
         "stray_gradient" => gan::stray_gradient(),
         "sync_bn_unregistered" => decorator::sync_batch_norm_unregistered(),
         "sync_bn_checkpointing" => decorator::sync_batch_norm_checkpointing(),
@@ -103,6 +108,51 @@ fn rank_dies_mid_overlap() -> Result<(), String> {
         std::time::Duration::from_secs(20),
         false,
         &needles,
+    )
+}
+
+/// On one machine the default sends buckets during backward only when
+/// `BURN_DDP_OVERLAP=always` says so; a value it does not know stops `wrap`
+/// on every rank, naming the rank, the variable and the choices.
+fn overlap_by_variable() -> Result<(), String> {
+    let early = |value: Option<&str>| -> Result<Vec<u64>, String> {
+        let mut world = World::new(2);
+        if let Some(value) = value {
+            world = world.env("BURN_DDP_OVERLAP", value);
+        }
+        let outcomes = world.run("overlap_by_variable");
+        all_ok(&outcomes)?;
+        outcomes
+            .iter()
+            .map(|o| {
+                let line = o.stdout.lines().find(|l| l.starts_with("early buckets: "));
+                let count = line.and_then(|l| l["early buckets: ".len()..].split(' ').next());
+                count.and_then(|c| c.parse().ok()).ok_or_else(|| {
+                    format!("rank {}: no count of early buckets in {}", o.rank, o.stdout)
+                })
+            })
+            .collect()
+    };
+    let always = early(Some("always"))?;
+    check(always.iter().all(|&n| n > 0), || {
+        format!("BURN_DDP_OVERLAP=always: early buckets per rank {always:?}")
+    })?;
+    for value in [None, Some("never"), Some("auto")] {
+        let counts = early(value)?;
+        check(counts.iter().all(|&n| n == 0), || {
+            format!("BURN_DDP_OVERLAP={value:?} on one machine: early buckets {counts:?}")
+        })?;
+    }
+    let outcomes = World::new(2)
+        .env("BURN_DDP_OVERLAP", "sometimes")
+        .run("overlap_by_variable");
+    every_rank_failed(
+        &outcomes,
+        false,
+        &[
+            "rank {rank}: BURN_DDP_OVERLAP=\"sometimes\"",
+            "expected always, never or auto",
+        ],
     )
 }
 

@@ -198,6 +198,27 @@ pub fn die_mid_overlap() -> Res<()> {
     Err("the steps with a dead peer should have failed".into())
 }
 
+/// The default setting (`AcrossMachines`) on one machine, with whatever
+/// `BURN_DDP_OVERLAP` the test set: trains 4 steps and prints how many
+/// buckets left during backward; a bad value fails `wrap`.
+pub fn by_variable() -> Res<()> {
+    let group = burn_ddp::init_process_group().map_err(e)?;
+    let device = Default::default();
+    Wrapped::seed(&device, 7);
+    let mut model = config(Overlap::AcrossMachines)
+        .wrap(Net::<Wrapped>::new(&device), &group)
+        .map_err(e)?;
+    for i in 0..4 {
+        model = step(model, group.rank(), i, (Wiring::Plain, 1));
+    }
+    let stats = burn_ddp::sync::sync_stats_of(&model).ok_or("no stats")?;
+    println!(
+        "early buckets: {} of {}",
+        stats.early_buckets, stats.buckets
+    );
+    burn_ddp::destroy_process_group().map_err(e)
+}
+
 /// Every model of this file, overlapped and not.
 pub fn run() -> Res<()> {
     let group = burn_ddp::init_process_group().map_err(e)?;
