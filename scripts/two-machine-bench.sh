@@ -11,13 +11,16 @@
 #   sudo scripts/two-machine-bench.sh [--rate 1gbit] -- PROGRAM ARGS...
 #       (instead of the benchmarks: PROGRAM on 2 machines x 2 ranks under
 #       burn-ddp-run, with this environment; machine 0's output is printed)
+#   sudo scripts/two-machine-bench.sh --torch "SCRIPT ARGS..." -- PROGRAM ARGS...
+#       (then, in the same invocation, the PyTorch SCRIPT on the same machines
+#       under torchrun, gloo, one thread per rank: a side-by-side comparison)
 # (tc's token bucket shapes the rate; netem, for delay, is not in every kernel.)
 # --bin DIR takes burn-ddp-run and examples/allreduce_bench from DIR instead of
 # target/release (scripts/compare-builds.sh runs two builds this way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3} PROGRAM=() BIN=$PWD/target/release
+RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3} PROGRAM=() BIN=$PWD/target/release TORCH=
 while [ $# -gt 0 ]; do
   case "$1" in
     --) shift; PROGRAM=("$@"); break ;;
@@ -25,8 +28,9 @@ while [ $# -gt 0 ]; do
     --sizes) SIZES=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
+    --torch) TORCH=$2; shift 2 ;;
     --bin) BIN=$(cd "$2" && pwd); shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -89,6 +93,22 @@ if [ ${#PROGRAM[@]} -gt 0 ]; then
   wait "${pids[@]}" || status=$?
   echo "# ${PROGRAM[*]} on two machines x 2 ranks, links $RATE each way (machine 0's output)"
   cat "/tmp/$TAG-program-0.log"
+  if [ -n "$TORCH" ]; then
+    TORCHRUN="$(dirname "$PYTHON")/torchrun"
+    [ -x "$TORCHRUN" ] || { echo "--torch needs torchrun beside $PYTHON (pass --python)" >&2; exit 2; }
+    pids=()
+    for i in 0 1; do
+      # shellcheck disable=SC2086 # the script and its arguments, split on purpose
+      on "$i" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 "$TORCHRUN" --nnodes 2 \
+        --node-rank "$i" --nproc-per-node 2 --master-addr "${ADDR[0]}" --master-port 29507 \
+        $TORCH > "/tmp/$TAG-torch-$i.log" 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}" || status=$?
+    echo
+    echo "# $TORCH on the same machines, torchrun (machine 0's output)"
+    grep -vE 'Warning|_conversion_method_template|socket.cpp|^\s*$' "/tmp/$TAG-torch-0.log" || true
+  fi
   rm -f /tmp/$TAG-*
   exit $status
 fi
