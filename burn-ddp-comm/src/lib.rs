@@ -56,7 +56,8 @@ pub use group::settings::{Algorithm, TransportChoice, ALGORITHM_VAR, DEBUG_VAR, 
 pub use group::{ProcessGroup, ProcessGroupBuilder, WeakProcessGroup};
 pub use reducer::{
     check_layouts_agree, check_same_layout, Bucket, BucketConfig, BucketPlan, DeviceBucket,
-    ElementBytes, GradientSet, HostCopies, ParamInfo, ParamLayout, Piece, Placement, Reducer,
-    Round, RoundMode, ShardPlan, Sharder, SyncRound, SyncStats,
+    DeviceFence, ElementBytes, GradientSet, HostCopies, ParamInfo, ParamLayout,
+    PendingDeviceBucket, Piece, Placement, Reducer, Round, RoundMode, ShardPlan, Sharder,
+    SyncRound, SyncStats,
 };
 pub use transport::{WireCompression, COMPRESSION_VAR};

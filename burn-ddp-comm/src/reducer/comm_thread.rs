@@ -9,8 +9,9 @@
 //! whatever framework holds them) stay with the caller. The thread ends with
 //! its synchronisation: [`CommThread::join`], or its `Drop` on an error.
 
+use super::gradient_set::DeviceFence;
 use super::layout::{agree_on, ParamLayout};
-use crate::element::{AlignedBuf, BufferMut, DType, ReduceOp};
+use crate::element::{AlignedBuf, BufferMut, DType, DeviceBuffer, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::group::ProcessGroup;
 use crate::transport::WireCompression;
@@ -36,6 +37,8 @@ pub(super) enum Job {
     },
     /// One bucket's all-reduce.
     Bucket(Packed),
+    /// One bucket's all-reduce on the GPU, once its fence says it is written.
+    DeviceBucket { index: usize, fence: DeviceFence },
 }
 
 /// A job done.
@@ -52,22 +55,52 @@ pub(super) enum Landed {
         reduce: Duration,
         result: Result<()>,
     },
+    /// A device bucket (its memory, once its fence gave it), averaged
+    /// unless `result` says otherwise.
+    DeviceBucket {
+        index: usize,
+        buffer: Option<DeviceBuffer>,
+        reduce: Duration,
+        result: Result<()>,
+    },
 }
 
 impl Landed {
     fn failed(&self) -> bool {
         match self {
             Landed::Agreed { any_gradients, .. } => !matches!(any_gradients, Ok(true)),
-            Landed::Bucket { result, .. } => result.is_err(),
+            Landed::Bucket { result, .. } | Landed::DeviceBucket { result, .. } => result.is_err(),
         }
     }
 }
 
-/// How a synchronisation averages: the group, and how f32 means cross machines.
+/// How a synchronisation averages: the group, how f32 means cross machines,
+/// and how a device buffer is averaged (NCCL; a test's stand-in).
 #[derive(Clone)]
 pub(super) struct Averaging {
     pub group: ProcessGroup,
     pub compression: WireCompression,
+    pub device_mean: DeviceMean,
+}
+
+/// Averages a device buffer over the group, in place.
+pub(super) type DeviceMean = fn(&ProcessGroup, DeviceBuffer) -> Result<()>;
+
+/// NCCL's average, in place.
+pub(super) fn nccl_mean(group: &ProcessGroup, buffer: DeviceBuffer) -> Result<()> {
+    #[cfg(feature = "nccl")]
+    // SAFETY: `DeviceBucket::new`'s and `PendingDeviceBucket::new`'s contract:
+    // live, fully written device memory nothing else uses until it is handed back.
+    return unsafe { group.all_reduce_device(buffer, ReduceOp::Mean) };
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = buffer;
+        Err(CommError::InvalidArgument {
+            rank: group.rank(),
+            message: "a device bucket in a build without NCCL (a burn-ddp bug; please report it)"
+                .into(),
+        })
+    }
 }
 
 impl Averaging {
@@ -86,6 +119,18 @@ impl Averaging {
                 let result = self.reduce(&mut packed);
                 Landed::Bucket {
                     packed,
+                    reduce: started.elapsed(),
+                    result,
+                }
+            }
+            Job::DeviceBucket { index, fence } => {
+                let (buffer, result) = match fence() {
+                    Ok(buffer) => (Some(buffer), (self.device_mean)(&self.group, buffer)),
+                    Err(err) => (None, Err(err)),
+                };
+                Landed::DeviceBucket {
+                    index,
+                    buffer,
                     reduce: started.elapsed(),
                     result,
                 }
@@ -221,6 +266,7 @@ mod tests {
         Averaging {
             group,
             compression: WireCompression::None,
+            device_mean: nccl_mean,
         }
     }
 

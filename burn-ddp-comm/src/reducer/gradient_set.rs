@@ -71,6 +71,35 @@ impl DeviceBucket {
     }
 }
 
+/// Waits, on the thread that calls it, for every kernel writing a bucket
+/// packed during backward, and gives the bucket's device memory. On CUDA the
+/// producing stream's work is ordered before the caller's stream by an event,
+/// and only the caller's stream is waited for, not the whole device.
+pub type DeviceFence = Box<dyn FnOnce() -> Result<DeviceBuffer> + Send>;
+
+/// A bucket packed on the device while backward still runs (its kernels may
+/// still be queued): the communication thread runs its fence, then NCCL
+/// averages it in place; `finish` hands it back to
+/// [`GradientSet::unpack_device`].
+pub struct PendingDeviceBucket {
+    pub(super) fence: DeviceFence,
+    pub(super) keep: Box<dyn Any>,
+}
+
+impl PendingDeviceBucket {
+    /// A bucket whose memory `fence` gives once it is written, kept alive by
+    /// `keep`.
+    ///
+    /// # Safety
+    /// The memory `fence` returns must be live device memory of its `len`
+    /// elements, fully written when `fence` returns, on the GPU the group
+    /// reduces on, held by `keep` and used by nothing else until the bucket
+    /// is handed back to [`GradientSet::unpack_device`].
+    pub unsafe fn new(fence: DeviceFence, keep: Box<dyn Any>) -> Self {
+        Self { fence, keep }
+    }
+}
+
 /// A front-end's gradients for one synchronisation, averaged in place.
 ///
 /// The reducer calls, for every bucket of its plan: either [`read_host`]

@@ -20,7 +20,9 @@ mod sharder;
 mod stats;
 mod sync_round;
 
-pub use gradient_set::{DeviceBucket, GradientSet, ParamInfo, Piece, Placement};
+pub use gradient_set::{
+    DeviceBucket, DeviceFence, GradientSet, ParamInfo, PendingDeviceBucket, Piece, Placement,
+};
 pub use host_copies::{ElementBytes, HostCopies};
 pub use layout::{check_layouts_agree, check_same_layout, ParamLayout};
 pub use plan::{Bucket, BucketConfig, BucketPlan};
@@ -158,6 +160,7 @@ impl Reducer {
         }
         let averaging = Averaging {
             compression: self.compression.unwrap_or(group.wire_compression()),
+            device_mean: comm_thread::nccl_mean,
             group,
         };
         let buffers = std::mem::take(&mut self.host_buckets);

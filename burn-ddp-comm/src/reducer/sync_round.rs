@@ -6,12 +6,13 @@
 //! is left and writes every average back.
 
 use super::comm_thread::{Averaging, CommThread, Job, Landed, Packed};
-use super::gradient_set::GradientSet;
+use super::gradient_set::{DeviceBucket, GradientSet, PendingDeviceBucket};
 use super::layout::ParamLayout;
 use super::plan::BucketPlan;
 use super::stats::SyncStats;
-use crate::element::AlignedBuf;
+use crate::element::{AlignedBuf, DType};
 use crate::error::{CommError, Result};
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -53,6 +54,10 @@ impl Planned {
     }
 }
 
+/// Packs one complete bucket on the device, given its members, element
+/// count and type ([`SyncRound::ready_on_device`]).
+pub type PackOnDevice<'a> = dyn FnMut(&[usize], usize, DType) -> Result<PendingDeviceBucket> + 'a;
+
 /// Where the ranks' agreement stands.
 enum Agreement {
     NotAsked,
@@ -74,11 +79,16 @@ pub struct SyncRound {
     /// Buckets handed over (always a prefix), and buckets written back.
     submitted: usize,
     unpacked: usize,
-    /// Reduced by NCCL on the GPU at `finish`, not through host memory.
+    /// Reduced by NCCL on the GPU, not through host memory.
     on_device: bool,
 
     agreement: Agreement,
+    /// Declared before `device_kept`, so dropped first: its thread is joined
+    /// (NCCL done with every bucket) before their memory may go.
     comm: Option<CommThread>,
+    /// Per bucket sent during backward on the GPU path: what holds its
+    /// memory until `finish` hands it back to the front-end.
+    device_kept: Vec<Option<Box<dyn Any>>>,
     pub(super) stats: SyncStats,
 }
 
@@ -89,7 +99,8 @@ impl SyncRound {
         buffers: Vec<AlignedBuf>,
         on_device: bool,
     ) -> Self {
-        let unread = planned.plan.buckets.iter().map(|b| b.slots.len()).collect();
+        let unread: Vec<usize> = planned.plan.buckets.iter().map(|b| b.slots.len()).collect();
+        let device_kept = unread.iter().map(|_| None).collect();
         Self {
             averaging,
             layout: planned.layout.clone(),
@@ -102,6 +113,7 @@ impl SyncRound {
             on_device,
             agreement: Agreement::NotAsked,
             comm: None,
+            device_kept,
             stats: SyncStats {
                 syncs: 1,
                 ..SyncStats::default()
@@ -109,12 +121,11 @@ impl SyncRound {
         }
     }
 
-    /// Whether gradients handed over during backward leave early: on the
-    /// host path. On the GPU path (NCCL) every bucket is packed and reduced
-    /// on the device at `finish`, so a front-end should keep its gradients
-    /// where they are rather than read them out for [`ready`](Self::ready).
-    pub fn sends_during_backward(&self) -> bool {
-        !self.on_device
+    /// Whether its buckets are averaged on the GPU (NCCL): gradients are then
+    /// handed over with [`ready_on_device`](Self::ready_on_device), not
+    /// [`ready`](Self::ready).
+    pub fn on_device(&self) -> bool {
+        self.on_device
     }
 
     /// Parameter `param`'s gradient is final: `read` writes it into its
@@ -123,7 +134,7 @@ impl SyncRound {
     /// parameter is not read again at [`finish`](super::Reducer::finish).
     /// The ranks need not hand them over in the same order: the buckets
     /// leave in the same order everywhere. On the GPU path nothing happens
-    /// before `finish`.
+    /// (see [`ready_on_device`](Self::ready_on_device)).
     pub fn ready(
         &mut self,
         param: usize,
@@ -144,7 +155,12 @@ impl SyncRound {
     /// Nothing is sent on its account; the next [`ready`](Self::ready)
     /// sends every bucket it completed.
     pub fn zero(&mut self, param: usize) {
-        if self.on_device || self.read[param] {
+        if self.read[param] {
+            return;
+        }
+        if self.on_device {
+            // Its bucket's packing puts zeros in its place.
+            self.mark_read(param);
             return;
         }
         let zeros = |out: &mut [u8]| {
@@ -164,24 +180,65 @@ impl SyncRound {
         let bucket = self.planned.place[param].0;
         let bytes = self.buffers[bucket].bytes(self.planned.bucket_bytes(bucket));
         read(&mut bytes[self.planned.range(param)])?;
-        self.read[param] = true;
-        self.unread[bucket] -= 1;
+        self.mark_read(param);
         self.stats.pack += started.elapsed();
         Ok(())
     }
 
+    fn mark_read(&mut self, param: usize) {
+        self.read[param] = true;
+        self.unread[self.planned.place[param].0] -= 1;
+    }
+
+    /// The GPU path's [`ready`](Self::ready): parameter `param`'s gradient
+    /// is final (the front-end keeps it). Every bucket now complete, in
+    /// order, is packed by `pack` (its members, its element count and type;
+    /// the kernels may still be queued) and leaves for the communication
+    /// thread, which waits on the bucket's fence and has NCCL average it
+    /// while backward goes on. `finish` hands each back to the front-end.
+    pub fn ready_on_device(&mut self, param: usize, pack: &mut PackOnDevice<'_>) -> Result<()> {
+        if !self.on_device || self.read[param] {
+            return Ok(());
+        }
+        self.mark_read(param);
+        while self.submitted < self.unread.len() && self.unread[self.submitted] == 0 {
+            self.ask_agreement_first()?;
+            let index = self.submitted;
+            let planned = self.planned.clone();
+            let bucket = &planned.plan.buckets[index];
+            let started = Instant::now();
+            let pending = pack(planned.plan.members(index), bucket.numel, bucket.dtype)?;
+            self.stats.pack += started.elapsed();
+            self.device_kept[index] = Some(pending.keep);
+            self.submit(Job::DeviceBucket {
+                index,
+                fence: pending.fence,
+            })?;
+            self.submitted += 1;
+            self.stats.early_buckets += 1;
+        }
+        Ok(())
+    }
+
+    /// Sends the agreement ahead of the first bucket, if nobody asked for it
+    /// yet (this rank has a gradient then: whatever the others say, some
+    /// rank has).
+    fn ask_agreement_first(&mut self) -> Result<()> {
+        if let Agreement::NotAsked = self.agreement {
+            self.submit(Job::Agree {
+                layout: self.layout.clone(),
+                has_gradients: true,
+            })?;
+            self.agreement = Agreement::Asked;
+        }
+        Ok(())
+    }
+
     /// Hands over every complete bucket after the last one handed over,
-    /// preceded by the agreement if nobody asked for it yet (this rank has a
-    /// gradient then: whatever the others say, some rank has).
+    /// preceded by the agreement if nobody asked for it yet.
     fn send_complete_buckets(&mut self) -> Result<()> {
         while self.submitted < self.unread.len() && self.unread[self.submitted] == 0 {
-            if let Agreement::NotAsked = self.agreement {
-                self.submit(Job::Agree {
-                    layout: self.layout.clone(),
-                    has_gradients: true,
-                })?;
-                self.agreement = Agreement::Asked;
-            }
+            self.ask_agreement_first()?;
             let packed = self.take_packed(self.submitted);
             self.submit(Job::Bucket(packed))?;
             self.submitted += 1;
@@ -213,6 +270,9 @@ impl SyncRound {
                 ..
             }
             | Landed::Bucket {
+                result: Err(err), ..
+            }
+            | Landed::DeviceBucket {
                 result: Err(err), ..
             } = landed
             {
@@ -351,6 +411,29 @@ impl SyncRound {
                 self.unpacked += 1;
                 Ok(())
             }
+            Landed::DeviceBucket {
+                index,
+                buffer,
+                reduce,
+                result,
+            } => {
+                result?;
+                let started = Instant::now();
+                let (Some(buffer), Some(keep)) = (buffer, self.device_kept[index].take()) else {
+                    return Err(self.thread_lost());
+                };
+                // SAFETY: the fence gave this memory once written, NCCL is done
+                // with it (the job landed), and `keep` has held it since packing.
+                let averaged = unsafe { DeviceBucket::new(buffer, keep) };
+                let planned = self.planned.clone();
+                let bucket = &planned.plan.buckets[index];
+                set.unpack_device(planned.plan.members(index), &bucket.offsets, averaged)?;
+                self.stats.device_buckets += 1;
+                let bytes = bucket.numel * bucket.dtype.size();
+                self.stats.count_bucket(bytes, reduce, started.elapsed());
+                self.unpacked += 1;
+                Ok(())
+            }
         }
     }
 
@@ -361,25 +444,28 @@ impl SyncRound {
         }
     }
 
-    /// Every bucket on the GPU, one after the other: the front-end packs it
+    /// The buckets sent during backward land first (in order); then every
+    /// other bucket on the GPU, one after the other: the front-end packs it
     /// into one device buffer, NCCL averages it in place, the front-end
     /// unpacks it.
-    #[cfg(feature = "nccl")]
     fn finish_on_device(&mut self, set: &mut dyn GradientSet) -> Result<SyncStats> {
-        for index in 0..self.unread.len() {
+        self.unpack_landed(set, true)?;
+        if self.unpacked != self.submitted {
+            return Err(self.thread_lost());
+        }
+        if let Some(comm) = self.comm.take() {
+            comm.join();
+        }
+        for index in self.submitted..self.unread.len() {
             let started = Instant::now();
             let bucket = &self.planned.plan.buckets[index];
             let members = self.planned.plan.members(index);
             let packed_bucket = set.pack_device(members, bucket.numel, bucket.dtype)?;
             let packed = Instant::now();
-            // SAFETY: `DeviceBucket::new`'s contract: live, fully written device
-            // memory of `numel` elements, used by nobody else until it is handed
-            // back below; the call returns once NCCL is done with it.
-            unsafe {
-                self.averaging
-                    .group
-                    .all_reduce_device(packed_bucket.buffer(), crate::element::ReduceOp::Mean)?
-            };
+            // `DeviceBucket::new`'s contract: live, fully written device memory
+            // of `numel` elements, used by nobody else until it is handed back
+            // below; the call returns once NCCL is done with it.
+            (self.averaging.device_mean)(&self.averaging.group, packed_bucket.buffer())?;
             let reduced = Instant::now();
             set.unpack_device(members, &bucket.offsets, packed_bucket)?;
             self.stats.device_buckets += 1;
@@ -388,11 +474,6 @@ impl SyncRound {
                 .count_bucket_since(bytes, [started, packed, reduced]);
         }
         Ok(self.stats)
-    }
-
-    #[cfg(not(feature = "nccl"))]
-    fn finish_on_device(&mut self, _set: &mut dyn GradientSet) -> Result<SyncStats> {
-        unreachable!("without NCCL the group never reduces on the device")
     }
 
     /// Buckets handed to the communication thread so far.

@@ -222,3 +222,170 @@ fn gradients_handed_over_early_leave_in_complete_buckets_and_are_not_read_again(
     assert_eq!((stats.buckets, stats.bytes), (3, 4 * 10));
     assert_eq!(stats.early_buckets, 2);
 }
+
+/// The GPU path's order, with NCCL stood in for: what each step did, on
+/// which thread.
+mod device_order {
+    use super::*;
+    use crate::element::DeviceBuffer;
+    use crate::reducer::comm_thread::Averaging;
+    use crate::reducer::sync_round::Planned;
+    use crate::transport::WireCompression;
+    use std::sync::Mutex;
+
+    static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    fn log(what: String) {
+        let thread = std::thread::current();
+        let on = thread.name().unwrap_or("?");
+        let on = if on.starts_with("burn-ddp-comm") {
+            "comm"
+        } else {
+            "caller"
+        };
+        LOG.lock().unwrap().push(format!("{on}: {what}"));
+    }
+
+    /// NCCL's place: notes the bucket (its address is its first member).
+    fn fake_mean(_: &ProcessGroup, buffer: DeviceBuffer) -> Result<()> {
+        log(format!("mean {}", buffer.ptr));
+        Ok(())
+    }
+
+    /// A bucket "packed" on the device: its fence notes when it runs.
+    fn pending(members: &[usize], numel: usize, dtype: DType) -> Result<PendingDeviceBucket> {
+        log(format!("pack {}", members[0]));
+        let ptr = members[0] as u64;
+        let fence: DeviceFence = Box::new(move || {
+            log(format!("fence {ptr}"));
+            Ok(DeviceBuffer {
+                ptr,
+                len: numel,
+                dtype,
+            })
+        });
+        // SAFETY: nothing reads the stand-in address but `fake_mean`.
+        Ok(unsafe { PendingDeviceBucket::new(fence, Box::new(members.to_vec())) })
+    }
+
+    /// Gradients "on the GPU": packing and unpacking are noted.
+    struct DeviceSet(Vec<ParamInfo>);
+
+    impl GradientSet for DeviceSet {
+        fn params(&self) -> &[ParamInfo] {
+            &self.0
+        }
+        fn read_host(&mut self, _: usize, _: &mut [u8]) -> Result<()> {
+            panic!("a device gradient read through the host");
+        }
+        fn write_host(&mut self, _: usize, _: &[u8]) -> Result<()> {
+            panic!("a device gradient written through the host");
+        }
+        fn pack_device(
+            &mut self,
+            members: &[usize],
+            numel: usize,
+            dtype: DType,
+        ) -> Result<DeviceBucket> {
+            log(format!("pack {} after backward", members[0]));
+            let buffer = DeviceBuffer {
+                ptr: members[0] as u64,
+                len: numel,
+                dtype,
+            };
+            // SAFETY: as above.
+            Ok(unsafe { DeviceBucket::new(buffer, Box::new(members.to_vec())) })
+        }
+        fn unpack_device(
+            &mut self,
+            members: &[usize],
+            _: &[usize],
+            bucket: DeviceBucket,
+        ) -> Result<()> {
+            let kept = bucket.into_keep().downcast::<Vec<usize>>().unwrap();
+            assert_eq!(*kept, members, "each bucket comes back with what kept it");
+            log(format!("unpack {}", members[0]));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn device_buckets_leave_in_order_each_after_its_fence_on_the_comm_thread() {
+        // Six parameters of 4 floats, two to a bucket: buckets {5, 4}, {3, 2}, {1, 0}.
+        let infos: Vec<ParamInfo> = (0..6)
+            .map(|id| ParamInfo {
+                id,
+                layout: ParamLayout {
+                    shape: vec![4],
+                    dtype: DType::F32,
+                },
+                placement: Placement::Device { ordinal: 0 },
+            })
+            .collect();
+        let layout: Vec<ParamLayout> = infos.iter().map(|p| p.layout.clone()).collect();
+        let config = BucketConfig {
+            cap_bytes: 32,
+            first_cap_bytes: 32,
+        };
+        let plan = BucketPlan::new(&layout, config);
+        let members: Vec<Vec<usize>> = (0..3).map(|b| plan.members(b).to_vec()).collect();
+        assert_eq!(members, [vec![5, 4], vec![3, 2], vec![1, 0]]);
+        let averaging = Averaging {
+            group: forced_group(),
+            compression: WireCompression::None,
+            device_mean: fake_mean,
+        };
+        let buffers = (0..3).map(|_| AlignedBuf::default()).collect();
+        let planned = Arc::new(Planned::new(layout, plan));
+        let mut round = SyncRound::new(averaging, planned, buffers, true);
+        assert!(round.on_device());
+        let mut pack = pending;
+
+        // Bucket 1 complete first: it waits for bucket 0.
+        round.ready_on_device(3, &mut pack).unwrap();
+        round.ready_on_device(2, &mut pack).unwrap();
+        assert_eq!(round.sent(), 0);
+        // Bucket 0's last member sends both, in order; an unused parameter of
+        // bucket 2 (zeros) sends nothing, and parameter 1 is left to the end.
+        round.ready_on_device(5, &mut pack).unwrap();
+        assert_eq!(round.sent(), 0);
+        round.zero(0);
+        round.ready_on_device(4, &mut pack).unwrap();
+        assert_eq!(round.sent(), 2);
+        round.ready_on_device(4, &mut pack).unwrap(); // reported twice: nothing more
+
+        let mut set = DeviceSet(infos);
+        let stats = round.finish(&mut set).unwrap().unwrap();
+        assert_eq!(
+            (stats.early_buckets, stats.device_buckets, stats.buckets),
+            (2, 3, 3)
+        );
+
+        let log = std::mem::take(&mut *LOG.lock().unwrap());
+        let on = |thread: &str| -> Vec<&str> {
+            log.iter().filter_map(|l| l.strip_prefix(thread)).collect()
+        };
+        // Each bucket's fence before its mean, on the communication thread,
+        // in bucket order.
+        assert_eq!(
+            on("comm: "),
+            ["fence 5", "mean 5", "fence 3", "mean 3"],
+            "{log:?}"
+        );
+        // Packed as they completed, the rest after backward, on the caller's
+        // thread; then every bucket back in order.
+        assert_eq!(
+            on("caller: "),
+            [
+                "pack 5",
+                "pack 3",
+                "unpack 5",
+                "unpack 3",
+                "pack 1 after backward",
+                "mean 1",
+                "unpack 1"
+            ],
+            "{log:?}"
+        );
+    }
+}
