@@ -86,10 +86,11 @@ pub enum Overlap {
     /// When the model's group spans machines (the default): there the link
     /// is slow and backward hides it. Within one machine the all-reduce
     /// through shared memory is fast, and running it beside backward only
-    /// takes CPU time from it. `BURN_DDP_OVERLAP=always` or `never` decides
-    /// instead, without a change to the program.
+    /// takes CPU time from it. On CUDA with NCCL, after backward: the GPU
+    /// path of the overlap has not run on a GPU yet. `BURN_DDP_OVERLAP=always`
+    /// or `never` decides instead, without a change to the program.
     AcrossMachines,
-    /// Always, within one machine too.
+    /// Always, within one machine and on CUDA with NCCL too.
     Always,
 }
 
@@ -98,19 +99,33 @@ pub enum Overlap {
 /// machines. A program that sets `Always` or `Never` keeps it.
 pub const OVERLAP_VAR: &str = "BURN_DDP_OVERLAP";
 
+/// Where buckets leave during backward, as a model's settings say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Overlapping {
+    /// On the host path.
+    pub host: bool,
+    /// On the GPU path (NCCL): only when asked for outright (`Always`, or
+    /// `BURN_DDP_OVERLAP=always`) until a GPU has run it.
+    pub gpu: bool,
+}
+
 impl Overlap {
-    /// Whether buckets leave during backward for a model over `group`; an
+    /// Where buckets leave during backward for a model over `group`; an
     /// error names the rank and a bad [`OVERLAP_VAR`].
-    pub(crate) fn applies_to(self, group: &ProcessGroup) -> burn_ddp_comm::Result<bool> {
+    pub(crate) fn applies_to(self, group: &ProcessGroup) -> burn_ddp_comm::Result<Overlapping> {
+        let both = |on: bool| Overlapping { host: on, gpu: on };
         match self {
-            Overlap::Never => Ok(false),
-            Overlap::Always => Ok(true),
+            Overlap::Never => Ok(both(false)),
+            Overlap::Always => Ok(both(true)),
             Overlap::AcrossMachines => {
                 let value = std::env::var(OVERLAP_VAR).unwrap_or_default();
                 match value.as_str() {
-                    "" | "auto" => Ok(group.spans_machines()),
-                    "always" => Ok(true),
-                    "never" => Ok(false),
+                    "" | "auto" => Ok(Overlapping {
+                        host: group.spans_machines(),
+                        gpu: false,
+                    }),
+                    "always" => Ok(both(true)),
+                    "never" => Ok(both(false)),
                     other => Err(burn_ddp_comm::CommError::config(
                         Some(group.rank()),
                         OVERLAP_VAR,
@@ -177,11 +192,13 @@ impl DdpConfig {
 
     /// What the session registers for a model wrapped over `group`.
     pub(crate) fn settings(&self, group: &ProcessGroup) -> burn_ddp_comm::Result<WrapSettings> {
+        let overlapping = self.overlap_backward.applies_to(group)?;
         Ok(WrapSettings {
             buckets: self.bucket_config(group.rank())?.into(),
             compression: self.gradient_compression.into(),
             broadcast_buffers: self.broadcast_buffers,
-            overlap_backward: self.overlap_backward.applies_to(group)?,
+            overlap_backward: overlapping.host,
+            overlap_on_gpu: overlapping.gpu,
         })
     }
 }

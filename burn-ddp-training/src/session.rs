@@ -58,12 +58,18 @@ pub struct ModelScope {
     pub reducer: Mutex<Reducer>,
     params: Mutex<HashSet<u64>>,
     overlap_backward: AtomicBool,
+    overlap_on_gpu: AtomicBool,
 }
 
 impl ModelScope {
     /// Whether its buckets may leave during backward ([`WrapSettings`]).
     pub fn overlaps_backward(&self) -> bool {
         self.overlap_backward.load(Ordering::Relaxed)
+    }
+
+    /// Whether it does so on the GPU path (NCCL) too ([`WrapSettings`]).
+    pub fn overlaps_on_gpu(&self) -> bool {
+        self.overlap_on_gpu.load(Ordering::Relaxed)
     }
 
     /// Whether `param` is one of this model's parameters.
@@ -98,6 +104,9 @@ pub struct WrapSettings {
     /// Whether buckets may leave during backward, as its gradients become
     /// final (where the front-end can tell; Burn 0.21's `Ddp<B>`).
     pub overlap_backward: bool,
+    /// Whether they may on the GPU path (NCCL) too: only when asked for
+    /// outright, until a GPU has run it.
+    pub overlap_on_gpu: bool,
 }
 
 /// Where a model's gradients are synchronised: its own scope, or the
@@ -301,6 +310,9 @@ impl Session {
         scope
             .overlap_backward
             .store(settings.overlap_backward, Ordering::Relaxed);
+        scope
+            .overlap_on_gpu
+            .store(settings.overlap_on_gpu, Ordering::Relaxed);
         Ok(Some(scope))
     }
 
@@ -326,6 +338,7 @@ impl Session {
                     reducer: Mutex::new(reducer),
                     params: Mutex::new(params),
                     overlap_backward: AtomicBool::new(false),
+                    overlap_on_gpu: AtomicBool::new(false),
                 });
                 state.next_id += 1;
                 state.models.push(Arc::clone(&scope));
@@ -467,6 +480,7 @@ mod tests {
             compression: WireCompression::None,
             broadcast_buffers: true,
             overlap_backward: true,
+            overlap_on_gpu: false,
         }
     }
 

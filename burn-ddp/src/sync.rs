@@ -227,8 +227,8 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
         return None; // the model is not in this step's graph
     }
     let mut round = reducer.begin(set.params()).ok()??;
-    if !round.sends_during_backward() {
-        return None; // NCCL: the gradients stay on the GPU until backward ends
+    if round.on_device() && !model.overlaps_on_gpu() {
+        return None; // NCCL: after backward unless asked for (Overlap::Always)
     }
     let unused: Vec<u64> = (0..params.len())
         .filter(|&i| unused(i))
@@ -241,6 +241,7 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
         scope,
         round,
         params: params.iter().map(|p| p.id).collect(),
+        numels: params.iter().map(|p| p.shape.iter().product()).collect(),
         reporting,
         unused,
     })
@@ -331,13 +332,20 @@ fn sync_params<B: TrackedAutodiff>(
     // The gradients the round took during backward come back as they were;
     // a parameter this pass did not reach gets a zero gradient, so every
     // rank issues the same collectives.
-    let mut taken: HashMap<usize, TensorData> = match &mut round {
-        Some(ended) => std::mem::take(&mut ended.taken).into_iter().collect(),
-        None => HashMap::new(),
+    let (mut taken, mut kept): (HashMap<usize, TensorData>, _) = match &mut round {
+        Some(ended) => (
+            std::mem::take(&mut ended.taken).into_iter().collect(),
+            std::mem::take(&mut ended.kept_on_device),
+        ),
+        None => Default::default(),
     };
     let device = B::float_device(&params[0].key);
     let mut set = gradient_set::<B>(group, &params, |index, param| {
         let numel = param.shape.iter().product();
+        if let Some(grad) = kept.remove(&index) {
+            let grad = grad.downcast::<FloatTensor<B::InnerBackend>>();
+            return Some(shim::flat_grad(*grad.expect("kept as this type"), numel));
+        }
         let Some(mut data) = taken.remove(&index) else {
             return B::grad_remove(&param.key, grads).map(|g| shim::flat_grad(g, numel));
         };

@@ -26,7 +26,7 @@ impl DdpConfig {
     pub fn wrap<B: Backend, M: Module<B>>(&self, model: M, group: &ProcessGroup) -> Result<M> {
         let layout = module_layout(group.rank(), shim::walker(&model))?;
         let settings = self.settings(group)?;
-        let overlaps = settings.overlap_backward;
+        let overlaps = settings.overlap_backward || settings.overlap_on_gpu;
         let scope = SESSION.wrap(group, settings, layout)?;
         if overlaps && group.synchronizes() {
             crate::overlap::armed::arm();

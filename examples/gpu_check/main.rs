@@ -31,10 +31,11 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Distribution;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_ddp::collective::ReduceOp;
+use burn_ddp::config::Overlap;
 use burn_ddp::cuda::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use burn_ddp::cuda::nccl::{DeviceBuffer, NcclCommunicator};
 use burn_ddp::group::CollectiveBackend;
-use burn_ddp::{ProcessGroup, ShardConfig};
+use burn_ddp::{DdpConfig, ProcessGroup, ShardConfig};
 use burn_ddp_examples_common::gpu_check as expect;
 use std::sync::Arc;
 use std::time::Instant;
@@ -155,6 +156,7 @@ fn check_collectives(group: &ProcessGroup, comm: &NcclCommunicator, device: &Cud
     all &= fused_tensors(group, device);
     all &= sync_batch_norm_on_cuda(group, device);
     all &= sharded_optimizer_on_cuda(group, device, ShardConfig::new(), "sharded_optimizer_cuda");
+    all &= overlap_on_cuda(group, device);
     // Every round all-reduced, each owner broadcasting its parameters: only
     // with several ranks (alone, nothing is padded and every round is
     // sharded; the rows then check the packing and that NCCL was used).
@@ -523,6 +525,74 @@ fn sharded_optimizer_on_cuda(
         optimizer.plan(),
         config.padding_limit,
         world,
+    );
+    report(group, name, passed, detail)
+}
+
+/// Buckets averaged by NCCL during backward (`Overlap::Always`: a fence on
+/// the communication thread, then NCCL on its stream) against the same
+/// model averaged after backward (`Never`), trained side by side on the same
+/// batches: bit for bit equal after every step, and some buckets must have
+/// left during backward, through NCCL. The step times of both are reported.
+fn overlap_on_cuda(group: &ProcessGroup, device: &CudaDevice) -> bool {
+    type Wrapped = burn_ddp::Ddp<Autodiff<Cuda>>;
+    let name = "overlap_cuda";
+    let rank = group.rank();
+    let wrap = |overlap: Overlap| {
+        // One parameter a bucket: the second layer's leave during backward.
+        DdpConfig::new()
+            .with_bucket_cap_mb(0.00001)
+            .with_first_bucket_cap_mb(0.00001)
+            .with_overlap_backward(overlap)
+            .wrap(Mlp::<Wrapped>::new(device), group)
+    };
+    let (mut early, mut late) = match (wrap(Overlap::Always), wrap(Overlap::Never)) {
+        (Ok(early), Ok(late)) => (early, late),
+        (Err(err), _) | (_, Err(err)) => return report(group, name, false, err.to_string()),
+    };
+    let step = |model: Mlp<Wrapped>, step: usize| {
+        let values: Vec<f32> = expect::shard_batch(rank)
+            .iter()
+            .map(|v| v + step as f32 / 10.0)
+            .collect();
+        let x = Tensor::<Wrapped, 1>::from_floats(values.as_slice(), device).reshape([4, 6]);
+        let started = Instant::now();
+        let out = model.forward(x);
+        let grads = GradientsParams::from_grads((out.clone() * out).mean().backward(), &model);
+        let model = SgdConfig::new().init().step(0.05, model, grads);
+        let floats = model.floats(); // waits for the GPU
+        (model, floats, started.elapsed().as_secs_f64() * 1e3)
+    };
+    let (mut times_early, mut times_late) = (Vec::new(), Vec::new());
+    for i in 0..6 {
+        let (model, a, t) = step(early, i);
+        early = model;
+        times_early.push(t);
+        let (model, b, t) = step(late, i);
+        late = model;
+        times_late.push(t);
+        if a.iter()
+            .map(|v| v.to_bits())
+            .ne(b.iter().map(|v| v.to_bits()))
+        {
+            let detail = format!("step {i}: during backward {a:?}, after {b:?}");
+            return report(group, name, false, detail);
+        }
+    }
+    let stats = burn_ddp::sync::sync_stats_of(&early).unwrap_or_default();
+    let passed = stats.early_buckets > 0 && stats.device_buckets == stats.buckets;
+    let median = |mut t: Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let detail = format!(
+        "equal bit for bit over 6 steps; {} of {} buckets left during backward, {} through \
+         NCCL; step {:.2} ms during backward, {:.2} ms after (median)",
+        stats.early_buckets,
+        stats.buckets,
+        stats.device_buckets,
+        median(times_early),
+        median(times_late)
     );
     report(group, name, passed, detail)
 }

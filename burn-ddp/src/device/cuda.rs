@@ -34,7 +34,7 @@ use burn_backend::TensorMetadata;
 use burn_cubecl::fusion::FusionCubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use burn_ddp_comm::{DeviceBucket, DeviceBuffer};
+use burn_ddp_comm::{DeviceBucket, DeviceBuffer, DeviceFence, PendingDeviceBucket};
 use burn_fusion::stream::OperationStreams;
 use burn_fusion::{Fusion, FusionTensor, NoOp};
 use burn_ir::{BackendIr, InitOperationIr, OperationIr, OperationOutput};
@@ -174,6 +174,39 @@ pub(crate) fn pack<I: Backend>(rank: usize, bucket: FloatTensor<I>) -> Result<De
     // SAFETY: `pin` waited for every write and holds the allocation (in
     // `packed`) until `unpack`; the tensor is exclusively ours and packed.
     Ok(unsafe { DeviceBucket::new(buffer, Box::new(packed)) })
+}
+
+/// `bucket` (a flat tensor packed during backward, its kernels perhaps still
+/// queued on this thread's stream) for the communication thread: its fence
+/// takes the memory there, which makes cubecl order that thread's stream
+/// after the writer's with an event, and waits for that stream alone, so
+/// backward goes on queueing kernels meanwhile.
+pub(crate) fn pack_pending<I: Backend>(
+    rank: usize,
+    bucket: FloatTensor<I>,
+) -> Result<PendingDeviceBucket> {
+    let Ok((cuda, wrap)) = float_to_cuda::<I>(bucket) else {
+        return Err(CommError::device(
+            rank,
+            "a gradient bucket said to be on a GPU is not a CUDA tensor (a burn-ddp bug; \
+             please report it)",
+            None,
+        ));
+    };
+    let cuda = writable(cuda);
+    let written = cuda.clone();
+    // The allocation stays with `keep` (the tensor); the fence only needs
+    // the address once every write to it is done.
+    let fence: DeviceFence = Box::new(move || pin(rank, &written).map(|pinned| pinned.buffer));
+    let packed = Packed::<I> {
+        cuda,
+        wrap,
+        pinned: Box::new(()),
+    };
+    // SAFETY: the fence returns once the writer's kernels are done (`pin`),
+    // the tensor is exclusively ours and packed, and `packed` keeps it until
+    // `unpack`.
+    Ok(unsafe { PendingDeviceBucket::new(fence, Box::new(packed)) })
 }
 
 /// The averaged bucket back as a tensor of `I`.

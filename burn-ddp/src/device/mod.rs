@@ -18,7 +18,8 @@ pub(crate) use crate::shared::contract::TensorOp;
 use crate::{CommError, ProcessGroup, Result};
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Tensor};
-use burn_ddp_comm::{CollectiveBackend, Placement};
+use burn_backend::tensor::FloatTensor;
+use burn_ddp_comm::{CollectiveBackend, PendingDeviceBucket, Placement};
 
 /// Where tensors of backend `I` on `device` live, for the reducer: on a GPU
 /// when they are CUDA tensors burn-ddp can hand to NCCL, else in host memory
@@ -30,6 +31,27 @@ pub(crate) fn placement<I: Backend>(device: &I::Device) -> Placement {
     }
     let _ = device;
     Placement::Host
+}
+
+/// `bucket` (a flat tensor packed during backward, its kernels perhaps still
+/// queued) as a bucket NCCL may average on the communication thread once
+/// they are done.
+pub(crate) fn pack_pending<I: Backend>(
+    rank: usize,
+    bucket: FloatTensor<I>,
+) -> Result<PendingDeviceBucket> {
+    #[cfg(feature = "cuda")]
+    return cuda::pack_pending::<I>(rank, bucket);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = bucket;
+        Err(CommError::device(
+            rank,
+            "a gradient bucket on a GPU in a build without the `cuda` feature (a burn-ddp \
+             bug; please report it)",
+            None,
+        ))
+    }
 }
 
 /// Why `BURN_DDP_BACKEND=nccl` cannot apply to a tensor of primitive type `P`.

@@ -7,7 +7,9 @@ use crate::shared::session::SESSION;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_backend::backend::Backend;
 use burn_backend::tensor::FloatTensor;
+use burn_backend::TensorMetadata;
 use burn_ddp_comm::{CommError, Result, SyncRound};
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -19,6 +21,8 @@ pub(crate) struct Begun {
     pub scope: u64,
     pub round: SyncRound,
     pub params: Vec<u64>,
+    /// Element counts, by position (the GPU path packs zeros for unused ones).
+    pub numels: Vec<usize>,
     pub reporting: Vec<(u64, usize)>,
     pub unused: Vec<u64>,
 }
@@ -26,19 +30,23 @@ pub(crate) struct Begun {
 /// What the end of backward gets back: the round (an error if a gradient
 /// could not be handed over), for the model and parameters it was begun
 /// for, and the gradients the round took (by position), to be the
-/// parameters' gradients again.
+/// parameters' gradients again: read out on the host path, as tensors on
+/// the GPU path (those whose bucket has not left yet; the others come back
+/// averaged).
 pub(crate) struct Ended {
     pub scope: u64,
     pub round: Result<SyncRound>,
     pub params: Vec<u64>,
     pub unused: Vec<u64>,
     pub taken: Vec<(usize, TensorData)>,
+    pub kept_on_device: HashMap<usize, Box<dyn Any>>,
 }
 
 /// The round of the backward pass under way on this thread.
 struct Pass {
     /// Per parameter node id: its position in the round.
     positions: HashMap<u64, usize>,
+    numels: Vec<usize>,
     ended: Ended,
 }
 
@@ -55,12 +63,14 @@ impl Installed {
     pub fn new(begun: Option<Begun>) -> Self {
         let pass = begun.map(|begun| Pass {
             positions: begun.reporting.into_iter().collect(),
+            numels: begun.numels,
             ended: Ended {
                 scope: begun.scope,
                 round: Ok(begun.round),
                 params: begun.params,
                 unused: begun.unused,
                 taken: Vec::new(),
+                kept_on_device: HashMap::new(),
             },
         });
         PASS.with(|p| *p.borrow_mut() = pass);
@@ -97,6 +107,10 @@ pub(crate) fn ready<I: Backend>(param: u64, grad: FloatTensor<I>) -> Option<Floa
         let Ok(round) = &mut pass.ended.round else {
             return Some(grad);
         };
+        if round.on_device() {
+            ready_on_device::<I>(pass, position, grad);
+            return None;
+        }
         // Uniquely held here: its own buffer, no copy.
         let mut data = Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(grad)).into_data();
         if let Err(err) = round.ready(position, |out| copy_bytes(&mut data, out)) {
@@ -105,6 +119,53 @@ pub(crate) fn ready<I: Backend>(param: u64, grad: FloatTensor<I>) -> Option<Floa
         pass.ended.taken.push((position, data));
         None
     })
+}
+
+/// The GPU path: the gradient stays a tensor until its bucket is complete;
+/// then the bucket is concatenated on the device (zeros for unused members)
+/// and leaves for the communication thread, which waits for the kernels.
+fn ready_on_device<I: Backend>(pass: &mut Pass, position: usize, grad: FloatTensor<I>) {
+    let device = I::float_device(&grad);
+    let Ended {
+        round,
+        kept_on_device: kept,
+        ..
+    } = &mut pass.ended;
+    kept.insert(position, Box::new(grad));
+    let Ok(sync_round) = round else {
+        return;
+    };
+    let numels = &pass.numels;
+    let rank = SESSION.rank().unwrap_or(0);
+    let mut pack = |members: &[usize], _numel: usize, wire| {
+        let dtype = dtype::to_burn(wire);
+        let mut parts = Vec::with_capacity(members.len());
+        for &member in members {
+            let numel = numels[member];
+            let Some(grad) = kept.remove(&member) else {
+                parts.push(I::float_zeros([numel].into(), &device, dtype.into()));
+                continue;
+            };
+            let grad = *grad
+                .downcast::<FloatTensor<I>>()
+                .expect("kept as this type");
+            if grad.dtype() != dtype {
+                // Concatenating would panic; the host path refuses it too.
+                return Err(CommError::InvalidArgument {
+                    rank,
+                    message: format!(
+                        "gradient of parameter #{member}: {:?} elements for a {dtype:?} parameter",
+                        grad.dtype()
+                    ),
+                });
+            }
+            parts.push(I::float_reshape(grad, [numel].into()));
+        }
+        crate::device::pack_pending::<I>(rank, I::float_cat(parts, 0))
+    };
+    if let Err(err) = sync_round.ready_on_device(position, &mut pack) {
+        *round = Err(err);
+    }
 }
 
 /// A gradient's elements as bytes into `out`, as the host path reads one
