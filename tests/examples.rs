@@ -79,6 +79,54 @@ fn mnist_without_data_dir_reads_burn_datasets_cache() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The MNIST trainer with its buckets sent during backward
+/// (`BURN_DDP_OVERLAP=always`, on one machine) against after backward
+/// (`never`): the same losses, accuracies and final parameters, digit for
+/// digit, and only the first sent any bucket while backward ran.
+#[test]
+fn mnist_buckets_sent_during_backward_end_as_after_backward_digit_for_digit() {
+    let dir = scratch("mnist-overlap");
+    let data = mnist_data(env!("CARGO_MANIFEST_DIR"));
+    let train = |overlap: &str| {
+        let mut cmd = Command::new(launcher());
+        cmd.env("BURN_DDP_OVERLAP", overlap)
+            .args(["--standalone", "--nproc-per-node", "2"])
+            .arg(example("mnist"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--train-samples", "640", "--test-samples", "300"])
+            .args(["--epochs", "2", "--batch-size", "32"]);
+        let out = run(cmd, &dir, Duration::from_secs(600));
+        assert_success(&out);
+        let text = stdout(&out);
+        let early: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Gradient sync: "))
+            .and_then(|l| {
+                l.split(", ")
+                    .find(|part| part.ends_with("sent during backward"))
+            })
+            .and_then(|part| part.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no count of buckets sent during backward:\n{text}"));
+        let results: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("epoch=") || l.starts_with("parameters fingerprint"))
+            // The times differ from run to run; the numbers must not.
+            .map(|l| l.split(" epoch_time=").next().unwrap_or(l).to_string())
+            .collect();
+        (early, results)
+    };
+    let (early, during) = train("always");
+    let (none, after) = train("never");
+    assert_eq!(during.len(), 3, "{during:?}");
+    assert_eq!(during, after);
+    assert!(
+        early > 0 && none == 0,
+        "sent during backward: {early} and {none}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Offline with an empty cache: one clear error naming --data-dir and the cache.
 #[test]
 fn mnist_offline_without_cache_names_data_dir_and_the_cache() {

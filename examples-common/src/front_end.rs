@@ -30,4 +30,18 @@ impl FrontEnd {
     pub fn destroy(&self, rank: usize) {
         (self.destroy_process_group)().unwrap_or_else(|e| fail(Some(rank), e))
     }
+
+    /// What averaging gradients moved in this process, in one line (none
+    /// if nothing was synchronised): scripts read the buckets and those on
+    /// the GPU as its 3rd and 5th words.
+    pub fn sync_summary(&self) -> Option<String> {
+        let sync = (self.sync_stats)();
+        (sync.syncs > 0).then(|| {
+            format!(
+                "Gradient sync: {} buckets, {} of them on the GPU over NCCL, {} sent during \
+                 backward",
+                sync.buckets, sync.device_buckets, sync.early_buckets
+            )
+        })
+    }
 }

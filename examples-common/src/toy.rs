@@ -379,12 +379,8 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             std::process::exit(stop.exit_code());
         }
         front_end.destroy(rank);
-        let sync = (front_end.sync_stats)();
-        if rank == 0 && sync.syncs > 0 {
-            println!(
-                "Gradient sync: {} buckets, {} of them on the GPU over NCCL",
-                sync.buckets, sync.device_buckets
-            );
+        if let Some(summary) = front_end.sync_summary().filter(|_| rank == 0) {
+            println!("{summary}");
         }
         if rank == 0 {
             // Equal for two runs exactly when they ended with the same parameters.

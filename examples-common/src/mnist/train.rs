@@ -213,6 +213,9 @@ impl<T: MnistTraining> MnistRun<'_, T> {
             println!("{}", stop.rank_line(rank));
         }
         if self.group.is_main() {
+            if let Some(summary) = T::FRONT_END.sync_summary() {
+                println!("{summary}");
+            }
             // Equal for two runs exactly when they ended with the same parameters.
             println!(
                 "parameters fingerprint: {:016x}",
