@@ -38,6 +38,7 @@ pub mod files;
 pub mod learner;
 pub mod replicas;
 pub mod session;
+pub mod sharded;
 pub mod snapshots;
 pub mod stop;
 pub mod sum;
