@@ -55,6 +55,9 @@ pub(crate) trait ParamSlot: ParamView {
     /// Takes rank `root`'s value (the tensor collective: NCCL for CUDA
     /// tensors), keeping whether it requires gradients.
     fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<()>;
+    /// Takes `data` (of its shape and element type) as its value, on its
+    /// device, keeping whether it requires gradients.
+    fn load(&mut self, data: TensorData);
 }
 
 /// What a rewriting walk does with each float and int parameter, in

@@ -24,6 +24,7 @@ pub(crate) mod modules;
 pub(crate) mod replicas;
 pub(crate) mod session;
 pub(crate) mod shard;
+pub(crate) mod sharded_checkpoint;
 pub(crate) mod sync;
 pub(crate) mod sync_batch_norm;
 #[cfg(feature = "train")]

@@ -208,6 +208,14 @@ pub(crate) fn ownership<G: FlatGrad>(
         .collect())
 }
 
+/// Each trained parameter's id, in declaration order (its position is its
+/// index).
+pub(crate) fn trained_ids<G: FlatGrad>(walk: impl GradWalker<G>) -> Vec<u64> {
+    let mut ids = Vec::new();
+    walk(&mut |param| ids.push(param.id()));
+    ids
+}
+
 /// Optimizer state for parameters the model does not have: a record saved
 /// for another model, or the model's own record not loaded first (Burn's
 /// parameter ids are random until a record sets them).

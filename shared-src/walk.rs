@@ -88,6 +88,16 @@ impl<T: TensorFacts + CollectiveTensor + Retrain> ParamSlot for Held<T> {
         });
         result.map(drop)
     }
+
+    fn load(&mut self, data: TensorData) {
+        let device = self.tensor().device();
+        let value = T::from_data(data, &device);
+        self.tensor = Some(if self.require_grad {
+            value.retrain()
+        } else {
+            value
+        });
+    }
 }
 
 /// The walk of one module: calls the visitor with each of its parameters.

@@ -6,7 +6,10 @@
 
 use crate::shard_record;
 pub use crate::shared::config::ShardConfig;
-use crate::shared::shard::{gather_values, scatter_gradients};
+use crate::shared::shard::{gather_values, ownership, scatter_gradients};
+use crate::shared::sharded_checkpoint::{
+    agree_loaded, open_parts, read_state, read_values, save_parts,
+};
 use crate::shim;
 use burn::module::Module;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
@@ -15,6 +18,8 @@ use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn_ddp_comm::Sharder;
 use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
 pub use burn_ddp_comm::{Round, RoundMode, ShardPlan};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 /// A Burn optimizer whose state is split across the ranks: each rank steps
 /// and keeps state for the parameters it owns, and the updated parameters
@@ -130,6 +135,79 @@ impl ShardedOptimizer {
         let part = self.inner.to_record();
         let whole = shard_record::gather_whole(&mut self.sharder, model, part)?;
         Ok(whole.map(|whole| self.inner.clone().load_record(whole)))
+    }
+
+    /// Saves `model` and this optimizer's state as a checkpoint in parts in
+    /// the folder `dir` (PyTorch's `torch.distributed.checkpoint.save`):
+    /// each rank writes the state of the parameters it owns and their
+    /// values (rank 0 the untrained ones too), so no rank holds more than
+    /// its part, and rank 0 writes a small `metadata.json` last. `dir` must
+    /// not exist yet and every rank must see it (a shared file system);
+    /// `info` (the epoch, the step) comes back from
+    /// [`load_parts`](Self::load_parts). The checkpoint counts only once
+    /// whole: a crash at any moment leaves the earlier ones as they were.
+    /// Collective; an error on every rank, naming the rank that failed.
+    pub fn save_parts<M: Module>(
+        &mut self,
+        model: &M,
+        dir: impl AsRef<Path>,
+        info: &str,
+    ) -> Result<PathBuf> {
+        self.split(model)?;
+        let group = self.sharder.group()?;
+        let rank = group.rank();
+        let trained = ownership(&mut self.sharder, shim::grad_walker(model))?;
+        let positions: HashMap<u64, u64> = (trained.iter().enumerate())
+            .map(|(position, (id, _))| (*id, position as u64))
+            .collect();
+        let state =
+            shard_record::state_entries(rank, &positions, self.inner.to_record(), rank == 0);
+        let owned: Vec<bool> = trained.iter().map(|(_, mine)| *mine).collect();
+        save_parts(
+            &group,
+            dir.as_ref(),
+            shim::walker(model),
+            &owned,
+            state,
+            info,
+        )
+    }
+
+    /// Loads a checkpoint in parts (saved by [`save_parts`](Self::save_parts)
+    /// on any number of ranks) into `model` and this optimizer: every
+    /// parameter's value, and the state of the parameters this rank owns in
+    /// this world, each read alone from its part, so no rank reads the
+    /// whole state. Returns the model and the `info` it was saved with.
+    /// Collective; an error on every rank if any rank could not load.
+    pub fn load_parts<M: Module>(
+        &mut self,
+        model: M,
+        dir: impl AsRef<Path>,
+    ) -> Result<(M, String)> {
+        let group = self.sharder.group()?;
+        let loaded = self.read_parts(group.rank(), model, dir.as_ref());
+        let (model, record, info) = agree_loaded(&group, loaded)?;
+        self.inner = self.inner.clone().load_record(record);
+        self.unsplit = false;
+        Ok((model, info))
+    }
+
+    fn read_parts<M: Module>(
+        &mut self,
+        rank: usize,
+        model: M,
+        dir: &Path,
+    ) -> Result<(M, OptimizerRecord, String)> {
+        let checkpoint = open_parts(dir, rank, shim::walker(&model))?;
+        let model = read_values(&checkpoint, rank, |r| shim::rewrite(model, r))?;
+        let trained = ownership(&mut self.sharder, shim::grad_walker(&model))?;
+        let ids: Vec<u64> = trained.iter().map(|(id, _)| *id).collect();
+        let mine = (0..trained.len())
+            .filter(|&p| trained[p].1)
+            .map(|p| p as u64);
+        let entries = read_state(&checkpoint, mine)?;
+        let record = shard_record::record_from_entries(rank, &ids, entries)?;
+        Ok((model, record, checkpoint.info().to_string()))
     }
 
     /// Keeps only the state of the parameters this rank owns, once the

@@ -5,6 +5,7 @@
 //! private, so the parts are moved through the burnpack format itself.
 
 use crate::shared::shard::{foreign_state, ownership};
+use crate::shared::sharded_checkpoint::SHARED_STATE;
 use crate::{shim, CommError, Result};
 use burn::module::Module;
 use burn::optim::record::OptimizerRecord;
@@ -71,6 +72,102 @@ pub(crate) fn owned_part<M: Module>(
         None => Err(foreign_state(rank, id, ids.len())),
         Some(&mine) => Ok(mine.then_some(id)),
     })
+}
+
+/// `record`'s entries as a checkpoint in parts stores them: each
+/// parameter's state (a burnpack of its entries alone, keyed by position)
+/// under its position among the trained parameters (`positions`: by
+/// parameter id), and, with `shared`, what belongs to no parameter under
+/// [`SHARED_STATE`]. No communication.
+pub(crate) fn state_entries(
+    rank: usize,
+    positions: &HashMap<u64, u64>,
+    record: OptimizerRecord,
+    shared: bool,
+) -> Result<Vec<(u64, Vec<u8>)>> {
+    let parts = Parts::read(rank, record)?;
+    let mut by_position: BTreeMap<u64, Parts> = BTreeMap::new();
+    let position = |id: u64| {
+        positions
+            .get(&id)
+            .copied()
+            .ok_or_else(|| foreign_state(rank, id, positions.len()))
+    };
+    fn entry(by_position: &mut BTreeMap<u64, Parts>, position: u64) -> &mut Parts {
+        by_position.entry(position).or_insert_with(|| Parts {
+            tensors: Vec::new(),
+            scalars: BTreeMap::new(),
+            metadata: BTreeMap::new(),
+        })
+    }
+    for tensor in parts.tensors {
+        let Some(id) = tensor.param_id else {
+            entry(&mut by_position, SHARED_STATE).tensors.push(tensor);
+            continue;
+        };
+        let p = position(id)?;
+        let (name, dtype, shape, _, bytes) = tensor.into_parts().map_err(|err| error(rank, err))?;
+        let tensor = burn_pack::Tensor::new(renamed(&name, id, p), dtype, shape, Some(p), bytes);
+        entry(&mut by_position, p).tensors.push(tensor);
+    }
+    for (name, value) in parts.scalars {
+        match key_id(&name) {
+            Some(id) => {
+                let p = position(id)?;
+                entry(&mut by_position, p)
+                    .scalars
+                    .insert(renamed(&name, id, p), value);
+            }
+            None => {
+                entry(&mut by_position, SHARED_STATE)
+                    .scalars
+                    .insert(name, value);
+            }
+        }
+    }
+    for (name, value) in parts.metadata {
+        match key_id(&name) {
+            Some(id) => {
+                let p = position(id)?;
+                entry(&mut by_position, p)
+                    .metadata
+                    .insert(renamed(&name, id, p), value);
+            }
+            None => {
+                entry(&mut by_position, SHARED_STATE)
+                    .metadata
+                    .insert(name, value);
+            }
+        }
+    }
+    by_position
+        .into_iter()
+        .filter(|(p, _)| shared || *p != SHARED_STATE)
+        .map(|(p, parts)| Ok((p, record_bytes(rank, parts.write(rank)?)?)))
+        .collect()
+}
+
+/// [`state_entries`]' inverse: one record of `entries`, keyed by `ids`
+/// (this model's parameter ids, by position among the trained ones).
+pub(crate) fn record_from_entries(
+    rank: usize,
+    ids: &[u64],
+    entries: Vec<(u64, Vec<u8>)>,
+) -> Result<OptimizerRecord> {
+    let mut records = Vec::with_capacity(entries.len());
+    for (position, bytes) in entries {
+        let record = record_from_bytes(rank, bytes)?;
+        if position == SHARED_STATE {
+            records.push(record);
+            continue;
+        }
+        records.push(rekey(rank, record, |p| {
+            ids.get(p as usize)
+                .map(|id| Some(*id))
+                .ok_or_else(|| foreign_state(rank, p, ids.len()))
+        })?);
+    }
+    merge(rank, records)
 }
 
 /// A record's entries, as the burnpack format holds them.

@@ -129,6 +129,39 @@ fn parameter_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Vec<us
     shapes.found
 }
 
+/// Loads a checkpoint in parts (written by
+/// [`ShardedOptimizer::save_parts`](crate::ShardedOptimizer::save_parts) on
+/// any number of ranks) into `model` and a plain, unsharded `optimizer`:
+/// every parameter's value and state. To resume a sharded run in one
+/// process or under plain DDP (a [`ShardedOptimizer`](crate::ShardedOptimizer)
+/// reads only its part: its own `load_parts`). Returns the model, the
+/// optimizer and the `info` it was saved with. No communication.
+pub fn load_parts<B, M, O>(
+    model: M,
+    optimizer: O,
+    dir: impl AsRef<Path>,
+) -> crate::Result<(M, O, String)>
+where
+    B: burn::tensor::backend::AutodiffBackend,
+    M: burn::module::AutodiffModule<B>,
+    O: burn::optim::Optimizer<M, B>,
+{
+    use crate::shared::sharded_checkpoint::{open_parts, read_state, read_values};
+    let rank = crate::shared::session::SESSION.rank().unwrap_or(0);
+    let checkpoint = open_parts(dir.as_ref(), rank, crate::shim::walker(&model))?;
+    let model = read_values(&checkpoint, rank, |r| crate::shim::rewrite(model, r))?;
+    let ids = crate::shared::shard::trained_ids(crate::shim::grad_walker(&model));
+    let entries = read_state(&checkpoint, 0..ids.len() as u64)?;
+    let device = model.devices().into_iter().next().unwrap_or_default();
+    let record =
+        crate::shard_record::record_from_entries::<B, O::Record>(rank, &ids, entries, &device)?;
+    Ok((
+        model,
+        optimizer.load_record(record),
+        checkpoint.info().to_string(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -87,6 +87,49 @@ where
     record_of(rank, kept, &device)
 }
 
+/// `record`'s entries as a checkpoint in parts stores them: each
+/// parameter's state (CBOR, at double precision) under its position among
+/// the trained parameters (`positions`: by parameter id). No communication.
+pub(crate) fn state_entries<B: AutodiffBackend, R: Record<B>>(
+    rank: usize,
+    positions: &HashMap<u64, u64>,
+    record: R,
+) -> Result<Vec<(u64, Vec<u8>)>> {
+    entries(rank, record)?
+        .into_iter()
+        .map(|(id, state)| {
+            let position = positions
+                .get(&id)
+                .ok_or_else(|| foreign_state(rank, id, positions.len()))?;
+            let mut bytes = Vec::new();
+            ciborium::into_writer(&state, &mut bytes).map_err(|err| error(rank, err))?;
+            Ok((*position, bytes))
+        })
+        .collect()
+}
+
+/// [`state_entries`]' inverse: the record of `entries`, keyed by `ids`
+/// (this model's parameter ids, by position among the trained ones).
+pub(crate) fn record_from_entries<B: AutodiffBackend, R: Record<B>>(
+    rank: usize,
+    ids: &[u64],
+    entries: Vec<(u64, Vec<u8>)>,
+    device: &B::Device,
+) -> Result<R> {
+    let entries = entries
+        .into_iter()
+        .map(|(position, bytes)| {
+            let id = ids
+                .get(position as usize)
+                .ok_or_else(|| foreign_state(rank, position, ids.len()))?;
+            let state: Value =
+                ciborium::from_reader(bytes.as_slice()).map_err(|err| error(rank, err))?;
+            Ok((*id, state))
+        })
+        .collect::<Result<Entries>>()?;
+    record_of(rank, entries, device)
+}
+
 /// `record`'s entries; an error unless it is keyed by parameter.
 fn entries<B: AutodiffBackend, R: Record<B>>(rank: usize, record: R) -> Result<Entries> {
     let item = record.into_item::<DoublePrecisionSettings>();

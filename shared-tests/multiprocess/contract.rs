@@ -31,6 +31,18 @@ pub trait ShardedStep<M> {
     /// Consolidates the whole state on rank 0, which saves it in `dir` with
     /// `model`'s record (collective).
     fn save(&mut self, model: &M, dir: &std::path::Path) -> Result<(), String>;
+    /// Saves `model` and this rank's part of the state as a checkpoint in
+    /// parts in the folder `dir` (`save_parts`, collective).
+    fn save_parts(&mut self, model: &M, dir: &std::path::Path, info: &str) -> Result<(), String>;
+    /// Loads a checkpoint in parts into `model` and this optimizer
+    /// (`load_parts`, collective): the model and the saved `info`.
+    fn load_parts(&mut self, model: M, dir: &std::path::Path) -> Result<(M, String), String>;
+}
+
+/// A plain optimizer that takes a checkpoint in parts whole
+/// (`checkpoint::load_parts`): the model, the optimizer and the saved `info`.
+pub trait LoadParts<M>: Sized {
+    fn load_parts(self, model: M, dir: &std::path::Path) -> Result<(M, Self, String), String>;
 }
 
 /// An optimizer (sharded or not) that takes the whole state saved by

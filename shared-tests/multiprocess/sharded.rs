@@ -5,7 +5,7 @@
 //! together hold exactly the plain one's entries; a world of one is the
 //! plain optimizer bit for bit.
 
-use super::contract::{DdpModel, LoadWhole, RecordSize, ShardedStep};
+use super::contract::{DdpModel, LoadParts, LoadWhole, RecordSize, ShardedStep};
 use super::scenarios::{start, Task};
 use super::{e, Res};
 use crate::shim::ddp::ProcessGroup;
@@ -233,6 +233,10 @@ fn batch(step: usize, rank: usize, world: usize) -> Vec<usize> {
 /// one process trained with AdamW on the same global batches for all
 /// `BEFORE + AFTER` steps (`resumed_diff`, within 1e-6). `foreign`: the
 /// state loaded into a model whose record was not loaded fails the step.
+/// With `BURN_DDP_TEST_PARTS=NAME`, the checkpoint is written in parts
+/// (`save_parts`, into `dir/NAME`) and read back by `load_parts`: each
+/// rank reads the values and only the state it owns (the plain optimizer:
+/// all of it).
 pub fn checkpoint(phase: &str) -> Res<()> {
     use super::scenarios::ToyTask;
     use burn::optim::AdamWConfig;
@@ -247,6 +251,14 @@ pub fn checkpoint(phase: &str) -> Res<()> {
     let device = shim::device();
     let dir = std::path::PathBuf::from(std::env::var("BURN_DDP_TEST_DIR").map_err(e)?);
     let start_file = dir.join("start");
+    let parts_name = std::env::var("BURN_DDP_TEST_PARTS").ok();
+    let in_parts = parts_name.is_some();
+    let parts = dir.join(parts_name.as_deref().unwrap_or("parts"));
+    const PARTS_INFO: &str = "toy, AdamW, after the first steps";
+    let check_info = |info: String| match info.as_str() {
+        PARTS_INFO => Ok(()),
+        other => Err(format!("the checkpoint's info came back as {other:?}")),
+    };
     if phase == "save" {
         let (mut model, _) = start::<ToyTask>(&group)?;
         if rank == 0 {
@@ -263,7 +275,11 @@ pub fn checkpoint(phase: &str) -> Res<()> {
                 model.local_grads(ToyTask::loss(&model, &batch(step, rank, world), &device));
             model = ShardedStep::step(&mut sharded, 0.01, model, grads)?;
         }
-        sharded.save(&model, &dir)?;
+        if in_parts {
+            ShardedStep::save_parts(&mut sharded, &model, &parts, PARTS_INFO)?;
+        } else {
+            sharded.save(&model, &dir)?;
+        }
         println!("saved");
         return ddp::destroy_process_group().map_err(e);
     }
@@ -277,23 +293,45 @@ pub fn checkpoint(phase: &str) -> Res<()> {
         ShardedStep::step(&mut sharded, 0.01, model, grads)?;
         return Err("state for another model's parameters went unnoticed".into());
     }
-    let mut model = shim::load_model(ToyTask::build(&device), &dir)?.wrap(&group)?;
-    if std::env::var_os("BURN_DDP_TEST_PLAIN").is_some() {
-        let mut plain = LoadWhole::<ToyModel>::load_whole(AdamWConfig::new().init(), &dir)?;
+    let model = if std::env::var_os("BURN_DDP_TEST_PLAIN").is_some() {
+        let (model, mut plain) = if in_parts {
+            let plain = AdamWConfig::new().init();
+            let (model, plain, info) =
+                LoadParts::load_parts(plain, ToyTask::build(&device), &parts)?;
+            check_info(info)?;
+            (model.wrap(&group)?, plain)
+        } else {
+            let model = shim::load_model(ToyTask::build(&device), &dir)?.wrap(&group)?;
+            let plain = LoadWhole::<ToyModel>::load_whole(AdamWConfig::new().init(), &dir)?;
+            (model, plain)
+        };
+        let mut model = model;
         for step in BEFORE..BEFORE + AFTER {
             let grads =
                 model.local_grads(ToyTask::loss(&model, &batch(step, rank, world), &device));
             model = plain.step(0.01, model, grads);
         }
+        model
     } else {
-        let sharded = shim::shard(AdamWConfig::new().init(), &group)?;
-        let mut sharded = LoadWhole::<ToyModel>::load_whole(sharded, &dir)?;
+        let mut sharded = shim::shard(AdamWConfig::new().init(), &group)?;
+        let model = if in_parts {
+            let built = ToyTask::build(&device);
+            let (model, info) = ShardedStep::load_parts(&mut sharded, built, &parts)?;
+            check_info(info)?;
+            model.wrap(&group)?
+        } else {
+            let model = shim::load_model(ToyTask::build(&device), &dir)?.wrap(&group)?;
+            sharded = LoadWhole::<ToyModel>::load_whole(sharded, &dir)?;
+            model
+        };
+        let mut model = model;
         for step in BEFORE..BEFORE + AFTER {
             let grads =
                 model.local_grads(ToyTask::loss(&model, &batch(step, rank, world), &device));
             model = ShardedStep::step(&mut sharded, 0.01, model, grads)?;
         }
-    }
+        model
+    };
     let start: Vec<f32> = std::fs::read_to_string(&start_file)
         .map_err(e)?
         .split_whitespace()

@@ -8,7 +8,8 @@
 //! that differ between ranks, replicas that drift apart and the collective
 //! backend chosen for CPU tensors.
 
-use crate::{all_ok, check, every_rank_failed, Case, RankOutcome, World};
+use crate::{all_ok, check, every_rank_failed, survivors_failed_within, Case, RankOutcome, World};
+use burn_ddp_training::sharded::CRASH_IN_SAVE_VAR;
 use std::sync::OnceLock;
 
 /// Why `BURN_DDP_BACKEND=nccl` is refused for the front-end's CPU tensors.
@@ -89,6 +90,10 @@ pub fn run_suite(
         (
             "sharded_checkpoint_saved_on_2_resumes_on_3_and_1_and_on_3_resumes_on_2",
             sharded_checkpoint,
+        ),
+        (
+            "sharded_checkpoint_in_parts_resharded_2_to_3_2_to_1_plain_3_to_2_1_to_2_and_faults",
+            sharded_checkpoint_in_parts,
         ),
         (
             "sync_batch_norm_on_n_ranks_equals_batch_norm_on_one_big_batch",
@@ -424,6 +429,119 @@ fn sharded_checkpoint() -> Result<(), String> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
+}
+
+/// The same in parts (`save_parts`, `load_parts`): saved on 2, resumed on
+/// 3, by one process with the plain optimizer, saved on 3 and on 1 and
+/// resumed on 2; each within 1e-6 of one uninterrupted process, with one
+/// part per rank that owns a parameter, the metadata last, nothing left
+/// beside it. A part cut short or missing stops every rank's load, naming
+/// the part and its writer; a save whose rank is killed (SIGKILL) as it
+/// begins, once its part is written, or (rank 0) between the metadata and
+/// the rename fails the other ranks fast and leaves no checkpoint under
+/// the name, and the one before it loads.
+fn sharded_checkpoint_in_parts() -> Result<(), String> {
+    let cases = [(2, 3, false), (2, 1, true), (3, 2, false), (1, 2, false)];
+    for (saved_on, resumed_on, plain) in cases {
+        let dir = scratch_dir(&format!("parts-{saved_on}-{resumed_on}"))?;
+        let path = dir.to_string_lossy().to_string();
+        let world = |n: usize| {
+            World::new(n)
+                .env("BURN_DDP_TEST_DIR", &path)
+                .env("BURN_DDP_TEST_PARTS", "parts")
+        };
+        all_ok(&world(saved_on).run("sharded_save"))?;
+        let parts = dir.join("parts");
+        let metadata = std::fs::read_to_string(parts.join("metadata.json"))
+            .map_err(|err| format!("saved on {saved_on}: {err}"))?;
+        let files = std::fs::read_dir(&parts)
+            .map_err(|err| err.to_string())?
+            .filter(|e| {
+                let name = e.as_ref().map(|e| e.file_name()).unwrap_or_default();
+                name.to_string_lossy().starts_with("part-")
+            })
+            .count();
+        let states = metadata.matches("\"kind\": \"optimizer_state\"").count();
+        check(
+            (1..=saved_on.min(2)).contains(&files) && states == 2,
+            || format!("saved on {saved_on}: {files} part files, {states} states:\n{metadata}"),
+        )?;
+        let resumed = if plain {
+            world(resumed_on).env("BURN_DDP_TEST_PLAIN", "1")
+        } else {
+            world(resumed_on)
+        }
+        .run("sharded_resume");
+        all_ok(&resumed)?;
+        for o in &resumed {
+            check(o.value("resumed_diff").is_some(), || o.stdout.clone())?;
+        }
+        if saved_on == 2 && resumed_on == 3 {
+            parts_faults(&dir, &path)?;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}
+
+/// [`sharded_checkpoint_in_parts`]' faults, on the checkpoint in `dir/parts`
+/// saved on 2 ranks.
+fn parts_faults(dir: &std::path::Path, path: &str) -> Result<(), String> {
+    let resume = |name: &str| {
+        World::new(3)
+            .env("BURN_DDP_TEST_DIR", path)
+            .env("BURN_DDP_TEST_PARTS", name)
+            .run("sharded_resume")
+    };
+    // Killed mid-save: the others fail fast, nothing is under the new name,
+    // the earlier checkpoint still loads.
+    for (dead, moment) in [(1, "begun"), (1, "written"), (0, "committing")] {
+        let name = format!("parts-{moment}");
+        let killed = World::new(2)
+            .env("BURN_DDP_TEST_DIR", path)
+            .env("BURN_DDP_TEST_PARTS", &name)
+            .env(CRASH_IN_SAVE_VAR, &format!("{dead}:{moment}"))
+            .run("sharded_save");
+        let names_dead = format!("rank {dead}");
+        survivors_failed_within(
+            &killed,
+            dead,
+            std::time::Duration::from_secs(20),
+            false,
+            &[&names_dead],
+        )
+        .map_err(|err| format!("killed {moment}: {err}"))?;
+        check(!dir.join(&name).exists(), || {
+            format!("{name} exists after a kill")
+        })?;
+        every_rank_failed(&resume(&name), false, &["not a whole sharded checkpoint"])?;
+    }
+    all_ok(&resume("parts"))?;
+    // A part cut short, then missing: every rank says which, and who wrote it.
+    let part = dir.join("parts").join("part-00000.bin");
+    let bytes = std::fs::read(&part).map_err(|err| err.to_string())?;
+    std::fs::write(&part, &bytes[..bytes.len() - 1]).map_err(|err| err.to_string())?;
+    every_rank_failed(
+        &resume("parts"),
+        false,
+        &[
+            "rank {rank}: part-00000.bin (written by rank 0 of 2)",
+            "truncated",
+        ],
+    )?;
+    std::fs::remove_file(&part).map_err(|err| err.to_string())?;
+    every_rank_failed(
+        &resume("parts"),
+        false,
+        &["part-00000.bin (written by rank 0 of 2)", "missing"],
+    )
+}
+
+fn scratch_dir(name: &str) -> Result<std::path::PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("burn-ddp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|err| err.to_string())?;
+    Ok(dir)
 }
 
 /// 3 micro-batches a step accumulated locally, one sharded step: 2 and 3

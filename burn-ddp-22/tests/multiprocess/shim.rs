@@ -288,6 +288,14 @@ impl<M: Module> crate::shared::contract::ShardedStep<M> for burn_ddp_22::Sharded
     fn record_size(&self) -> (usize, usize) {
         record_size(self.to_record())
     }
+    fn save_parts(&mut self, model: &M, dir: &std::path::Path, info: &str) -> Result<(), String> {
+        burn_ddp_22::ShardedOptimizer::save_parts(self, model, dir, info)
+            .map(drop)
+            .map_err(|err| err.to_string())
+    }
+    fn load_parts(&mut self, model: M, dir: &std::path::Path) -> Result<(M, String), String> {
+        burn_ddp_22::ShardedOptimizer::load_parts(self, model, dir).map_err(|err| err.to_string())
+    }
     fn save(&mut self, model: &M, dir: &std::path::Path) -> Result<(), String> {
         let whole = self.consolidate(model).map_err(|err| err.to_string())?;
         if let Some(whole) = whole {
@@ -323,6 +331,13 @@ impl<M: Module> crate::shared::contract::LoadWhole<M> for burn::optim::ModuleOpt
         checkpoint(dir)?
             .load_optimizer(self)
             .map_err(|err| err.to_string())
+    }
+}
+
+/// The plain optimizer from a checkpoint in parts.
+impl<M: Module> crate::shared::contract::LoadParts<M> for burn::optim::ModuleOptimizer {
+    fn load_parts(self, model: M, dir: &std::path::Path) -> Result<(M, Self, String), String> {
+        burn_ddp_22::checkpoint::load_parts(model, self, dir).map_err(|err| err.to_string())
     }
 }
 

@@ -22,7 +22,7 @@ mod save;
 
 pub use format::{EntryKind, ParamShape, METADATA_FILE};
 pub use load::ShardedCheckpoint;
-pub use save::ShardedSave;
+pub use save::{ShardedSave, CRASH_IN_SAVE_VAR};
 
 #[cfg(test)]
 mod tests;

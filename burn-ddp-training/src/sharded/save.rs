@@ -12,6 +12,22 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+/// For the fault tests: `RANK:MOMENT` makes rank RANK kill itself
+/// (SIGKILL) at that moment of a sharded save: `begun`, `written` (its part
+/// on disk under its name), `committing` (rank 0: the metadata written, the
+/// folder not yet renamed).
+#[doc(hidden)]
+pub const CRASH_IN_SAVE_VAR: &str = "BURN_DDP_TEST_CRASH_IN_SAVE";
+
+fn crash_point(rank: usize, moment: &str) {
+    if std::env::var(CRASH_IN_SAVE_VAR).is_ok_and(|v| v == format!("{rank}:{moment}")) {
+        // SAFETY: signalling this process.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
 /// A sharded checkpoint being written (PyTorch's `dcp.save`): begun by every
 /// rank together, written by each rank alone, committed by every rank
 /// together.
@@ -55,6 +71,7 @@ impl ShardedSave {
         let begun = if rank == 0 { prepare(target) } else { Ok(0) };
         let save_id = agree(group, begun.map_err(|e| format!("rank 0: {e}")))?;
         let partial = partial_folder(target, save_id);
+        crash_point(rank, "begun");
         Ok(Self {
             group: group.clone(),
             target: target.to_path_buf(),
@@ -75,6 +92,13 @@ impl ShardedSave {
         if let Err(message) = self.append(kind, position, bytes) {
             self.failed = Some(message);
         }
+    }
+
+    /// Records that this rank could not produce what it should write
+    /// (`message` says why): [`commit`](Self::commit) then fails on every
+    /// rank, naming this one. Call `commit` anyway, so no rank waits.
+    pub fn fail(&mut self, message: impl Into<String>) {
+        self.failed.get_or_insert_with(|| message.into());
     }
 
     fn append(
@@ -137,6 +161,7 @@ impl ShardedSave {
             part: self.finish_part(),
             entries: std::mem::take(&mut self.entries),
         };
+        crash_point(rank, "written");
         let gathered = self.group.gather_bytes(0, &to_json(rank, &report)?)?;
         let outcome = match gathered {
             Some(reports) => self.complete(reports, model, info),
@@ -222,6 +247,7 @@ impl ShardedSave {
         };
         let json = serde_json::to_vec_pretty(&metadata).map_err(|e| e.to_string())?;
         files::write_atomic(&self.partial.join(METADATA_FILE), &json).map_err(|e| e.to_string())?;
+        crash_point(0, "committing");
         fs::rename(&self.partial, &self.target).map_err(|e| {
             format!(
                 "renaming {} to {}: {e}",

@@ -381,6 +381,14 @@ where
     fn record_size(&self) -> (usize, usize) {
         record_size(burn::optim::Optimizer::<M, Wrapped>::to_record(self))
     }
+    fn save_parts(&mut self, model: &M, dir: &std::path::Path, info: &str) -> Result<(), String> {
+        burn_ddp::ShardedOptimizer::save_parts(self, model, dir, info)
+            .map(drop)
+            .map_err(|err| err.to_string())
+    }
+    fn load_parts(&mut self, model: M, dir: &std::path::Path) -> Result<(M, String), String> {
+        burn_ddp::ShardedOptimizer::load_parts(self, model, dir).map_err(|err| err.to_string())
+    }
     fn save(&mut self, model: &M, dir: &std::path::Path) -> Result<(), String> {
         let whole = self.consolidate(model).map_err(|err| err.to_string())?;
         if let Some(whole) = whole {
@@ -393,6 +401,19 @@ where
                 .map_err(|err| err.to_string())?;
         }
         Ok(())
+    }
+}
+
+/// The plain optimizer from a checkpoint in parts.
+impl<O, M> crate::shared::contract::LoadParts<M>
+    for burn::optim::adaptor::OptimizerAdaptor<O, M, Wrapped>
+where
+    O: burn::optim::SimpleOptimizer<<Wrapped as AutodiffBackend>::InnerBackend>,
+    M: burn::module::AutodiffModule<Wrapped>,
+{
+    fn load_parts(self, model: M, dir: &std::path::Path) -> Result<(M, Self, String), String> {
+        burn_ddp::checkpoint::load_parts::<Wrapped, M, Self>(model, self, dir)
+            .map_err(|err| err.to_string())
     }
 }
 
