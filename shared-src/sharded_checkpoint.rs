@@ -18,29 +18,30 @@ use std::path::{Path, PathBuf};
 /// may hold some), saved by rank 0 and read by every rank.
 pub(crate) const SHARED_STATE: u64 = u64::MAX;
 
+/// Where the optimizer state's entries go, one at a time: its position
+/// among the trained parameters, its bytes.
+pub(crate) type StateSink<'a> = dyn FnMut(u64, &[u8]) + 'a;
+
 /// Writes a checkpoint in parts into the folder `dir`: the values of the
 /// model `walk` walks that this rank saves (`owned`: the trained parameters
-/// it owns) and its optimizer `state` entries, by position among the
-/// trained parameters (an error makes the save fail on every rank, naming
-/// this one). Collective.
+/// it owns), then its optimizer state, which `state` hands to the sink
+/// entry by entry (so no second copy of it is held; an error makes the save
+/// fail on every rank, naming this one). Collective.
 pub(crate) fn save_parts(
     group: &ProcessGroup,
     dir: &Path,
     walk: impl Walker,
     owned: &[bool],
-    state: Result<Vec<(u64, Vec<u8>)>>,
+    state: impl FnOnce(&mut StateSink<'_>) -> Result<()>,
     info: &str,
 ) -> Result<PathBuf> {
     let rank = group.rank();
     let mut save = ShardedSave::begin(group, dir)?;
     write_values(&mut save, &walk, owned, rank);
-    match state {
-        Ok(entries) => {
-            for (position, bytes) in entries {
-                save.write(EntryKind::OptimizerState, position, &bytes);
-            }
-        }
-        Err(err) => save.fail(err.to_string()),
+    let written =
+        state(&mut |position, bytes| save.write(EntryKind::OptimizerState, position, bytes));
+    if let Err(err) = written {
+        save.fail(err.to_string());
     }
     save.commit(&model_shapes(&walk), info)
 }

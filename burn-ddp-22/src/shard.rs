@@ -8,7 +8,7 @@ use crate::shard_record;
 pub use crate::shared::config::ShardConfig;
 use crate::shared::shard::{gather_values, ownership, scatter_gradients};
 use crate::shared::sharded_checkpoint::{
-    agree_loaded, open_parts, read_state, read_values, save_parts,
+    agree_loaded, open_parts, read_state, read_values, save_parts, StateSink,
 };
 use crate::shim;
 use burn::module::Module;
@@ -160,8 +160,10 @@ impl ShardedOptimizer {
         let positions: HashMap<u64, u64> = (trained.iter().enumerate())
             .map(|(position, (id, _))| (*id, position as u64))
             .collect();
-        let state =
-            shard_record::state_entries(rank, &positions, self.inner.to_record(), rank == 0);
+        let record = self.inner.to_record();
+        let state = |sink: &mut StateSink<'_>| {
+            shard_record::state_entries(rank, &positions, record, rank == 0, sink)
+        };
         let owned: Vec<bool> = trained.iter().map(|(_, mine)| *mine).collect();
         save_parts(
             &group,

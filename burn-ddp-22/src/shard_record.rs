@@ -5,7 +5,7 @@
 //! private, so the parts are moved through the burnpack format itself.
 
 use crate::shared::shard::{foreign_state, ownership};
-use crate::shared::sharded_checkpoint::SHARED_STATE;
+use crate::shared::sharded_checkpoint::{StateSink, SHARED_STATE};
 use crate::{shim, CommError, Result};
 use burn::module::Module;
 use burn::optim::record::OptimizerRecord;
@@ -74,25 +74,20 @@ pub(crate) fn owned_part<M: Module>(
     })
 }
 
-/// `record`'s entries as a checkpoint in parts stores them: each
-/// parameter's state (a burnpack of its entries alone, keyed by position)
-/// under its position among the trained parameters (`positions`: by
-/// parameter id), and, with `shared`, what belongs to no parameter under
-/// [`SHARED_STATE`]. No communication.
+/// `record`'s entries as a checkpoint in parts stores them, handed to
+/// `sink` one at a time: each parameter's state (a burnpack of its entries
+/// alone, keyed by position) under its position among the trained
+/// parameters (`positions`: by parameter id), and, with `shared`, what
+/// belongs to no parameter under [`SHARED_STATE`]. No communication.
 pub(crate) fn state_entries(
     rank: usize,
     positions: &HashMap<u64, u64>,
     record: OptimizerRecord,
     shared: bool,
-) -> Result<Vec<(u64, Vec<u8>)>> {
+    sink: &mut StateSink<'_>,
+) -> Result<()> {
     let parts = Parts::read(rank, record)?;
     let mut by_position: BTreeMap<u64, Parts> = BTreeMap::new();
-    let position = |id: u64| {
-        positions
-            .get(&id)
-            .copied()
-            .ok_or_else(|| foreign_state(rank, id, positions.len()))
-    };
     fn entry(by_position: &mut BTreeMap<u64, Parts>, position: u64) -> &mut Parts {
         by_position.entry(position).or_insert_with(|| Parts {
             tensors: Vec::new(),
@@ -100,6 +95,12 @@ pub(crate) fn state_entries(
             metadata: BTreeMap::new(),
         })
     }
+    let position = |id: u64| {
+        positions
+            .get(&id)
+            .copied()
+            .ok_or_else(|| foreign_state(rank, id, positions.len()))
+    };
     for tensor in parts.tensors {
         let Some(id) = tensor.param_id else {
             entry(&mut by_position, SHARED_STATE).tensors.push(tensor);
@@ -111,40 +112,26 @@ pub(crate) fn state_entries(
         entry(&mut by_position, p).tensors.push(tensor);
     }
     for (name, value) in parts.scalars {
-        match key_id(&name) {
-            Some(id) => {
-                let p = position(id)?;
-                entry(&mut by_position, p)
-                    .scalars
-                    .insert(renamed(&name, id, p), value);
-            }
-            None => {
-                entry(&mut by_position, SHARED_STATE)
-                    .scalars
-                    .insert(name, value);
-            }
-        }
+        let (p, name) = match key_id(&name) {
+            Some(id) => (position(id)?, renamed(&name, id, position(id)?)),
+            None => (SHARED_STATE, name),
+        };
+        entry(&mut by_position, p).scalars.insert(name, value);
     }
     for (name, value) in parts.metadata {
-        match key_id(&name) {
-            Some(id) => {
-                let p = position(id)?;
-                entry(&mut by_position, p)
-                    .metadata
-                    .insert(renamed(&name, id, p), value);
-            }
-            None => {
-                entry(&mut by_position, SHARED_STATE)
-                    .metadata
-                    .insert(name, value);
-            }
+        let (p, name) = match key_id(&name) {
+            Some(id) => (position(id)?, renamed(&name, id, position(id)?)),
+            None => (SHARED_STATE, name),
+        };
+        entry(&mut by_position, p).metadata.insert(name, value);
+    }
+    // Each position's burnpack made, handed over and dropped in turn.
+    while let Some((p, parts)) = by_position.pop_first() {
+        if p != SHARED_STATE || shared {
+            sink(p, &parts.into_bytes(rank)?);
         }
     }
-    by_position
-        .into_iter()
-        .filter(|(p, _)| shared || *p != SHARED_STATE)
-        .map(|(p, parts)| Ok((p, record_bytes(rank, parts.write(rank)?)?)))
-        .collect()
+    Ok(())
 }
 
 /// [`state_entries`]' inverse: one record of `entries`, keyed by `ids`
@@ -189,6 +176,11 @@ impl Parts {
     }
 
     fn write(self, rank: usize) -> Result<OptimizerRecord> {
+        OptimizerRecord::from_bytes(self.into_bytes(rank)?).map_err(|err| error(rank, err))
+    }
+
+    /// The burnpack of these entries.
+    fn into_bytes(self, rank: usize) -> Result<Bytes> {
         let mut writer = Writer::new(self.tensors);
         for (key, value) in &self.scalars {
             writer = writer.with_scalar(key, *value);
@@ -196,8 +188,7 @@ impl Parts {
         for (key, value) in &self.metadata {
             writer = writer.with_metadata(key, value);
         }
-        let bytes = writer.into_bytes().map_err(|err| error(rank, err))?;
-        OptimizerRecord::from_bytes(bytes).map_err(|err| error(rank, err))
+        writer.into_bytes().map_err(|err| error(rank, err))
     }
 }
 

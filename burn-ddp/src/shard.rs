@@ -13,7 +13,7 @@ pub use crate::shared::config::ShardConfig;
 use crate::shared::session::SESSION;
 use crate::shared::shard::{gather_values, ownership, scatter_gradients};
 use crate::shared::sharded_checkpoint::{
-    agree_loaded, open_parts, read_state, read_values, save_parts,
+    agree_loaded, open_parts, read_state, read_values, save_parts, StateSink,
 };
 use crate::shared::walk::first_trainable;
 use crate::shim;
@@ -155,7 +155,9 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
         let positions: HashMap<u64, u64> = (trained.iter().enumerate())
             .map(|(position, (id, _))| (*id, position as u64))
             .collect();
-        let state = state_entries(group.rank(), &positions, self.inner.to_record());
+        let record = self.inner.to_record();
+        let state =
+            |sink: &mut StateSink<'_>| state_entries(group.rank(), &positions, record, sink);
         let owned: Vec<bool> = trained.iter().map(|(_, mine)| *mine).collect();
         save_parts(
             &group,

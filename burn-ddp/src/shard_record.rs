@@ -6,9 +6,10 @@
 //! state's type (the Learner knows its optimizer's record only as a type).
 
 use crate::shared::shard::{foreign_state, ownership};
+use crate::shared::sharded_checkpoint::StateSink;
 use crate::{shim, CommError, Result};
 use burn::module::{AutodiffModule, ParamId};
-use burn::record::{DoublePrecisionSettings, Record};
+use burn::record::{DoublePrecisionSettings, FullPrecisionSettings, PrecisionSettings, Record};
 use burn::tensor::backend::AutodiffBackend;
 use burn_ddp_comm::Sharder;
 use ciborium::Value;
@@ -87,25 +88,41 @@ where
     record_of(rank, kept, &device)
 }
 
-/// `record`'s entries as a checkpoint in parts stores them: each
-/// parameter's state (CBOR, at double precision) under its position among
-/// the trained parameters (`positions`: by parameter id). No communication.
+/// `record`'s entries as a checkpoint in parts stores them, handed to
+/// `sink` one at a time: each parameter's state (CBOR) under its position
+/// among the trained parameters (`positions`: by parameter id). At full
+/// precision unless the backend's floats are f64 (exact either way). No
+/// communication.
 pub(crate) fn state_entries<B: AutodiffBackend, R: Record<B>>(
     rank: usize,
     positions: &HashMap<u64, u64>,
     record: R,
-) -> Result<Vec<(u64, Vec<u8>)>> {
-    entries(rank, record)?
-        .into_iter()
-        .map(|(id, state)| {
-            let position = positions
-                .get(&id)
-                .ok_or_else(|| foreign_state(rank, id, positions.len()))?;
-            let mut bytes = Vec::new();
-            ciborium::into_writer(&state, &mut bytes).map_err(|err| error(rank, err))?;
-            Ok((*position, bytes))
-        })
-        .collect()
+    sink: &mut StateSink<'_>,
+) -> Result<()> {
+    let value = if in_double::<B>() {
+        Value::serialized(&record.into_item::<DoublePrecisionSettings>())
+    } else {
+        Value::serialized(&record.into_item::<FullPrecisionSettings>())
+    };
+    let Value::Map(map) = value.map_err(|err| error(rank, err))? else {
+        return Err(not_keyed(rank));
+    };
+    let mut bytes = Vec::new();
+    for (key, state) in map {
+        let id = key
+            .as_text()
+            .and_then(ParamId::try_deserialize)
+            .ok_or_else(|| not_keyed(rank))?
+            .val();
+        let position = positions
+            .get(&id)
+            .ok_or_else(|| foreign_state(rank, id, positions.len()))?;
+        bytes.clear();
+        ciborium::into_writer(&state, &mut bytes).map_err(|err| error(rank, err))?;
+        drop(state);
+        sink(*position, &bytes);
+    }
+    Ok(())
 }
 
 /// [`state_entries`]' inverse: the record of `entries`, keyed by `ids`
@@ -127,7 +144,11 @@ pub(crate) fn record_from_entries<B: AutodiffBackend, R: Record<B>>(
             Ok((*id, state))
         })
         .collect::<Result<Entries>>()?;
-    record_of(rank, entries, device)
+    if in_double::<B>() {
+        record_at::<B, R, DoublePrecisionSettings>(rank, entries, device)
+    } else {
+        record_at::<B, R, FullPrecisionSettings>(rank, entries, device)
+    }
 }
 
 /// `record`'s entries; an error unless it is keyed by parameter.
@@ -154,14 +175,30 @@ fn record_of<B: AutodiffBackend, R: Record<B>>(
     entries: Entries,
     device: &B::Device,
 ) -> Result<R> {
+    record_at::<B, R, DoublePrecisionSettings>(rank, entries, device)
+}
+
+/// [`record_of`] from entries serialised at precision `S`.
+fn record_at<B: AutodiffBackend, R: Record<B>, S: PrecisionSettings>(
+    rank: usize,
+    entries: Entries,
+    device: &B::Device,
+) -> Result<R> {
     let map = entries
         .into_iter()
         .map(|(id, state)| (Value::Text(ParamId::from(id).serialize()), state))
         .collect();
-    let item: R::Item<DoublePrecisionSettings> = Value::Map(map)
+    let item: R::Item<S> = Value::Map(map)
         .deserialized()
         .map_err(|err| error(rank, err))?;
     Ok(R::from_item(item, device))
+}
+
+/// Whether checkpoints in parts hold the state at double precision: only
+/// when the backend's floats are f64 (full precision is exact otherwise,
+/// at half the size).
+fn in_double<B: AutodiffBackend>() -> bool {
+    <B::FloatElem as burn_backend::Element>::dtype() == burn::tensor::DType::F64
 }
 
 fn encode(rank: usize, entries: Entries) -> Result<Vec<u8>> {

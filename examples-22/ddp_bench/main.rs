@@ -19,6 +19,7 @@ mod bn_net;
 #[allow(dead_code)] // burn-ddp-22's functions only: the benchmark runs on Flex
 #[path = "../burn_022.rs"]
 mod burn_022;
+mod checkpoint;
 #[path = "../mnist/net.rs"]
 mod net;
 mod zero;
@@ -56,6 +57,11 @@ enum Mode {
     /// peak memory and step time on a stack of Linear layers with AdamW
     /// (--batch-size 8 is a good size).
     Zero,
+    /// The sharded optimizer's checkpoint of the --mode zero stack (AdamW):
+    /// saved (--checkpoint-dir) or resumed (--resume), in parts or whole
+    /// (--format), with each rank's peak memory while training and while
+    /// saving or loading.
+    Checkpoint,
 }
 
 #[derive(Parser, Debug)]
@@ -79,6 +85,16 @@ struct BenchArgs {
     /// --mode zero: how many Linear layers (12 x 2048 x 2048: 50.3M parameters).
     #[arg(long, default_value_t = 12, value_parser = positive)]
     layers: usize,
+    /// --mode checkpoint: the checkpoint's folder.
+    #[arg(long, default_value = "ddp-bench-checkpoint")]
+    checkpoint_dir: std::path::PathBuf,
+    /// --mode checkpoint: load the checkpoint (then train --iters steps)
+    /// instead of training and saving it.
+    #[arg(long)]
+    resume: bool,
+    /// --mode checkpoint: in parts (each rank its own) or whole (rank 0).
+    #[arg(long, value_enum, default_value = "parts")]
+    format: checkpoint::Format,
 }
 
 /// One MNIST CNN training step (forward, backward, gradients averaged over
@@ -190,6 +206,17 @@ fn main() {
         ),
         Mode::Share => share(&group, iters, batch, &device),
         Mode::SyncBn => sync_bn(&group, iters, batch, &device),
+        Mode::Checkpoint => checkpoint::run(checkpoint::Run {
+            group: &group,
+            width: args.width,
+            layers: args.layers,
+            iters,
+            batch,
+            device: &device,
+            dir: &args.checkpoint_dir,
+            format: args.format,
+            resume: args.resume,
+        }),
         Mode::Zero => zero::run(
             &group,
             args.variant,

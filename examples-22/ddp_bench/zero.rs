@@ -16,7 +16,7 @@ use std::time::Instant;
 /// `layers` square Linear layers of `width`, tanh between them.
 #[derive(Module, Debug)]
 pub struct Stack {
-    layers: Vec<Linear>,
+    pub layers: Vec<Linear>,
 }
 
 impl Stack {
@@ -27,7 +27,7 @@ impl Stack {
         Self { layers }
     }
 
-    fn loss(&self, batch: usize, width: usize, device: &Device) -> Tensor<1> {
+    pub fn loss(&self, batch: usize, width: usize, device: &Device) -> Tensor<1> {
         let mut x = Tensor::<2>::random([batch, width], Distribution::Normal(0.0, 1.0), device);
         for layer in &self.layers {
             x = layer.forward(x).tanh();
@@ -35,7 +35,7 @@ impl Stack {
         x.powi_scalar(2).mean()
     }
 
-    fn parameters(&self) -> usize {
+    pub fn parameters(&self) -> usize {
         self.num_params()
     }
 }
@@ -60,7 +60,7 @@ fn median_ms(times: &[f64]) -> String {
 }
 
 /// The process's peak resident memory (`VmHWM`), in MiB.
-fn peak_rss_mib() -> f64 {
+pub fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {

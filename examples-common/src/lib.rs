@@ -60,10 +60,14 @@ impl Normal {
 
 /// Exits with the error, prefixed by the rank when it is known.
 pub fn fail(rank: Option<usize>, err: impl std::fmt::Display) -> ! {
-    match rank {
-        Some(rank) => eprintln!("rank {rank}: error: {err}"),
-        None => eprintln!("error: {err}"),
-    }
+    let line = match rank {
+        Some(rank) => format!("rank {rank}: error: {err}\n"),
+        None => format!("error: {err}\n"),
+    };
+    // One write: `eprintln!` writes each formatted piece on its own, and the
+    // ranks share the launcher's stderr, so their lines could interleave.
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(line.as_bytes());
     std::process::exit(1)
 }
 

@@ -1,0 +1,145 @@
+//! `--mode checkpoint`: the sharded optimizer's checkpoints of the Linear
+//! stack with AdamW, in parts (`save_parts`/`load_parts`) or whole
+//! (`consolidate`, one file written by rank 0), with each rank's peak
+//! resident memory while it trains and while it saves or loads. Save on
+//! one world size (`--checkpoint-dir DIR`), resume on another (`--resume`):
+//! the resume trains `--iters` steps after loading, so its training peak
+//! is measured in the same process.
+
+use crate::zero::Stack;
+use burn::optim::{AdamWConfig, GradientsParams};
+use burn::tensor::Device;
+use burn_ddp_22::{ProcessGroup, ShardedOptimizer};
+use burn_ddp_examples_common::fail;
+use std::path::Path;
+use std::time::Instant;
+
+/// How the checkpoint is written.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+pub enum Format {
+    /// Each rank writes its part (`save_parts`), each reads its part (`load_parts`).
+    Parts,
+    /// Rank 0 gathers the whole state and writes one file (`consolidate`);
+    /// every rank reads all of it.
+    Whole,
+}
+
+/// Forgets the peak so far: `VmHWM` starts again from the current size.
+fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The peak resident memory since the last reset (`VmHWM`), in MiB.
+fn peak_mib() -> f64 {
+    crate::zero::peak_rss_mib()
+}
+
+pub struct Run<'a> {
+    pub group: &'a ProcessGroup,
+    pub width: usize,
+    pub layers: usize,
+    pub iters: usize,
+    pub batch: usize,
+    pub device: &'a Device,
+    pub dir: &'a Path,
+    pub format: Format,
+    pub resume: bool,
+}
+
+pub fn run(args: Run<'_>) {
+    let Run {
+        group,
+        width,
+        layers,
+        iters,
+        batch,
+        device,
+        dir,
+        format,
+        resume,
+    } = args;
+    let rank = group.rank();
+    let whole_file = dir.join("whole");
+    let mut optimizer = ShardedOptimizer::new(AdamWConfig::new().init(), group)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    let model = Stack::new(width, layers, device);
+    reset_peak();
+    let started = Instant::now();
+    let model = if resume {
+        match format {
+            Format::Parts => {
+                optimizer
+                    .load_parts(model, dir)
+                    .unwrap_or_else(|e| fail(Some(rank), e))
+                    .0
+            }
+            Format::Whole => {
+                let checkpoint = burn_ddp_22::checkpoint::load(&whole_file)
+                    .unwrap_or_else(|e| fail(Some(rank), e));
+                let model = checkpoint
+                    .load_model(model)
+                    .unwrap_or_else(|e| fail(Some(rank), e));
+                let whole = checkpoint
+                    .load_optimizer(AdamWConfig::new().init())
+                    .unwrap_or_else(|e| fail(Some(rank), e));
+                optimizer =
+                    ShardedOptimizer::new(whole, group).unwrap_or_else(|e| fail(Some(rank), e));
+                model
+            }
+        }
+    } else {
+        model
+    };
+    let (load_s, load_peak) = (started.elapsed().as_secs_f64(), peak_mib());
+    let mut model = burn_ddp_22::wrap(model, group).unwrap_or_else(|e| fail(Some(rank), e));
+    group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+    reset_peak();
+    for _ in 0..iters {
+        let grads =
+            GradientsParams::from_grads(model.loss(batch, width, device).backward(), &model);
+        model = optimizer
+            .step(1e-4, model, grads)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+    }
+    model.layers[0].weight.val().into_data();
+    let train_peak = peak_mib();
+    let world = group.world_size();
+    let params = model.parameters();
+    if resume {
+        println!(
+            "rank {rank}/{world}: {params} parameters, {format:?}: load {load_s:.1} s, peak RSS \
+             while loading {load_peak:.0} MiB; training {iters} steps afterwards: peak RSS \
+             {train_peak:.0} MiB; load / training = {:.2}",
+            load_peak / train_peak
+        );
+        return;
+    }
+    group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+    reset_peak();
+    let started = Instant::now();
+    match format {
+        Format::Parts => {
+            optimizer
+                .save_parts(&model, dir, &format!("{iters} steps"))
+                .unwrap_or_else(|e| fail(Some(rank), e));
+        }
+        Format::Whole => {
+            let whole = optimizer
+                .consolidate(&model)
+                .unwrap_or_else(|e| fail(Some(rank), e));
+            if let Some(whole) = whole {
+                std::fs::create_dir_all(dir).unwrap_or_else(|e| fail(Some(rank), e));
+                burn_ddp_22::checkpoint::save_atomic(&whole_file, &model, Some(&whole), iters)
+                    .unwrap_or_else(|e| fail(Some(rank), e));
+            }
+            group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+        }
+    }
+    let (save_s, save_peak) = (started.elapsed().as_secs_f64(), peak_mib());
+    println!(
+        "rank {rank}/{world}: {params} parameters, {format:?}: training {iters} steps: peak RSS \
+         {train_peak:.0} MiB; save {save_s:.1} s, peak RSS while saving {save_peak:.0} MiB; \
+         save / training = {:.2}",
+        save_peak / train_peak
+    );
+}
