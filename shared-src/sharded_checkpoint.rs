@@ -11,12 +11,35 @@ use super::dtype;
 use super::walk::Walker;
 use burn::tensor::{DType, TensorData};
 use burn_ddp_comm::{CommError, DType as Wire, ProcessGroup, ReduceOp, Result};
-use burn_ddp_training::sharded::{EntryKind, ParamShape, ShardedCheckpoint, ShardedSave};
+use burn_ddp_training::sharded::{
+    BackgroundSave, EntryKind, EntrySink, ParamShape, ShardedCheckpoint, ShardedSave, Staged,
+};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The optimizer state that belongs to no parameter (Burn 0.22's records
 /// may hold some), saved by rank 0 and read by every rank.
 pub(crate) const SHARED_STATE: u64 = u64::MAX;
+
+/// The trained parameters as a save sees them: each one's position by its
+/// id, and whether this rank owns it (by position).
+pub(crate) struct Trained {
+    pub positions: HashMap<u64, u64>,
+    pub owned: Vec<bool>,
+}
+
+impl Trained {
+    /// From the sharded plan's ownership (each trained parameter's id and
+    /// whether this rank owns it, in order).
+    pub fn of(ownership: &[(u64, bool)]) -> Self {
+        Self {
+            positions: (ownership.iter().enumerate())
+                .map(|(position, (id, _))| (*id, position as u64))
+                .collect(),
+            owned: ownership.iter().map(|(_, mine)| *mine).collect(),
+        }
+    }
+}
 
 /// Where the optimizer state's entries go, one at a time: its position
 /// among the trained parameters, its bytes.
@@ -38,12 +61,37 @@ pub(crate) fn save_parts(
     let rank = group.rank();
     let mut save = ShardedSave::begin(group, dir)?;
     write_values(&mut save, &walk, owned, rank);
-    let written =
-        state(&mut |position, bytes| save.write(EntryKind::OptimizerState, position, bytes));
-    if let Err(err) = written {
-        save.fail(err.to_string());
-    }
+    write_state(&mut save, state);
     save.commit(&model_shapes(&walk), info)
+}
+
+/// [`save_parts`] in the background: the values this rank saves are copied
+/// out now (in memory), and a thread writes them, then serialises and
+/// writes the optimizer state (`state` owns its copy of it), while
+/// training goes on; [`BackgroundSave::finish`] (collective) commits.
+/// Collective (the save begins on every rank).
+pub(crate) fn save_parts_in_background(
+    group: &ProcessGroup,
+    dir: &Path,
+    walk: impl Walker,
+    owned: &[bool],
+    state: impl FnOnce(&mut StateSink<'_>) -> Result<()> + Send + 'static,
+    info: &str,
+) -> Result<BackgroundSave> {
+    let save = ShardedSave::begin(group, dir)?;
+    let mut staged = Staged::default();
+    write_values(&mut staged, &walk, owned, group.rank());
+    let rest = move |sink: &mut dyn EntrySink| write_state(sink, state);
+    save.in_background(staged, rest, model_shapes(&walk), info)
+}
+
+/// The optimizer state's entries into `sink`, or why not.
+fn write_state(sink: &mut dyn EntrySink, state: impl FnOnce(&mut StateSink<'_>) -> Result<()>) {
+    let written =
+        state(&mut |position, bytes| sink.write(EntryKind::OptimizerState, position, bytes));
+    if let Err(err) = written {
+        sink.fail(err.to_string());
+    }
 }
 
 /// Opens the checkpoint in parts in `dir` for the model `walk` walks: an
@@ -116,9 +164,14 @@ fn shape_of(dims: &[usize], dtype: DType) -> ParamShape {
 /// Writes the values this rank saves: the trained parameters it owns
 /// (`owned`, by position among the trained ones, as the sharded plan
 /// says) and, on rank 0, every untrained one.
-pub(crate) fn write_values(save: &mut ShardedSave, walk: impl Walker, owned: &[bool], rank: usize) {
+pub(crate) fn write_values(
+    save: &mut dyn EntrySink,
+    walk: impl Walker,
+    owned: &[bool],
+    rank: usize,
+) {
     struct Writer<'a> {
-        save: &'a mut ShardedSave,
+        save: &'a mut dyn EntrySink,
         owned: &'a [bool],
         rank: usize,
         position: u64,

@@ -8,7 +8,8 @@ use crate::shard_record;
 pub use crate::shared::config::ShardConfig;
 use crate::shared::shard::{gather_values, ownership, scatter_gradients};
 use crate::shared::sharded_checkpoint::{
-    agree_loaded, open_parts, read_state, read_values, save_parts, StateSink,
+    agree_loaded, open_parts, read_state, read_values, save_parts, save_parts_in_background,
+    StateSink, Trained,
 };
 use crate::shim;
 use burn::module::Module;
@@ -18,7 +19,7 @@ use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn_ddp_comm::Sharder;
 use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
 pub use burn_ddp_comm::{Round, RoundMode, ShardPlan};
-use std::collections::HashMap;
+pub use burn_ddp_training::sharded::BackgroundSave;
 use std::path::{Path, PathBuf};
 
 /// A Burn optimizer whose state is split across the ranks: each rank steps
@@ -153,26 +154,46 @@ impl ShardedOptimizer {
         dir: impl AsRef<Path>,
         info: &str,
     ) -> Result<PathBuf> {
-        self.split(model)?;
-        let group = self.sharder.group()?;
-        let rank = group.rank();
-        let trained = ownership(&mut self.sharder, shim::grad_walker(model))?;
-        let positions: HashMap<u64, u64> = (trained.iter().enumerate())
-            .map(|(position, (id, _))| (*id, position as u64))
-            .collect();
+        let (group, trained) = self.trained_for_save(model)?;
         let record = self.inner.to_record();
+        let rank = group.rank();
         let state = |sink: &mut StateSink<'_>| {
+            shard_record::state_entries(rank, &trained.positions, record, rank == 0, sink)
+        };
+        let walk = shim::walker(model);
+        save_parts(&group, dir.as_ref(), walk, &trained.owned, state, info)
+    }
+
+    /// [`save_parts`](Self::save_parts) written in the background
+    /// (PyTorch's `async_save`): what this rank saves is copied into memory
+    /// now, between steps, and a thread writes it while training goes on.
+    /// [`finish`](BackgroundSave::finish) the save it returns (every rank,
+    /// at the same point of the program: it commits, collectively) before
+    /// the next one. Holds a copy of this rank's part until then.
+    /// Collective.
+    pub fn save_parts_in_background<M: Module>(
+        &mut self,
+        model: &M,
+        dir: impl AsRef<Path>,
+        info: &str,
+    ) -> Result<BackgroundSave> {
+        let (group, trained) = self.trained_for_save(model)?;
+        let record = self.inner.to_record();
+        let rank = group.rank();
+        let positions = trained.positions.clone();
+        let state = move |sink: &mut StateSink<'_>| {
             shard_record::state_entries(rank, &positions, record, rank == 0, sink)
         };
-        let owned: Vec<bool> = trained.iter().map(|(_, mine)| *mine).collect();
-        save_parts(
-            &group,
-            dir.as_ref(),
-            shim::walker(model),
-            &owned,
-            state,
-            info,
-        )
+        let walk = shim::walker(model);
+        save_parts_in_background(&group, dir.as_ref(), walk, &trained.owned, state, info)
+    }
+
+    /// The group, and the trained parameters as a save of `model` sees them.
+    fn trained_for_save<M: Module>(&mut self, model: &M) -> Result<(ProcessGroup, Trained)> {
+        self.split(model)?;
+        let group = self.sharder.group()?;
+        let trained = Trained::of(&ownership(&mut self.sharder, shim::grad_walker(model))?);
+        Ok((group, trained))
     }
 
     /// Loads a checkpoint in parts (saved by [`save_parts`](Self::save_parts)

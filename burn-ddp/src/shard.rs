@@ -13,7 +13,8 @@ pub use crate::shared::config::ShardConfig;
 use crate::shared::session::SESSION;
 use crate::shared::shard::{gather_values, ownership, scatter_gradients};
 use crate::shared::sharded_checkpoint::{
-    agree_loaded, open_parts, read_state, read_values, save_parts, StateSink,
+    agree_loaded, open_parts, read_state, read_values, save_parts, save_parts_in_background,
+    StateSink, Trained,
 };
 use crate::shared::walk::first_trainable;
 use crate::shim;
@@ -24,7 +25,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_ddp_comm::Sharder;
 use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
 pub use burn_ddp_comm::{Round, RoundMode, ShardPlan};
-use std::collections::HashMap;
+pub use burn_ddp_training::sharded::BackgroundSave;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
@@ -149,24 +150,53 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
+        let (group, trained) = self.trained_for_save(model)?;
+        let record = self.inner.to_record();
+        let rank = group.rank();
+        let state =
+            |sink: &mut StateSink<'_>| state_entries(rank, &trained.positions, record, sink);
+        let walk = shim::walker(model);
+        save_parts(&group, dir.as_ref(), walk, &trained.owned, state, info)
+    }
+
+    /// [`save_parts`](Self::save_parts) written in the background
+    /// (PyTorch's `async_save`): what this rank saves is copied into memory
+    /// now, between steps, and a thread writes it while training goes on.
+    /// [`finish`](BackgroundSave::finish) the save it returns (every rank,
+    /// at the same point of the program: it commits, collectively) before
+    /// the next one. Holds a copy of this rank's part until then.
+    /// Collective.
+    pub fn save_parts_in_background<M>(
+        &mut self,
+        model: &M,
+        dir: impl AsRef<Path>,
+        info: &str,
+    ) -> Result<BackgroundSave>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        O::Record: 'static,
+    {
+        let (group, trained) = self.trained_for_save(model)?;
+        let record = self.inner.to_record();
+        let rank = group.rank();
+        let positions = trained.positions.clone();
+        let state =
+            move |sink: &mut StateSink<'_>| state_entries::<B, _>(rank, &positions, record, sink);
+        let walk = shim::walker(model);
+        save_parts_in_background(&group, dir.as_ref(), walk, &trained.owned, state, info)
+    }
+
+    /// The group, and the trained parameters as a save of `model` sees them.
+    fn trained_for_save<M>(&mut self, model: &M) -> Result<(ProcessGroup, Trained)>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
         self.split(model)?;
         let group = self.sharder.group()?;
-        let trained = ownership(&mut self.sharder, shim::grad_walker(model))?;
-        let positions: HashMap<u64, u64> = (trained.iter().enumerate())
-            .map(|(position, (id, _))| (*id, position as u64))
-            .collect();
-        let record = self.inner.to_record();
-        let state =
-            |sink: &mut StateSink<'_>| state_entries(group.rank(), &positions, record, sink);
-        let owned: Vec<bool> = trained.iter().map(|(_, mine)| *mine).collect();
-        save_parts(
-            &group,
-            dir.as_ref(),
-            shim::walker(model),
-            &owned,
-            state,
-            info,
-        )
+        let trained = Trained::of(&ownership(&mut self.sharder, shim::grad_walker(model))?);
+        Ok((group, trained))
     }
 
     /// Loads a checkpoint in parts (saved by [`save_parts`](Self::save_parts)

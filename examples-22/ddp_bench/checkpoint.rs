@@ -10,6 +10,7 @@ use crate::zero::Stack;
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::Device;
 use burn_ddp_22::{ProcessGroup, ShardedOptimizer};
+use burn_ddp_examples_common::bench::median;
 use burn_ddp_examples_common::fail;
 use std::path::Path;
 use std::time::Instant;
@@ -22,6 +23,9 @@ pub enum Format {
     /// Rank 0 gathers the whole state and writes one file (`consolidate`);
     /// every rank reads all of it.
     Whole,
+    /// In parts, written by a thread while training goes on
+    /// (`save_parts_in_background`); resumed as `parts`.
+    Background,
 }
 
 /// Forgets the peak so far: `VmHWM` starts again from the current size.
@@ -59,6 +63,15 @@ pub fn run(args: Run<'_>) {
         resume,
     } = args;
     let rank = group.rank();
+    let step = |model: Stack, optimizer: &mut ShardedOptimizer| {
+        let grads =
+            GradientsParams::from_grads(model.loss(batch, width, device).backward(), &model);
+        let model = optimizer
+            .step(1e-4, model, grads)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        model.layers[0].weight.val().into_data(); // waits for the step's kernels
+        model
+    };
     let whole_file = dir.join("whole");
     let mut optimizer = ShardedOptimizer::new(AdamWConfig::new().init(), group)
         .unwrap_or_else(|e| fail(Some(rank), e));
@@ -67,7 +80,7 @@ pub fn run(args: Run<'_>) {
     let started = Instant::now();
     let model = if resume {
         match format {
-            Format::Parts => {
+            Format::Parts | Format::Background => {
                 optimizer
                     .load_parts(model, dir)
                     .unwrap_or_else(|e| fail(Some(rank), e))
@@ -94,14 +107,12 @@ pub fn run(args: Run<'_>) {
     let mut model = burn_ddp_22::wrap(model, group).unwrap_or_else(|e| fail(Some(rank), e));
     group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
     reset_peak();
+    let mut steps = Vec::new();
     for _ in 0..iters {
-        let grads =
-            GradientsParams::from_grads(model.loss(batch, width, device).backward(), &model);
-        model = optimizer
-            .step(1e-4, model, grads)
-            .unwrap_or_else(|e| fail(Some(rank), e));
+        let started = Instant::now();
+        model = step(model, &mut optimizer);
+        steps.push(started.elapsed().as_secs_f64());
     }
-    model.layers[0].weight.val().into_data();
     let train_peak = peak_mib();
     let world = group.world_size();
     let params = model.parameters();
@@ -122,6 +133,32 @@ pub fn run(args: Run<'_>) {
             optimizer
                 .save_parts(&model, dir, &format!("{iters} steps"))
                 .unwrap_or_else(|e| fail(Some(rank), e));
+        }
+        Format::Background => {
+            let save = optimizer
+                .save_parts_in_background(&model, dir, &format!("{iters} steps"))
+                .unwrap_or_else(|e| fail(Some(rank), e));
+            let copied = started.elapsed().as_secs_f64();
+            // As many steps as before, while the thread writes.
+            let mut during = Vec::new();
+            while during.len() < iters {
+                let started = Instant::now();
+                model = step(model, &mut optimizer);
+                during.push(started.elapsed().as_secs_f64());
+            }
+            let written = save.is_written();
+            let waited = Instant::now();
+            save.finish().unwrap_or_else(|e| fail(Some(rank), e));
+            let (with, without) = (median(during), median(steps.clone()));
+            println!(
+                "rank {rank}: background save: copied out in {copied:.2} s; {iters} steps \
+                 during it (written when they ended: {written}): median step {:.0} ms, \
+                 without a save {:.0} ms ({:.2}); finish waited {:.2} s",
+                with * 1e3,
+                without * 1e3,
+                with / without,
+                waited.elapsed().as_secs_f64()
+            );
         }
         Format::Whole => {
             let whole = optimizer

@@ -34,6 +34,14 @@ pub trait ShardedStep<M> {
     /// Saves `model` and this rank's part of the state as a checkpoint in
     /// parts in the folder `dir` (`save_parts`, collective).
     fn save_parts(&mut self, model: &M, dir: &std::path::Path, info: &str) -> Result<(), String>;
+    /// [`save_parts`](Self::save_parts) written by a thread: the save under
+    /// way, to finish (collective).
+    fn save_parts_in_background(
+        &mut self,
+        model: &M,
+        dir: &std::path::Path,
+        info: &str,
+    ) -> Result<crate::shim::ddp::shard::BackgroundSave, String>;
     /// Loads a checkpoint in parts into `model` and this optimizer
     /// (`load_parts`, collective): the model and the saved `info`.
     fn load_parts(&mut self, model: M, dir: &std::path::Path) -> Result<(M, String), String>;

@@ -236,7 +236,8 @@ fn batch(step: usize, rank: usize, world: usize) -> Vec<usize> {
 /// With `BURN_DDP_TEST_PARTS=NAME`, the checkpoint is written in parts
 /// (`save_parts`, into `dir/NAME`) and read back by `load_parts`: each
 /// rank reads the values and only the state it owns (the plain optimizer:
-/// all of it).
+/// all of it); with `BURN_DDP_TEST_BACKGROUND` too, written by a thread
+/// while two more steps run (which the checkpoint must not hold).
 pub fn checkpoint(phase: &str) -> Res<()> {
     use super::scenarios::ToyTask;
     use burn::optim::AdamWConfig;
@@ -275,7 +276,18 @@ pub fn checkpoint(phase: &str) -> Res<()> {
                 model.local_grads(ToyTask::loss(&model, &batch(step, rank, world), &device));
             model = ShardedStep::step(&mut sharded, 0.01, model, grads)?;
         }
-        if in_parts {
+        if in_parts && std::env::var_os("BURN_DDP_TEST_BACKGROUND").is_some() {
+            let save =
+                ShardedStep::save_parts_in_background(&mut sharded, &model, &parts, PARTS_INFO)?;
+            // Training goes on while the thread writes: steps the checkpoint
+            // must not hold (it holds the state as the save began).
+            for step in BEFORE..BEFORE + 2 {
+                let grads =
+                    model.local_grads(ToyTask::loss(&model, &batch(step, rank, world), &device));
+                model = ShardedStep::step(&mut sharded, 0.01, model, grads)?;
+            }
+            save.finish().map_err(e)?;
+        } else if in_parts {
             ShardedStep::save_parts(&mut sharded, &model, &parts, PARTS_INFO)?;
         } else {
             sharded.save(&model, &dir)?;

@@ -92,7 +92,7 @@ pub fn run_suite(
             sharded_checkpoint,
         ),
         (
-            "sharded_checkpoint_in_parts_resharded_2_to_3_2_to_1_plain_3_to_2_1_to_2_and_faults",
+            "sharded_checkpoint_in_parts_resharded_2_to_3_2_to_1_plain_3_to_2_1_to_2_background_and_faults",
             sharded_checkpoint_in_parts,
         ),
         (
@@ -433,7 +433,8 @@ fn sharded_checkpoint() -> Result<(), String> {
 
 /// The same in parts (`save_parts`, `load_parts`): saved on 2, resumed on
 /// 3, by one process with the plain optimizer, saved on 3 and on 1 and
-/// resumed on 2; each within 1e-6 of one uninterrupted process, with one
+/// resumed on 2, saved on 2 in the background while two more steps run
+/// and resumed on 3; each within 1e-6 of one uninterrupted process, with one
 /// part per rank that owns a parameter, the metadata last, nothing left
 /// beside it. A part cut short or missing stops every rank's load, naming
 /// the part and its writer; a save whose rank is killed (SIGKILL) as it
@@ -441,16 +442,26 @@ fn sharded_checkpoint() -> Result<(), String> {
 /// the rename fails the other ranks fast and leaves no checkpoint under
 /// the name, and the one before it loads.
 fn sharded_checkpoint_in_parts() -> Result<(), String> {
-    let cases = [(2, 3, false), (2, 1, true), (3, 2, false), (1, 2, false)];
-    for (saved_on, resumed_on, plain) in cases {
-        let dir = scratch_dir(&format!("parts-{saved_on}-{resumed_on}"))?;
+    let cases = [
+        (2, 3, false, false),
+        (2, 1, true, false),
+        (3, 2, false, false),
+        (1, 2, false, false),
+        (2, 3, false, true),
+    ];
+    for (saved_on, resumed_on, plain, background) in cases {
+        let dir = scratch_dir(&format!("parts-{saved_on}-{resumed_on}-{background}"))?;
         let path = dir.to_string_lossy().to_string();
         let world = |n: usize| {
             World::new(n)
                 .env("BURN_DDP_TEST_DIR", &path)
                 .env("BURN_DDP_TEST_PARTS", "parts")
         };
-        all_ok(&world(saved_on).run("sharded_save"))?;
+        let saving = match background {
+            true => world(saved_on).env("BURN_DDP_TEST_BACKGROUND", "1"),
+            false => world(saved_on),
+        };
+        all_ok(&saving.run("sharded_save"))?;
         let parts = dir.join("parts");
         let metadata = std::fs::read_to_string(parts.join("metadata.json"))
             .map_err(|err| format!("saved on {saved_on}: {err}"))?;
@@ -476,7 +487,7 @@ fn sharded_checkpoint_in_parts() -> Result<(), String> {
         for o in &resumed {
             check(o.value("resumed_diff").is_some(), || o.stdout.clone())?;
         }
-        if saved_on == 2 && resumed_on == 3 {
+        if (saved_on, resumed_on, background) == (2, 3, false) {
             parts_faults(&dir, &path)?;
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -296,6 +296,15 @@ impl<M: Module> crate::shared::contract::ShardedStep<M> for burn_ddp_22::Sharded
     fn load_parts(&mut self, model: M, dir: &std::path::Path) -> Result<(M, String), String> {
         burn_ddp_22::ShardedOptimizer::load_parts(self, model, dir).map_err(|err| err.to_string())
     }
+    fn save_parts_in_background(
+        &mut self,
+        model: &M,
+        dir: &std::path::Path,
+        info: &str,
+    ) -> Result<burn_ddp_22::shard::BackgroundSave, String> {
+        burn_ddp_22::ShardedOptimizer::save_parts_in_background(self, model, dir, info)
+            .map_err(|err| err.to_string())
+    }
     fn save(&mut self, model: &M, dir: &std::path::Path) -> Result<(), String> {
         let whole = self.consolidate(model).map_err(|err| err.to_string())?;
         if let Some(whole) = whole {

@@ -16,10 +16,12 @@
 //! front-end's business: here they are byte strings keyed by what they are
 //! ([`EntryKind`]) and the position of their parameter in the model.
 
+mod background;
 mod format;
 mod load;
 mod save;
 
+pub use background::{BackgroundSave, EntrySink, Staged};
 pub use format::{EntryKind, ParamShape, METADATA_FILE};
 pub use load::ShardedCheckpoint;
 pub use save::{ShardedSave, CRASH_IN_SAVE_VAR};

@@ -83,6 +83,11 @@ impl ShardedSave {
         })
     }
 
+    /// This rank's rank.
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
     /// Adds an entry to this rank's part. Never fails here: whatever went
     /// wrong is reported by [`commit`](Self::commit), on every rank.
     pub fn write(&mut self, kind: EntryKind, position: u64, bytes: &[u8]) {

@@ -369,7 +369,7 @@ impl<O, M, R> crate::shared::contract::ShardedStep<M> for burn_ddp::ShardedOptim
 where
     O: burn::optim::Optimizer<M, Wrapped, Record = hashbrown::HashMap<burn::module::ParamId, R>>,
     M: burn::module::AutodiffModule<Wrapped>,
-    R: burn::record::Record<Wrapped>,
+    R: burn::record::Record<Wrapped> + 'static,
 {
     fn step(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<M, String> {
         self.try_step(lr, model, grads)
@@ -388,6 +388,15 @@ where
     }
     fn load_parts(&mut self, model: M, dir: &std::path::Path) -> Result<(M, String), String> {
         burn_ddp::ShardedOptimizer::load_parts(self, model, dir).map_err(|err| err.to_string())
+    }
+    fn save_parts_in_background(
+        &mut self,
+        model: &M,
+        dir: &std::path::Path,
+        info: &str,
+    ) -> Result<burn_ddp::shard::BackgroundSave, String> {
+        burn_ddp::ShardedOptimizer::save_parts_in_background(self, model, dir, info)
+            .map_err(|err| err.to_string())
     }
     fn save(&mut self, model: &M, dir: &std::path::Path) -> Result<(), String> {
         let whole = self.consolidate(model).map_err(|err| err.to_string())?;
