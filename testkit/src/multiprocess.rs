@@ -438,9 +438,11 @@ fn sharded_checkpoint() -> Result<(), String> {
 /// part per rank that owns a parameter, the metadata last, nothing left
 /// beside it. A part cut short or missing stops every rank's load, naming
 /// the part and its writer; a save whose rank is killed (SIGKILL) as it
-/// begins, once its part is written, or (rank 0) between the metadata and
-/// the rename fails the other ranks fast and leaves no checkpoint under
-/// the name, and the one before it loads.
+/// begins, after its first entry, once its part is written, or (rank 0)
+/// between the metadata and the rename fails the other ranks fast and
+/// leaves no checkpoint under the name, and the one before it loads;
+/// killed once rank 0 renamed the folder, the checkpoint is whole and
+/// resumes exactly.
 fn sharded_checkpoint_in_parts() -> Result<(), String> {
     let cases = [
         (2, 3, false, false),
@@ -504,9 +506,17 @@ fn parts_faults(dir: &std::path::Path, path: &str) -> Result<(), String> {
             .env("BURN_DDP_TEST_PARTS", name)
             .run("sharded_resume")
     };
-    // Killed mid-save: the others fail fast, nothing is under the new name,
-    // the earlier checkpoint still loads.
-    for (dead, moment) in [(1, "begun"), (1, "written"), (0, "committing")] {
+    // Killed mid-save: the others fail fast; nothing is under the new name
+    // (but once rank 0 has renamed the folder: then it is whole and loads),
+    // and the earlier checkpoint still loads.
+    let moments = [
+        (1, "begun"),
+        (1, "writing"),
+        (1, "written"),
+        (0, "committing"),
+        (0, "renamed"),
+    ];
+    for (dead, moment) in moments {
         let name = format!("parts-{moment}");
         let killed = World::new(2)
             .env("BURN_DDP_TEST_DIR", path)
@@ -522,6 +532,10 @@ fn parts_faults(dir: &std::path::Path, path: &str) -> Result<(), String> {
             &[&names_dead],
         )
         .map_err(|err| format!("killed {moment}: {err}"))?;
+        if moment == "renamed" {
+            all_ok(&resume(&name)).map_err(|err| format!("killed {moment}: {err}"))?;
+            continue;
+        }
         check(!dir.join(&name).exists(), || {
             format!("{name} exists after a kill")
         })?;

@@ -13,9 +13,10 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 /// For the fault tests: `RANK:MOMENT` makes rank RANK kill itself
-/// (SIGKILL) at that moment of a sharded save: `begun`, `written` (its part
-/// on disk under its name), `committing` (rank 0: the metadata written, the
-/// folder not yet renamed).
+/// (SIGKILL) at that moment of a sharded save: `begun`, `writing` (its
+/// first entry written), `written` (its part on disk under its name),
+/// `committing` (rank 0: the metadata written, the folder not yet renamed),
+/// `renamed` (rank 0: the checkpoint whole, the others not told yet).
 #[doc(hidden)]
 pub const CRASH_IN_SAVE_VAR: &str = "BURN_DDP_TEST_CRASH_IN_SAVE";
 
@@ -96,6 +97,9 @@ impl ShardedSave {
         }
         if let Err(message) = self.append(kind, position, bytes) {
             self.failed = Some(message);
+        }
+        if self.entries.len() == 1 {
+            crash_point(self.group.rank(), "writing");
         }
     }
 
@@ -261,6 +265,7 @@ impl ShardedSave {
             )
         })?;
         sync_folder(self.target.parent());
+        crash_point(0, "renamed");
         Ok(self.save_id)
     }
 }
