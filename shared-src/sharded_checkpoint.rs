@@ -10,7 +10,7 @@ use super::contract::{ElementType, Kind, ParamSlot, ParamView, Rewrite, Visit};
 use super::dtype;
 use super::walk::Walker;
 use burn::tensor::{DType, TensorData};
-use burn_ddp_comm::{CommError, DType as Wire, ProcessGroup, ReduceOp, Result};
+use burn_ddp_comm::{CommError, DType as Wire, ProcessGroup, Result};
 use burn_ddp_training::sharded::{
     BackgroundSave, EntryKind, EntrySink, ParamShape, ShardedCheckpoint, ShardedSave, Staged,
 };
@@ -82,7 +82,7 @@ pub(crate) fn save_parts_in_background(
     let mut staged = Staged::default();
     write_values(&mut staged, &walk, owned, group.rank());
     let rest = move |sink: &mut dyn EntrySink| write_state(sink, state);
-    save.in_background(staged, rest, model_shapes(&walk), info)
+    Ok(save.in_background(staged, rest, model_shapes(&walk), info))
 }
 
 /// The optimizer state's entries into `sink`, or why not.
@@ -120,14 +120,17 @@ pub(crate) fn read_state(
 /// `loaded` on every rank, or an error on every rank: a rank that could
 /// not load says why, the others how many could not. Collective.
 pub(crate) fn agree_loaded<T>(group: &ProcessGroup, loaded: Result<T>) -> Result<T> {
-    let mut failed = [loaded.is_err() as i64];
-    group.all_reduce(&mut failed, ReduceOp::Sum)?;
+    let failed = group.all_gather(&[loaded.is_err() as i64])?;
+    let ranks: Vec<String> = (failed.iter().enumerate())
+        .filter(|(_, &f)| f != 0)
+        .map(|(rank, _)| rank.to_string())
+        .collect();
     match loaded {
-        Ok(_) if failed[0] > 0 => Err(CommError::InvalidArgument {
+        Ok(_) if !ranks.is_empty() => Err(CommError::InvalidArgument {
             rank: group.rank(),
             message: format!(
-                "the checkpoint did not load on {} other rank(s); their errors say why",
-                failed[0]
+                "the checkpoint did not load on rank(s) {}; their errors say why",
+                ranks.join(", ")
             ),
         }),
         loaded => loaded,
@@ -251,8 +254,9 @@ pub(crate) fn read_values<M>(
                     self.error = Some(CommError::InvalidArgument {
                         rank: self.rank,
                         message: format!(
-                            "the checkpoint holds no readable values of parameter #{position} \
-                             ({:?} {:?}); it was saved by another program or is damaged",
+                            "{} holds no readable values of parameter #{position} ({:?} \
+                             {:?}); it was saved by another program or is damaged",
+                            self.checkpoint.dir().display(),
                             param.dims(),
                             param.dtype()
                         ),

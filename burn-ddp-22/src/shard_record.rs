@@ -143,7 +143,19 @@ pub(crate) fn record_from_entries(
 ) -> Result<OptimizerRecord> {
     let mut records = Vec::with_capacity(entries.len());
     for (position, bytes) in entries {
-        let record = record_from_bytes(rank, bytes)?;
+        let record = OptimizerRecord::from_bytes(Bytes::from_bytes_vec(bytes)).map_err(|err| {
+            let what = match position {
+                SHARED_STATE => "the state of no parameter".to_string(),
+                p => format!("the state of parameter #{p}"),
+            };
+            error(
+                rank,
+                format!(
+                    "the checkpoint's optimizer state, {what}, does not decode ({err}); it was \
+                     saved by another optimizer or Burn version, or is damaged"
+                ),
+            )
+        })?;
         if position == SHARED_STATE {
             records.push(record);
             continue;

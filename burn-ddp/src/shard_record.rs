@@ -91,8 +91,10 @@ where
 /// `record`'s entries as a checkpoint in parts stores them, handed to
 /// `sink` one at a time: each parameter's state (CBOR) under its position
 /// among the trained parameters (`positions`: by parameter id). At full
-/// precision unless the backend's floats are f64 (exact either way). No
-/// communication.
+/// precision unless the backend's floats are f64 (exact either way). Burn
+/// 0.21 serialises a record only whole: its item, then its value, are
+/// made first (each a copy of this rank's share, briefly both), then the
+/// entries go one by one. No communication.
 pub(crate) fn state_entries<B: AutodiffBackend, R: Record<B>>(
     rank: usize,
     positions: &HashMap<u64, u64>,
@@ -139,16 +141,37 @@ pub(crate) fn record_from_entries<B: AutodiffBackend, R: Record<B>>(
             let id = ids
                 .get(position as usize)
                 .ok_or_else(|| foreign_state(rank, position, ids.len()))?;
-            let state: Value =
-                ciborium::from_reader(bytes.as_slice()).map_err(|err| error(rank, err))?;
+            let state: Value = ciborium::from_reader(bytes.as_slice())
+                .map_err(|err| unreadable(rank, position, err))?;
             Ok((*id, state))
         })
         .collect::<Result<Entries>>()?;
-    if in_double::<B>() {
+    let record = if in_double::<B>() {
         record_at::<B, R, DoublePrecisionSettings>(rank, entries, device)
     } else {
         record_at::<B, R, FullPrecisionSettings>(rank, entries, device)
-    }
+    };
+    record.map_err(|err| {
+        error(
+            rank,
+            format!(
+                "the checkpoint's optimizer state does not fit this optimizer ({err}); resume \
+                 with the optimizer and the Burn version it was saved with"
+            ),
+        )
+    })
+}
+
+/// A checkpoint entry that does not decode: the parameter it is for, and
+/// the likely cause.
+fn unreadable(rank: usize, position: u64, err: impl std::fmt::Display) -> CommError {
+    error(
+        rank,
+        format!(
+            "the checkpoint's optimizer state of parameter #{position} does not decode ({err}); \
+             it was saved by another optimizer or Burn version, or is damaged"
+        ),
+    )
 }
 
 /// `record`'s entries; an error unless it is keyed by parameter.

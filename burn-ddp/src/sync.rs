@@ -25,7 +25,7 @@ use burn::tensor::{Shape, TensorData};
 use burn_backend::tensor::FloatTensor;
 use burn_ddp_comm::ParamLayout;
 pub use burn_ddp_comm::SyncStats;
-use burn_ddp_comm::{CommError, GradientSet, ProcessGroup, Reducer, Result};
+use burn_ddp_comm::{CommError, GradientSet, Placement, ProcessGroup, Reducer, Result};
 use burn_ddp_training::session::{ModelScope, DEFAULT_SCOPE};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -189,6 +189,9 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
     let model = model?;
     let mut reducer = model.reducer.lock().unwrap();
     let group = reducer.group().ok()?;
+    if !model.overlaps_on_gpu() && reduced_on_gpu::<B>(&group, &params[0]) {
+        return None; // NCCL: after backward unless asked for (Overlap::Always)
+    }
     let agreed = SYNCED_LAYOUTS.lock().unwrap().get(&scope).cloned()?;
     let agreeing = |params: &[LiveParam<B>]| {
         let set = gradient_set::<B>(&group, params, |_, _| None).ok()?;
@@ -227,9 +230,6 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
         return None; // the model is not in this step's graph
     }
     let mut round = reducer.begin(set.params()).ok()??;
-    if round.on_device() && !model.overlaps_on_gpu() {
-        return None; // NCCL: after backward unless asked for (Overlap::Always)
-    }
     let unused: Vec<u64> = (0..params.len())
         .filter(|&i| unused(i))
         .map(|i| {
@@ -245,6 +245,16 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
         reporting,
         unused,
     })
+}
+
+/// Whether the gradients of the model `param` belongs to are averaged by
+/// NCCL on the GPU (a CUDA tensor, a group that reduces there).
+fn reduced_on_gpu<B: TrackedAutodiff>(group: &ProcessGroup, param: &LiveParam<B>) -> bool {
+    let device = B::float_device(&param.key);
+    match <shim::Grad<B> as FlatGrad>::placement(&device) {
+        Placement::Device { ordinal } => group.uses_device_collectives(ordinal).unwrap_or(true),
+        Placement::Host => false,
+    }
 }
 
 /// Each model's gradients averaged: the first model that overlaps first

@@ -1,6 +1,6 @@
 //! One synchronisation, from [`Reducer::begin`](super::Reducer::begin) to
 //! [`Reducer::finish`](super::Reducer::finish): gradients may be handed
-//! over one by one as they become final ([`SyncSyncRound::ready`], during backward),
+//! over one by one as they become final ([`SyncRound::ready`], during backward),
 //! and each bucket leaves for the communication thread as soon as it and
 //! every bucket before it are complete; `finish` reads the rest, sends what
 //! is left and writes every average back.
@@ -67,7 +67,8 @@ enum Agreement {
     Reached,
 }
 
-/// One synchronisation through host memory in progress.
+/// One synchronisation in progress: through host memory, or on the GPU
+/// (NCCL) with [`SyncRound::ready_on_device`].
 pub struct SyncRound {
     averaging: Averaging,
     planned: Arc<Planned>,

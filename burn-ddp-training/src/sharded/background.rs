@@ -8,6 +8,7 @@ use super::format::{EntryKind, ParamShape};
 use super::save::ShardedSave;
 use burn_ddp_comm::Result;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// Where a rank's entries go: its part ([`ShardedSave`]) or memory
@@ -54,26 +55,39 @@ impl EntrySink for Staged {
 
 /// A checkpoint in parts being written by a thread: [`finish`](Self::finish)
 /// it (every rank, at the same point of the program) before the next one.
+/// Dropped without `finish`, this rank never commits and the others wait
+/// for it until the group's timeout.
 pub struct BackgroundSave {
-    writer: JoinHandle<ShardedSave>,
+    writing: Writing,
     model: Vec<ParamShape>,
     info: String,
+}
+
+/// Where this rank's part is being written.
+enum Writing {
+    Thread(JoinHandle<ShardedSave>),
+    /// The system refused a thread: written on the caller's, already.
+    Done(ShardedSave),
 }
 
 impl BackgroundSave {
     /// Whether this rank's part is written (its thread is done).
     pub fn is_written(&self) -> bool {
-        self.writer.is_finished()
+        match &self.writing {
+            Writing::Thread(thread) => thread.is_finished(),
+            Writing::Done(_) => true,
+        }
     }
 
     /// Waits for this rank's part, then commits the checkpoint as
     /// [`ShardedSave::commit`] does: whole on every rank, or an error on
     /// every rank. Collective.
     pub fn finish(self) -> Result<PathBuf> {
-        let save = self
-            .writer
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let save = match self.writing {
+            // The thread never panics out: it catches a panic and records it.
+            Writing::Thread(thread) => thread.join().expect("the writer catches its panics"),
+            Writing::Done(save) => save,
+        };
         save.commit(&self.model, &self.info)
     }
 }
@@ -83,37 +97,65 @@ impl ShardedSave {
     /// its part while the caller goes on, then lets `rest` write more there
     /// (what the thread can serialise itself, from a value the caller no
     /// longer changes); [`BackgroundSave::finish`] commits with the model's
-    /// parameters `model` and `info`. No communication.
+    /// parameters `model` and `info`. A panic on the thread fails the save
+    /// on every rank; without a thread (the system refuses one) it is all
+    /// written here, now. No communication.
     pub fn in_background(
         mut self,
         staged: Staged,
         rest: impl FnOnce(&mut dyn EntrySink) + Send + 'static,
         model: Vec<ParamShape>,
         info: &str,
-    ) -> Result<BackgroundSave> {
+    ) -> BackgroundSave {
         if let Some(failed) = staged.failed {
             self.fail(failed);
         }
         let rank = self.rank();
-        let writer = std::thread::Builder::new()
+        let job = Arc::new(Mutex::new(Some((self, staged.entries, rest))));
+        let for_thread = Arc::clone(&job);
+        let spawned = std::thread::Builder::new()
             .name(format!("burn-ddp-save-{rank}"))
             .spawn(move || {
-                for (kind, position, bytes) in staged.entries {
-                    self.write(kind, position, &bytes);
-                }
-                rest(&mut self);
-                self
-            })
-            .map_err(|err| {
-                super::format::error(
-                    rank,
-                    format!("cannot start the checkpoint's writer thread: {err}"),
-                )
-            })?;
-        Ok(BackgroundSave {
-            writer,
+                let job = for_thread.lock().unwrap().take();
+                let (save, entries, rest) = job.expect("taken once");
+                write_all(save, entries, rest)
+            });
+        let writing = match spawned {
+            Ok(thread) => Writing::Thread(thread),
+            Err(_) => {
+                let job = job.lock().unwrap().take();
+                let (save, entries, rest) = job.expect("the thread never started");
+                Writing::Done(write_all(save, entries, rest))
+            }
+        };
+        BackgroundSave {
+            writing,
             model,
             info: info.to_string(),
-        })
+        }
     }
+}
+
+/// Writes `entries`, then what `rest` writes, into `save`; a panic becomes
+/// the save's failure (so the commit still runs on every rank).
+fn write_all(
+    mut save: ShardedSave,
+    entries: Vec<(EntryKind, u64, Vec<u8>)>,
+    rest: impl FnOnce(&mut dyn EntrySink),
+) -> ShardedSave {
+    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for (kind, position, bytes) in entries {
+            save.write(kind, position, &bytes);
+        }
+        rest(&mut save);
+    }));
+    if let Err(panic) = written {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        save.fail(format!("writing its part panicked: {why}"));
+    }
+    save
 }

@@ -27,7 +27,7 @@ impl ShardedCheckpoint {
     /// Whether `dir` holds a whole sharded checkpoint (its metadata, which
     /// is written last); a save that did not finish never does.
     pub fn is_complete(dir: &Path) -> bool {
-        dir.join(METADATA_FILE).is_file()
+        !is_partial(dir) && dir.join(METADATA_FILE).is_file()
     }
 
     /// Opens the checkpoint in `dir` on `rank` (for messages): its metadata
@@ -35,6 +35,16 @@ impl ShardedCheckpoint {
     /// same save. An error names the file, the rank that wrote it and what
     /// is wrong. No communication.
     pub fn open(dir: &Path, rank: usize) -> Result<Self> {
+        if is_partial(dir) {
+            return Err(error(
+                rank,
+                format!(
+                    "{} is the folder of a save that did not finish (even with its metadata \
+                     written, it was never renamed into place); resume from another checkpoint",
+                    dir.display()
+                ),
+            ));
+        }
         let path = dir.join(METADATA_FILE);
         let bytes = fs::read(&path).map_err(|e| {
             let why = if e.kind() == std::io::ErrorKind::NotFound {
@@ -158,6 +168,11 @@ impl ShardedCheckpoint {
         Ok(())
     }
 
+    /// Its folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The world size it was saved with.
     pub fn world_size(&self) -> usize {
         self.metadata.world_size
@@ -225,4 +240,10 @@ impl ShardedCheckpoint {
         }
         Ok(Some(bytes))
     }
+}
+
+/// Whether `dir` is a save's folder before its rename (`NAME.partial-ID`).
+fn is_partial(dir: &Path) -> bool {
+    dir.file_name()
+        .is_some_and(|name| name.to_string_lossy().contains(".partial-"))
 }

@@ -163,7 +163,11 @@ impl ShardedSave {
     /// metadata (`model`: the parameters by position; `info`: the front-end's
     /// own description) and renames the folder to its name. Returns the
     /// folder. Collective; an error on every rank, naming the rank that
-    /// failed and why, and then nothing of this save remains.
+    /// failed and why. No folder appears under the name unless whole;
+    /// what a failed save leaves beside it (`NAME.partial-ID`) is never
+    /// loaded and goes with the next save of that name. A rank still
+    /// writing holds the others here, up to the group's timeout: a part
+    /// that takes longer to write fails the save.
     pub fn commit(mut self, model: &[ParamShape], info: &str) -> Result<PathBuf> {
         let rank = self.group.rank();
         let report = PartReport {

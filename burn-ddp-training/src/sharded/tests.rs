@@ -224,3 +224,19 @@ fn metadata_names_every_entry_in_json() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn a_save_folder_never_renamed_is_refused_even_with_its_metadata() {
+    let root = scratch("partial-with-metadata");
+    let whole = save(&root.join("a"));
+    // As a save killed between its metadata and its rename leaves it.
+    let partial = root.join("b.partial-0123456789abcdef");
+    std::fs::rename(&whole, &partial).unwrap();
+    assert!(!ShardedCheckpoint::is_complete(&partial));
+    let err = error_of(ShardedCheckpoint::open(&partial, 0));
+    assert!(
+        err.contains("the folder of a save that did not finish"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

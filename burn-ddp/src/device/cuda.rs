@@ -12,7 +12,10 @@
 //! stream, so the buffer is fully written; every NCCL call returns only after
 //! its own stream has finished, before cubecl queues anything that reads the
 //! result. The allocation is held for the whole call, so it cannot be freed or
-//! reused meanwhile.
+//! reused meanwhile. A bucket sent during backward (`pack_pending`) is
+//! taken and waited for the same way, on the communication thread, by its
+//! fence; there the tensor kept with the bucket until `unpack` is what holds
+//! the allocation.
 //!
 //! Layout: NCCL reads and writes `numel` packed elements, and cubecl pads the
 //! rows of CUDA tensors of rank 2 or more unless told otherwise. Every buffer

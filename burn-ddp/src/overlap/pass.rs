@@ -149,6 +149,16 @@ fn ready_on_device<I: Backend>(pass: &mut Pass, position: usize, grad: FloatTens
             let grad = *grad
                 .downcast::<FloatTensor<I>>()
                 .expect("kept as this type");
+            if grad.shape().num_elements() != numel {
+                // Reshaping would panic inside Burn's backward.
+                return Err(CommError::InvalidArgument {
+                    rank,
+                    message: format!(
+                        "gradient of parameter #{member}: {} elements for a parameter of {numel}",
+                        grad.shape().num_elements()
+                    ),
+                });
+            }
             if grad.dtype() != dtype {
                 // Concatenating would panic; the host path refuses it too.
                 return Err(CommError::InvalidArgument {
