@@ -240,3 +240,34 @@ fn a_save_folder_never_renamed_is_refused_even_with_its_metadata() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn a_background_save_writes_staged_and_later_entries_and_a_panic_fails_it() {
+    let root = scratch("background");
+    let begin = |name: &str| ShardedSave::begin(&group(), &root.join(name)).unwrap();
+    let mut staged = Staged::default();
+    EntrySink::write(&mut staged, EntryKind::Param, 0, &[1; 24]);
+    let later = |sink: &mut dyn EntrySink| sink.write(EntryKind::OptimizerState, 1, b"moments");
+    let save = begin("a").in_background(staged, later, model(), "epoch 5");
+    let dir = save.finish().unwrap();
+    let checkpoint = ShardedCheckpoint::open(&dir, 0).unwrap();
+    assert_eq!(
+        checkpoint.read(EntryKind::Param, 0).unwrap(),
+        Some(vec![1; 24])
+    );
+    assert_eq!(
+        checkpoint.read(EntryKind::OptimizerState, 1).unwrap(),
+        Some(b"moments".to_vec())
+    );
+    assert_eq!(checkpoint.info(), "epoch 5");
+
+    let panics = |_: &mut dyn EntrySink| panic!("serialising went wrong");
+    let save = begin("b").in_background(Staged::default(), panics, model(), "");
+    let err = error_of(save.finish());
+    assert!(
+        err.contains("rank 0: writing its part panicked: serialising went wrong"),
+        "{err}"
+    );
+    assert!(!root.join("b").exists());
+    let _ = std::fs::remove_dir_all(&root);
+}
