@@ -129,6 +129,11 @@ fn parameter_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Vec<us
     shapes.found
 }
 
+/// The newest whole checkpoint in parts among the folders in `parent`
+/// (the one saved last), to resume from by itself: a save that did not
+/// finish (a `NAME.partial-ID` folder) is never picked. `None` without one.
+pub use burn_ddp_training::sharded::newest_complete as newest_parts;
+
 /// Loads a checkpoint in parts (written by
 /// [`ShardedOptimizer::save_parts`](crate::ShardedOptimizer::save_parts) on
 /// any number of ranks) into `model` and a plain, unsharded `optimizer`:

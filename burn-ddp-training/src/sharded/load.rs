@@ -242,6 +242,25 @@ impl ShardedCheckpoint {
     }
 }
 
+/// The newest whole checkpoint in parts among the folders in `parent` (the
+/// one whose metadata was written last; on a tie, the name that sorts
+/// last), for resuming by itself; a save that did not finish is never
+/// picked. `None` when there is none (or no
+/// `parent`).
+pub fn newest_complete(parent: &Path) -> Option<PathBuf> {
+    let listing = std::fs::read_dir(parent).ok()?;
+    listing
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|dir| ShardedCheckpoint::is_complete(dir))
+        .filter_map(|dir| {
+            let written = dir.join(METADATA_FILE).metadata().ok()?.modified().ok()?;
+            Some((written, dir))
+        })
+        .max()
+        .map(|(_, dir)| dir)
+}
+
 /// Whether `dir` is a save's folder before its rename (`NAME.partial-ID`).
 fn is_partial(dir: &Path) -> bool {
     dir.file_name()

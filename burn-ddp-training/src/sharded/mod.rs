@@ -23,7 +23,7 @@ mod save;
 
 pub use background::{BackgroundSave, EntrySink, Staged};
 pub use format::{EntryKind, ParamShape, METADATA_FILE};
-pub use load::ShardedCheckpoint;
+pub use load::{newest_complete, ShardedCheckpoint};
 pub use save::{ShardedSave, CRASH_IN_SAVE_VAR};
 
 #[cfg(test)]

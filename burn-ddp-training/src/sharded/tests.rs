@@ -271,3 +271,23 @@ fn a_background_save_writes_staged_and_later_entries_and_a_panic_fails_it() {
     assert!(!root.join("b").exists());
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn the_newest_whole_checkpoint_is_found_and_an_unfinished_one_never() {
+    let root = scratch("newest");
+    assert_eq!(newest_complete(&root.join("none")), None);
+    assert_eq!(newest_complete(&root), None);
+    save(&root.join("epoch-1"));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let second = save(&root.join("epoch-2"));
+    // Newer, but unfinished: a folder never renamed (metadata written) and
+    // one without metadata.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let third = save(&root.join("epoch-3"));
+    std::fs::rename(&third, root.join("epoch-3.partial-00000000000000aa")).unwrap();
+    let mut unfinished = ShardedSave::begin(&group(), &root.join("epoch-4")).unwrap();
+    unfinished.write(EntryKind::Param, 0, &[1; 24]);
+    drop(unfinished);
+    assert_eq!(newest_complete(&root), Some(second));
+    let _ = std::fs::remove_dir_all(&root);
+}
