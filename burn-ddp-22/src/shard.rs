@@ -154,14 +154,15 @@ impl ShardedOptimizer {
         dir: impl AsRef<Path>,
         info: &str,
     ) -> Result<PathBuf> {
-        let (group, trained) = self.trained_for_save(model)?;
-        let record = self.inner.to_record();
-        let rank = group.rank();
-        let state = |sink: &mut StateSink<'_>| {
-            shard_record::state_entries(rank, &trained.positions, record, rank == 0, sink)
-        };
-        let walk = shim::walker(model);
-        save_parts(&group, dir.as_ref(), walk, &trained.owned, state, info)
+        let (group, owned, state) = self.prepare_save(model)?;
+        save_parts(
+            &group,
+            dir.as_ref(),
+            shim::walker(model),
+            &owned,
+            state,
+            info,
+        )
     }
 
     /// [`save_parts`](Self::save_parts) written in the background
@@ -177,23 +178,31 @@ impl ShardedOptimizer {
         dir: impl AsRef<Path>,
         info: &str,
     ) -> Result<BackgroundSave> {
-        let (group, trained) = self.trained_for_save(model)?;
-        let record = self.inner.to_record();
-        let rank = group.rank();
-        let positions = trained.positions.clone();
-        let state = move |sink: &mut StateSink<'_>| {
-            shard_record::state_entries(rank, &positions, record, rank == 0, sink)
-        };
+        let (group, owned, state) = self.prepare_save(model)?;
         let walk = shim::walker(model);
-        save_parts_in_background(&group, dir.as_ref(), walk, &trained.owned, state, info)
+        save_parts_in_background(&group, dir.as_ref(), walk, &owned, state, info)
     }
 
-    /// The group, and the trained parameters as a save of `model` sees them.
-    fn trained_for_save<M: Module>(&mut self, model: &M) -> Result<(ProcessGroup, Trained)> {
+    /// What a save of `model` needs: the group, which trained parameters
+    /// this rank owns, and its optimizer state, serialised entry by entry
+    /// when the save asks (a copy of the record, owned: a thread may do it).
+    #[allow(clippy::type_complexity)] // one tuple, taken apart at once
+    fn prepare_save<M: Module>(
+        &mut self,
+        model: &M,
+    ) -> Result<(
+        ProcessGroup,
+        Vec<bool>,
+        impl FnOnce(&mut StateSink<'_>) -> Result<()> + Send + 'static,
+    )> {
         self.split(model)?;
         let group = self.sharder.group()?;
         let trained = Trained::of(&ownership(&mut self.sharder, shim::grad_walker(model))?);
-        Ok((group, trained))
+        let (rank, positions, record) = (group.rank(), trained.positions, self.inner.to_record());
+        let state = move |sink: &mut StateSink<'_>| {
+            shard_record::state_entries(rank, &positions, record, rank == 0, sink)
+        };
+        Ok((group, trained.owned, state))
     }
 
     /// Loads a checkpoint in parts (saved by [`save_parts`](Self::save_parts)

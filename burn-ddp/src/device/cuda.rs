@@ -155,9 +155,12 @@ struct Packed<I: Backend> {
     pinned: Box<dyn Any>,
 }
 
-/// `bucket` (a flat tensor this synchronisation owns) as a device buffer
-/// for NCCL to average in place.
-pub(crate) fn pack<I: Backend>(rank: usize, bucket: FloatTensor<I>) -> Result<DeviceBucket> {
+/// A bucket's CUDA tensor, packed and exclusively ours, and how to wrap it
+/// back.
+fn bucket_to_cuda<I: Backend>(
+    rank: usize,
+    bucket: FloatTensor<I>,
+) -> Result<(CudaTensor, Wrap<FloatTensor<I>>)> {
     let Ok((cuda, wrap)) = float_to_cuda::<I>(bucket) else {
         return Err(CommError::device(
             rank,
@@ -166,7 +169,13 @@ pub(crate) fn pack<I: Backend>(rank: usize, bucket: FloatTensor<I>) -> Result<De
             None,
         ));
     };
-    let cuda = writable(cuda);
+    Ok((writable(cuda), wrap))
+}
+
+/// `bucket` (a flat tensor this synchronisation owns) as a device buffer
+/// for NCCL to average in place.
+pub(crate) fn pack<I: Backend>(rank: usize, bucket: FloatTensor<I>) -> Result<DeviceBucket> {
+    let (cuda, wrap) = bucket_to_cuda::<I>(rank, bucket)?;
     let pinned = pin(rank, &cuda)?;
     let buffer = pinned.buffer;
     let packed = Packed::<I> {
@@ -188,15 +197,7 @@ pub(crate) fn pack_pending<I: Backend>(
     rank: usize,
     bucket: FloatTensor<I>,
 ) -> Result<PendingDeviceBucket> {
-    let Ok((cuda, wrap)) = float_to_cuda::<I>(bucket) else {
-        return Err(CommError::device(
-            rank,
-            "a gradient bucket said to be on a GPU is not a CUDA tensor (a burn-ddp bug; \
-             please report it)",
-            None,
-        ));
-    };
-    let cuda = writable(cuda);
+    let (cuda, wrap) = bucket_to_cuda::<I>(rank, bucket)?;
     let written = cuda.clone();
     // The allocation stays with `keep` (the tensor); the fence only needs
     // the address once every write to it is done.
