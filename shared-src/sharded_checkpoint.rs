@@ -104,7 +104,7 @@ pub(crate) fn open_parts(dir: &Path, rank: usize, walk: impl Walker) -> Result<S
 
 /// The optimizer state entries at `positions` that the checkpoint holds (a
 /// parameter without state has none), and the shared one if there is one.
-pub(crate) fn read_state(
+fn read_state(
     checkpoint: &ShardedCheckpoint,
     positions: impl IntoIterator<Item = u64>,
 ) -> Result<Vec<(u64, Vec<u8>)>> {
@@ -115,6 +115,22 @@ pub(crate) fn read_state(
         }
     }
     Ok(entries)
+}
+
+/// The optimizer state entries in `checkpoint` of the trained parameters
+/// this rank keeps state for (`kept`: each trained parameter's id and
+/// whether this rank keeps its state, in the model's order), with every
+/// trained parameter's id in order: what the crate's `record_from_entries`
+/// takes.
+pub(crate) fn read_kept_state(
+    checkpoint: &ShardedCheckpoint,
+    kept: &[(u64, bool)],
+) -> Result<(Vec<u64>, Vec<(u64, Vec<u8>)>)> {
+    let ids = kept.iter().map(|(id, _)| *id).collect();
+    let positions = (kept.iter().enumerate())
+        .filter(|(_, (_, keeps))| *keeps)
+        .map(|(position, _)| position as u64);
+    Ok((ids, read_state(checkpoint, positions)?))
 }
 
 /// `loaded` on every rank, or an error on every rank: a rank that could

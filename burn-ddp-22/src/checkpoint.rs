@@ -151,12 +151,13 @@ pub fn load_parts<M: Module>(
     optimizer: ModuleOptimizer,
     dir: impl AsRef<Path>,
 ) -> crate::Result<(M, ModuleOptimizer, String)> {
-    use crate::shared::sharded_checkpoint::{open_parts, read_state, read_values};
+    use crate::shared::sharded_checkpoint::{open_parts, read_kept_state, read_values};
     let rank = crate::shared::session::SESSION.rank().unwrap_or(0);
     let checkpoint = open_parts(dir.as_ref(), rank, crate::shim::walker(&model))?;
     let model = read_values(&checkpoint, rank, |r| crate::shim::rewrite(model, r))?;
-    let ids = crate::shared::shard::trained_ids(crate::shim::grad_walker(&model));
-    let entries = read_state(&checkpoint, 0..ids.len() as u64)?;
+    let every = crate::shared::shard::trained_ids(crate::shim::grad_walker(&model));
+    let kept: Vec<(u64, bool)> = every.into_iter().map(|id| (id, true)).collect();
+    let (ids, entries) = read_kept_state(&checkpoint, &kept)?;
     let record = crate::shard_record::record_from_entries(rank, &ids, entries)?;
     Ok((
         model,

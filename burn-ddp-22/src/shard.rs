@@ -8,7 +8,7 @@ use crate::shard_record;
 pub use crate::shared::config::ShardConfig;
 use crate::shared::shard::{gather_values, ownership, scatter_gradients};
 use crate::shared::sharded_checkpoint::{
-    agree_loaded, open_parts, read_state, read_values, save_parts, save_parts_in_background,
+    agree_loaded, open_parts, read_kept_state, read_values, save_parts, save_parts_in_background,
     StateSink, Trained,
 };
 use crate::shim;
@@ -232,12 +232,8 @@ impl ShardedOptimizer {
     ) -> Result<(M, OptimizerRecord, String)> {
         let checkpoint = open_parts(dir, rank, shim::walker(&model))?;
         let model = read_values(&checkpoint, rank, |r| shim::rewrite(model, r))?;
-        let trained = ownership(&mut self.sharder, shim::grad_walker(&model))?;
-        let ids: Vec<u64> = trained.iter().map(|(id, _)| *id).collect();
-        let mine = (0..trained.len())
-            .filter(|&p| trained[p].1)
-            .map(|p| p as u64);
-        let entries = read_state(&checkpoint, mine)?;
+        let kept = ownership(&mut self.sharder, shim::grad_walker(&model))?;
+        let (ids, entries) = read_kept_state(&checkpoint, &kept)?;
         let record = shard_record::record_from_entries(rank, &ids, entries)?;
         Ok((model, record, checkpoint.info().to_string()))
     }

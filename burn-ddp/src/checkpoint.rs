@@ -151,12 +151,13 @@ where
     M: burn::module::AutodiffModule<B>,
     O: burn::optim::Optimizer<M, B>,
 {
-    use crate::shared::sharded_checkpoint::{open_parts, read_state, read_values};
+    use crate::shared::sharded_checkpoint::{open_parts, read_kept_state, read_values};
     let rank = crate::shared::session::SESSION.rank().unwrap_or(0);
     let checkpoint = open_parts(dir.as_ref(), rank, crate::shim::walker(&model))?;
     let model = read_values(&checkpoint, rank, |r| crate::shim::rewrite(model, r))?;
-    let ids = crate::shared::shard::trained_ids(crate::shim::grad_walker(&model));
-    let entries = read_state(&checkpoint, 0..ids.len() as u64)?;
+    let every = crate::shared::shard::trained_ids(crate::shim::grad_walker(&model));
+    let kept: Vec<(u64, bool)> = every.into_iter().map(|id| (id, true)).collect();
+    let (ids, entries) = read_kept_state(&checkpoint, &kept)?;
     let device = model.devices().into_iter().next().unwrap_or_default();
     let record =
         crate::shard_record::record_from_entries::<B, O::Record>(rank, &ids, entries, &device)?;

@@ -13,7 +13,7 @@ pub use crate::shared::config::ShardConfig;
 use crate::shared::session::SESSION;
 use crate::shared::shard::{gather_values, ownership, scatter_gradients};
 use crate::shared::sharded_checkpoint::{
-    agree_loaded, open_parts, read_state, read_values, save_parts, save_parts_in_background,
+    agree_loaded, open_parts, read_kept_state, read_values, save_parts, save_parts_in_background,
     StateSink, Trained,
 };
 use crate::shared::walk::first_trainable;
@@ -237,12 +237,8 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
     {
         let checkpoint = open_parts(dir, rank, shim::walker(&model))?;
         let model = read_values(&checkpoint, rank, |r| shim::rewrite(model, r))?;
-        let trained = ownership(&mut self.sharder, shim::grad_walker(&model))?;
-        let ids: Vec<u64> = trained.iter().map(|(id, _)| *id).collect();
-        let mine = (0..trained.len())
-            .filter(|&p| trained[p].1)
-            .map(|p| p as u64);
-        let entries = read_state(&checkpoint, mine)?;
+        let kept = ownership(&mut self.sharder, shim::grad_walker(&model))?;
+        let (ids, entries) = read_kept_state(&checkpoint, &kept)?;
         let device = model.devices().into_iter().next().unwrap_or_default();
         let record = record_from_entries::<B, O::Record>(rank, &ids, entries, &device)?;
         Ok((model, record, checkpoint.info().to_string()))

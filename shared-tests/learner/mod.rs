@@ -22,7 +22,7 @@ use burn::train::{
     TrainingStrategy,
 };
 use burn_ddp_testkit::learner::{
-    DIR_VAR, EPOCHS, EPOCHS_VAR, OPTIMIZER_VAR, RESUME_VAR, SHARDED_VAR, SHARED_DIR_VAR,
+    BATCH_VAR, DIR_VAR, EPOCHS, EPOCHS_VAR, OPTIMIZER_VAR, RESUME_VAR, SHARDED_VAR, SHARED_DIR_VAR,
 };
 use burn_ddp_testkit::numbers::max_relative_difference;
 use contract::{Learned, Loader, Training};
@@ -269,14 +269,21 @@ fn against_reference() -> Res<()> {
 
 fn train_and_resume() -> Res<()> {
     let run = setup()?;
-    let (train, valid) = loaders::<shim::Model>(&run, BATCH)?;
+    let (train, valid) = loaders::<shim::Model>(&run, env_usize(BATCH_VAR, BATCH))?;
     let mut training = SupervisedTraining::new(&run.dir, train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .with_checkpoints()
         .num_epochs(env_usize(EPOCHS_VAR, EPOCHS))
         .with_checkpointing_strategy(StoreProbe)
         .render_with(SilentRenderer);
-    if let Some(epoch) = std::env::var(RESUME_VAR).ok().and_then(|v| v.parse().ok()) {
+    let resume = match std::env::var(RESUME_VAR).as_deref() {
+        // What `burn-ddp-run --resume auto` programs do.
+        Ok("auto") => run.ddp.latest_checkpoint().map_err(e)?,
+        Ok(epoch) => epoch.parse().ok(),
+        Err(_) => None,
+    };
+    if let Some(epoch) = resume {
+        println!("resumed_from {epoch}");
         training = training.resume_from(&run.ddp, epoch)?;
     }
     let model = initial(run.rank, shim::Model::new);

@@ -6,7 +6,8 @@
 //! the experiment folder, resume, a missing checkpoint, early stopping,
 //! interrupts, gradient accumulation, unequal loaders and a world of one.
 
-use crate::{all_ok, check, Case, RankOutcome, World};
+use crate::{all_ok, check, survivors_failed_within, Case, RankOutcome, World};
+use burn_ddp_training::sharded::CRASH_IN_SAVE_VAR;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -23,6 +24,8 @@ pub const EPOCHS_VAR: &str = "LEARNER_TEST_EPOCHS";
 pub const RESUME_VAR: &str = "LEARNER_TEST_RESUME";
 /// Set: the Learner's optimizer is sharded (`with_sharded_optimizer`).
 pub const SHARDED_VAR: &str = "LEARNER_TEST_SHARDED";
+/// Each rank's batch in the `train` scenario (default 8).
+pub const BATCH_VAR: &str = "LEARNER_TEST_BATCH";
 /// Epochs when [`EPOCHS_VAR`] is not set.
 pub const EPOCHS: usize = 2;
 
@@ -59,8 +62,12 @@ pub fn run_suite(
             sharded_equals_big_batch,
         ),
         (
-            "a_sharded_run_resumes_sharded_or_not_as_if_uninterrupted",
+            "a_sharded_run_saves_in_parts_and_resumes_on_1_2_and_4_ranks_sharded_or_not",
             sharded_resume,
+        ),
+        (
+            "a_rank_killed_while_saving_in_parts_leaves_the_epoch_before",
+            killed_while_saving_in_parts,
         ),
         (
             "a_missing_checkpoint_is_named_on_the_rank",
@@ -114,7 +121,12 @@ fn same_on_every_rank(outcomes: &[RankOutcome]) -> Result<Vec<u32>, String> {
 
 /// Two ranks of the scenario in `dir`, with `extra` environment variables.
 pub fn learner_world(dir: &Path, extra: &[(&str, &str)]) -> World {
-    let mut world = World::new(2).env(DIR_VAR, dir.to_str().unwrap());
+    learner_world_of(2, dir, extra)
+}
+
+/// `ranks` ranks of the scenario in `dir`, with `extra` environment variables.
+pub fn learner_world_of(ranks: usize, dir: &Path, extra: &[(&str, &str)]) -> World {
+    let mut world = World::new(ranks).env(DIR_VAR, dir.to_str().unwrap());
     for (key, value) in extra {
         world = world.env(key, value);
     }
@@ -148,6 +160,19 @@ fn big_batch(extra: &[(&str, &str)]) -> Result<(), String> {
                     "{optimizer}: rank {} is {gap} away from the reference",
                     o.rank
                 )
+            })?;
+        }
+        if extra.contains(&(SHARDED_VAR, "1")) {
+            // Each rank has its own folder: the sharded state is gathered
+            // whole for Burn's checkpointer, and rank 0's log says why.
+            let log = std::fs::read_to_string(dir.join("rank0").join("experiment.log"))
+                .map_err(|e| format!("experiment.log: {e}"))?;
+            check(log.contains("rank(s) 1 do not see"), || {
+                format!("rank 0's log does not say why it gathers the state:\n{log}")
+            })?;
+            let parts = dir.join("rank0").join("checkpoint").join("optim-parts-1");
+            check(!parts.exists(), || {
+                format!("{} was written", parts.display())
             })?;
         }
         // Rank 0's global valid accuracy is the reference's over the whole set.
@@ -338,46 +363,186 @@ fn resume() -> Result<(), String> {
     })
 }
 
-/// AdamW on 2 ranks, its state sharded for 2 epochs, then resumed to 4:
-/// sharded, and by an unsharded Learner from the same checkpoint (which
-/// holds the whole state, gathered on rank 0). Both end with the parameters
-/// of 4 epochs straight without sharding, within 1e-6 (on 2 ranks a
-/// reduce-scatter's average is the all-reduce's, but Burn 0.21's Learner
-/// takes the shared parameters as a record, which settles SyncBatchNorm's
-/// running mean, its variance's shift, at other moments: rounding).
+/// AdamW on 2 ranks, its state sharded for 2 epochs in one shared folder:
+/// each epoch's checkpoint holds the optimizer state in parts, one per rank
+/// (`optim-parts-N`). Then resumed to 4 epochs from copies of that folder:
+/// sharded and not on 2 ranks, sharded on 4 (batch 4 each) and unsharded on
+/// 1 (batch 16), the global batch 16 throughout. Each ends with the
+/// parameters of 4 epochs straight on 2 ranks without sharding, within 1e-6
+/// (the global batches hold the same samples whatever the world: the
+/// sampler deals contiguous blocks of its order; Burn 0.21's Learner takes
+/// the shared parameters as a record, which settles SyncBatchNorm's running
+/// mean, its variance's shift, at other moments: rounding), and a resume on
+/// 4 ranks saves its own checkpoints in 4 parts.
 fn sharded_resume() -> Result<(), String> {
     let straight_dir = scratch("sharded-straight");
     let straight =
         learner_world(&straight_dir, &[(SHARED_DIR_VAR, "1"), (EPOCHS_VAR, "4")]).run("train");
     all_ok(&straight)?;
     let straight = same_on_every_rank(&straight)?;
-    for resume_sharded in [false, true] {
-        let dir = scratch(&format!("sharded-resume-{resume_sharded}"));
-        let sharded = [(SHARED_DIR_VAR, "1"), (SHARDED_VAR, "1")];
-        let first = learner_world(&dir, &[sharded[0], sharded[1], (EPOCHS_VAR, "2")]).run("train");
-        all_ok(&first)?;
-        let mut env = vec![(SHARED_DIR_VAR, "1"), (EPOCHS_VAR, "4"), (RESUME_VAR, "2")];
+    let first_dir = scratch("sharded-first");
+    let sharded = [(SHARED_DIR_VAR, "1"), (SHARDED_VAR, "1")];
+    let first =
+        learner_world(&first_dir, &[sharded[0], sharded[1], (EPOCHS_VAR, "2")]).run("train");
+    all_ok(&first)?;
+    for epoch in 1..=2 {
+        check_parts(&first_dir, epoch, 2)?;
+    }
+    for (ranks, batch, resume_sharded) in [
+        (2, "8", false),
+        (2, "8", true),
+        (4, "4", true),
+        (1, "16", false),
+    ] {
+        let dir = scratch(&format!("sharded-resume-{ranks}-{resume_sharded}"));
+        copy_folder(&first_dir, &dir)?;
+        let mut env = vec![
+            (SHARED_DIR_VAR, "1"),
+            (EPOCHS_VAR, "4"),
+            (RESUME_VAR, "2"),
+            (BATCH_VAR, batch),
+        ];
         if resume_sharded {
             env.push((SHARDED_VAR, "1"));
         }
-        let resumed = learner_world(&dir, &env).run("train");
+        let resumed = learner_world_of(ranks, &dir, &env).run("train");
         all_ok(&resumed)?;
         let resumed = same_on_every_rank(&resumed)?;
         let floats = |bits: &[u32]| bits.iter().map(|b| f32::from_bits(*b)).collect::<Vec<_>>();
         let gap = crate::numbers::max_relative_difference(&floats(&resumed), &floats(&straight));
+        let how = if resume_sharded {
+            "sharded"
+        } else {
+            "unsharded"
+        };
         check(gap <= 1e-6, || {
             format!(
-                "2 sharded epochs + a resume to 4 ({}) ended {gap:e} away from 4 epochs straight",
-                if resume_sharded {
-                    "sharded"
-                } else {
-                    "unsharded"
-                }
+                "2 sharded epochs + a resume to 4 on {ranks} rank(s) ({how}) ended {gap:e} away \
+                 from 4 epochs straight"
             )
+        })?;
+        if resume_sharded {
+            check_parts(&dir, 4, ranks)?;
+        } else {
+            let parts = dir.join("checkpoint").join("optim-parts-4");
+            check(!parts.exists(), || {
+                format!("an unsharded run wrote {}", parts.display())
+            })?;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let _ = std::fs::remove_dir_all(&first_dir);
+    let _ = std::fs::remove_dir_all(&straight_dir);
+    Ok(())
+}
+
+/// The sharded Learner, 2 ranks in one shared folder, after a first run
+/// of 1 epoch: a rank SIGKILLed while epoch 2 is saved in parts (rank 1 in
+/// the middle of its part; rank 0 after the parts are whole, before Burn's
+/// files). The other rank fails within the timeout naming it; the newest
+/// checkpoint is still epoch 1 (`latest_checkpoint`, what `--resume auto`
+/// programs call, picks it), and the run resumed from it ends as 3 epochs
+/// straight (1e-6), with epochs 2 and 3 whole in parts and nothing of the
+/// interrupted save left.
+fn killed_while_saving_in_parts() -> Result<(), String> {
+    let straight_dir = scratch("parts-kill-straight");
+    let straight =
+        learner_world(&straight_dir, &[(SHARED_DIR_VAR, "1"), (EPOCHS_VAR, "3")]).run("train");
+    all_ok(&straight)?;
+    let straight = same_on_every_rank(&straight)?;
+    for (dead, moment) in [(1, "writing"), (0, "renamed")] {
+        let dir = scratch(&format!("parts-kill-{moment}"));
+        let sharded = [(SHARED_DIR_VAR, "1"), (SHARDED_VAR, "1")];
+        let first = learner_world(&dir, &[sharded[0], sharded[1], (EPOCHS_VAR, "1")]).run("train");
+        all_ok(&first)?;
+        let crash = format!("{dead}:{moment}");
+        let again = [
+            sharded[0],
+            sharded[1],
+            (EPOCHS_VAR, "3"),
+            (RESUME_VAR, "auto"),
+        ];
+        let mut killed_env = again.to_vec();
+        killed_env.push((CRASH_IN_SAVE_VAR, &crash));
+        let killed = learner_world(&dir, &killed_env).run("train");
+        let names_dead = format!("rank {dead}");
+        survivors_failed_within(
+            &killed,
+            dead,
+            Duration::from_secs(30),
+            false,
+            &[&names_dead],
+        )
+        .map_err(|err| format!("killed {moment}: {err}"))?;
+        let model_2 = dir
+            .join("checkpoint")
+            .join(format!("model-2.{}", checkpoint_extension()));
+        check(!model_2.exists(), || {
+            format!("killed {moment}: {} was written", model_2.display())
+        })?;
+        let resumed = learner_world(&dir, &again).run("train");
+        all_ok(&resumed)?;
+        check(resumed[0].value("resumed_from") == Some("1"), || {
+            format!(
+                "killed {moment}: resumed from {:?}, not epoch 1",
+                resumed[0].value("resumed_from")
+            )
+        })?;
+        let resumed = same_on_every_rank(&resumed)?;
+        let floats = |bits: &[u32]| bits.iter().map(|b| f32::from_bits(*b)).collect::<Vec<_>>();
+        let gap = crate::numbers::max_relative_difference(&floats(&resumed), &floats(&straight));
+        check(gap <= 1e-6, || {
+            format!("killed {moment}: the resumed run ended {gap:e} away from 3 epochs straight")
+        })?;
+        check_parts(&dir, 2, 2)?;
+        check_parts(&dir, 3, 2)?;
+        let left: Vec<String> = std::fs::read_dir(dir.join("checkpoint"))
+            .map_err(|e| e.to_string())?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.contains(".partial-"))
+            .collect();
+        check(left.is_empty(), || {
+            format!("killed {moment}: {left:?} left in the checkpoint folder")
         })?;
         let _ = std::fs::remove_dir_all(&dir);
     }
     let _ = std::fs::remove_dir_all(&straight_dir);
+    Ok(())
+}
+
+/// Epoch `epoch`'s checkpoint in `dir` has its optimizer state in `ranks`
+/// parts, whole (its metadata, written last, there).
+fn check_parts(dir: &Path, epoch: usize, ranks: usize) -> Result<(), String> {
+    let parts = dir.join("checkpoint").join(format!("optim-parts-{epoch}"));
+    let mut names: Vec<String> = std::fs::read_dir(&parts)
+        .map_err(|e| format!("{}: {e}", parts.display()))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut expected: Vec<String> = (0..ranks).map(|r| format!("part-{r:05}.bin")).collect();
+    expected.push("metadata.json".into());
+    expected.sort();
+    check(names == expected, || {
+        format!("{} holds {names:?}, not {expected:?}", parts.display())
+    })
+}
+
+/// A copy of the folder `from` (files and folders) at `to`.
+fn copy_folder(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(to).map_err(|e| e.to_string())?;
+    for entry in std::fs::read_dir(from)
+        .map_err(|e| e.to_string())?
+        .flatten()
+    {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_folder(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target).map_err(|e| e.to_string())?;
+        }
+    }
     Ok(())
 }
 

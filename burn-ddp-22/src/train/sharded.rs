@@ -9,14 +9,21 @@
 //! step (the parameters it does not own stay as they were there: memory
 //! for one more copy of them, never read).
 //!
-//! Checkpoints: every rank's part of the state is gathered on rank 0, which
-//! lets Burn's checkpointer save the whole state (an unsharded Learner
-//! resumes from it, on any number of ranks), then goes on with its part.
-//! The Learner hands its optimizer's record out only to a checkpointer, so
-//! one that captures it is used to read it.
+//! Checkpoints: each rank saves its part of the state in parts (beside
+//! Burn's files, whose `optim-N` then holds rank 0's part) and a resume on
+//! any world size reads only what each rank keeps. Where the ranks do not
+//! share one folder, every rank's part is gathered on rank 0 instead, which
+//! lets Burn's checkpointer save the whole state. The Learner hands its
+//! optimizer's record out only to a checkpointer, so one that captures it
+//! is used to read it.
 
-use crate::shard_record::{gather_whole, owned_part, record_bytes, record_from_bytes};
-use crate::shared::shard::{gather_values, scatter_gradients};
+use crate::shard_record::{
+    gather_whole, owned_part, record_bytes, record_from_bytes, record_from_entries, state_entries,
+};
+use crate::shared::shard::{gather_values, ownership, scatter_gradients, trained_ids};
+use crate::shared::sharded_checkpoint::{
+    agree_loaded, open_parts, read_kept_state, save_parts, StateSink, Trained,
+};
 use crate::shared::train::quiet::SaveNow;
 use crate::{shim, CommError, ProcessGroup, Result, ShardConfig};
 use burn::optim::lr_scheduler::LrSchedulerRecord;
@@ -26,6 +33,7 @@ use burn::train::checkpoint::{AsyncCheckpointer, Checkpoint, Checkpointer, Check
 use burn::train::metric::store::EventStoreClient;
 use burn::train::{Learner, LearnerModel, LearningCheckpointer};
 use burn_ddp_comm::Sharder;
+use std::path::Path;
 use std::sync::mpsc;
 
 /// The sharded optimizer's state beside the Learner: the owners and rounds,
@@ -35,27 +43,52 @@ pub(super) struct ShardedLearning<M> {
     model: M,
     /// [`ShardConfig::max_grad_norm`].
     max_grad_norm: Option<f64>,
+    /// Checkpoints in parts (every rank sees the checkpoint folder), or
+    /// gathered whole on rank 0.
+    in_parts: bool,
 }
 
 impl<M: LearnerModel> ShardedLearning<M> {
     /// Sharding over `group` from the Learner as it starts (rank 0's
-    /// parameters on every rank): of the optimizer state it holds (all of
-    /// it when resuming), only this rank's part is kept.
+    /// parameters on every rank): this rank keeps its part of the optimizer
+    /// state the Learner holds (all of it when resuming from a whole
+    /// checkpoint), or reads its part from `parts` (resuming from a
+    /// checkpoint in parts). `in_parts`: whether its checkpoints are saved
+    /// in parts. Collective.
     pub fn start(
         config: &ShardConfig,
         group: &ProcessGroup,
         learner: &mut Learner<M>,
         store: &EventStoreClient,
+        parts: Option<&Path>,
+        in_parts: bool,
     ) -> Result<Self> {
         let mut sharder = config.sharder(group)?;
         let model = learner.model();
-        let state = optimizer_record(learner, store, group.rank())?;
-        learner.load_optim(owned_part(&mut sharder, &model, state)?);
+        let part = match parts {
+            Some(dir) => {
+                let kept = ownership(&mut sharder, shim::grad_walker(&model));
+                let read = kept.and_then(|kept| read_parts(group.rank(), &model, dir, &kept));
+                agree_loaded(group, read)?
+            }
+            None => owned_part(
+                &mut sharder,
+                &model,
+                optimizer_record(learner, store, group.rank())?,
+            )?,
+        };
+        learner.load_optim(part);
         Ok(Self {
             sharder,
             model,
             max_grad_norm: config.max_grad_norm,
+            in_parts,
         })
+    }
+
+    /// Whether this run's checkpoints are saved in parts.
+    pub fn in_parts(&self) -> bool {
+        self.in_parts
     }
 
     /// The current model (every parameter up to date).
@@ -78,10 +111,38 @@ impl<M: LearnerModel> ShardedLearning<M> {
         Ok(())
     }
 
+    /// Saves this rank's part of the optimizer state (and its share of the
+    /// parameters) in parts into `dir`, for `epoch`'s checkpoint, and hands
+    /// the Learner the current model for Burn's files. Collective: every
+    /// rank calls it when checkpoints are on.
+    pub fn save_parts(
+        &mut self,
+        learner: &mut Learner<M>,
+        store: &EventStoreClient,
+        dir: &Path,
+        epoch: usize,
+    ) -> Result<()> {
+        let group = self.sharder.group()?;
+        let rank = group.rank();
+        let walk = shim::grad_walker(&self.model);
+        let trained = Trained::of(&ownership(&mut self.sharder, walk)?);
+        let record = optimizer_record(learner, store, rank)?;
+        let positions = trained.positions;
+        let state = move |sink: &mut StateSink<'_>| {
+            state_entries(rank, &positions, record, rank == 0, sink)
+        };
+        let info = format!("burn-ddp Learner, epoch {epoch}");
+        let walk = shim::walker(&self.model);
+        save_parts(&group, dir, walk, &trained.owned, state, &info)?;
+        learner.load_model(self.model.clone().into_record());
+        Ok(())
+    }
+
     /// Gathers the whole optimizer state on rank 0, which runs Burn's
     /// checkpointer with it (and the current model) and then keeps its own
-    /// part again. Collective: every rank calls it when checkpoints are on.
-    pub fn checkpoint(
+    /// part again (the ranks do not share a folder). Collective: every rank
+    /// calls it when checkpoints are on.
+    pub fn checkpoint_whole(
         &mut self,
         learner: &mut Learner<M>,
         checkpointer: &mut LearningCheckpointer<M>,
@@ -110,6 +171,37 @@ impl<M: LearnerModel> ShardedLearning<M> {
     pub fn finish(self, learner: &mut Learner<M>) {
         learner.load_model(self.model.into_record());
     }
+}
+
+/// The optimizer state this rank keeps (`kept`, by the model's trained
+/// parameters) from the checkpoint in parts `dir`.
+fn read_parts<M: LearnerModel>(
+    rank: usize,
+    model: &M,
+    dir: &Path,
+    kept: &[(u64, bool)],
+) -> Result<OptimizerRecord> {
+    let checkpoint = open_parts(dir, rank, shim::walker(model))?;
+    let (ids, entries) = read_kept_state(&checkpoint, kept)?;
+    record_from_entries(rank, &ids, entries)
+}
+
+/// The whole optimizer state from the checkpoint in parts `dir` into an
+/// unsharded Learner (resuming from a sharded run). Collective: an error
+/// on every rank when one cannot read it.
+pub(super) fn load_whole_state<M: LearnerModel>(
+    group: &ProcessGroup,
+    learner: &mut Learner<M>,
+    dir: &Path,
+) -> Result<()> {
+    let model = learner.model();
+    let every: Vec<(u64, bool)> = trained_ids(shim::grad_walker(&model))
+        .into_iter()
+        .map(|id| (id, true))
+        .collect();
+    let read = read_parts(group.rank(), &model, dir, &every);
+    learner.load_optim(agree_loaded(group, read)?);
+    Ok(())
 }
 
 /// The Learner's optimizer state, read through a checkpointer that keeps

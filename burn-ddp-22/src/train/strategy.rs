@@ -11,7 +11,7 @@
 //! world of one trains as Burn's own strategy does.
 
 use super::burn_version;
-use super::sharded::ShardedLearning;
+use super::sharded::{load_whole_state, ShardedLearning};
 use super::DdpTraining;
 use crate::shared::train::metrics::globalize;
 use burn::data::dataloader::{DataLoaderIterator, Progress};
@@ -76,6 +76,40 @@ impl DdpLearningStrategy {
                 })
             });
         learner.load_model(model.into_record());
+    }
+
+    /// With a sharded optimizer, this rank's part of the state, from the
+    /// Learner or, resuming from a checkpoint in parts, from those parts;
+    /// without, the whole state from those parts where the checkpoint has
+    /// them (Burn's `optim-N` of a sharded run holds rank 0's part only).
+    fn start_sharding<M: LearnerModel>(
+        &self,
+        learner: &mut Learner<M>,
+        components: &TrainingComponents<M>,
+    ) -> Option<ShardedLearning<M>> {
+        let job = self.ddp.job();
+        let parts = components.checkpoint.and_then(|epoch| job.parts_of(epoch));
+        let started = match &self.ddp.sharded {
+            Some(config) => {
+                let checkpoints = components.checkpointer.is_some();
+                let in_parts = job.folder_is_shared().map(|shared| shared && checkpoints);
+                in_parts.and_then(|in_parts| {
+                    let store = &components.event_store;
+                    let (group, parts) = (self.ddp.group(), parts.as_deref());
+                    ShardedLearning::start(config, group, learner, store, parts, in_parts).map(Some)
+                })
+            }
+            None => match &parts {
+                Some(dir) => load_whole_state(self.ddp.group(), learner, dir).map(|()| None),
+                None => Ok(None),
+            },
+        };
+        started.unwrap_or_else(|error| {
+            self.fail(FitError {
+                what: "loading the optimizer state",
+                error,
+            })
+        })
     }
 }
 
@@ -271,18 +305,31 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
             return;
         };
         let store = &self.components.event_store;
-        match &mut self.sharded {
-            Some(sharded) => {
-                if let Err(error) =
-                    sharded.checkpoint(&mut self.learner, checkpointer, epoch, store)
-                {
-                    let what = "gathering the optimizer state for a checkpoint";
-                    burn_ddp_training::failure::panic_with_message(
-                        FitError { what, error }.message(self.job.rank()),
-                    );
-                }
+        if self.job.is_main() {
+            self.job.clear_epoch(epoch);
+        }
+        let saved = match &mut self.sharded {
+            Some(sharded) if sharded.in_parts() => {
+                let dir = self.job.parts_folder(epoch);
+                let saved = sharded.save_parts(&mut self.learner, store, &dir, epoch);
+                saved.map(|()| checkpointer.checkpoint(&self.learner, epoch, store))
             }
-            None => checkpointer.checkpoint(&self.learner, epoch, store),
+            Some(sharded) => {
+                sharded.checkpoint_whole(&mut self.learner, checkpointer, epoch, store)
+            }
+            None => {
+                checkpointer.checkpoint(&self.learner, epoch, store);
+                Ok(())
+            }
+        };
+        if let Err(error) = saved {
+            let what = "saving the sharded optimizer state for a checkpoint";
+            burn_ddp_training::failure::panic_with_message(
+                FitError { what, error }.message(self.job.rank()),
+            );
+        }
+        if self.job.is_main() {
+            self.job.prune_parts(Some(epoch));
         }
     }
 
@@ -368,20 +415,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
         let dataloader_train = dataloader_train.to_device(&device);
         let dataloader_valid = dataloader_valid.to_device(&device.clone().inner());
         learner.fork(&device);
-        let sharded = self.ddp.sharded.as_ref().map(|config| {
-            ShardedLearning::start(
-                config,
-                self.ddp.group(),
-                &mut learner,
-                &components.event_store,
-            )
-            .unwrap_or_else(|error| {
-                self.fail(FitError {
-                    what: "sharding the optimizer state",
-                    error,
-                })
-            })
-        });
+        let sharded = self.start_sharding(&mut learner, &components);
         let plan = Plan {
             starting_epoch,
             num_epochs: components.num_epochs,
@@ -406,6 +440,12 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
         }
         if let Some(sharded) = epochs.sharded.take() {
             sharded.finish(&mut epochs.learner);
+        }
+        // Burn's checkpointer finishes its writes as it is dropped; then the
+        // parts of the epochs its strategy removed can go.
+        drop(epochs.components.checkpointer.take());
+        if self.ddp.is_main() {
+            self.ddp.job().prune_parts(None);
         }
         (epochs.learner.model(), epochs.components.event_processor)
     }

@@ -77,7 +77,7 @@ impl LearnerJob {
                 ),
             )
         })?;
-        let found = snapshots::newest_loadable(&epochs, check).map_err(|err| {
+        let found = snapshots::newest_loadable(&epochs, self.with_parts(check)).map_err(|err| {
             CommError::config(Some(rank), "checkpoint", format!("rank {rank}: {err}"))
         })?;
         Ok(found.map(|found| {
@@ -112,7 +112,9 @@ impl LearnerJob {
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
-            Some(snapshot) => check(snapshot).err().map(|why| why.to_string()),
+            Some(snapshot) => (self.with_parts(check))(snapshot)
+                .err()
+                .map(|why| why.to_string()),
         };
         let states = self.group.all_gather(&[problem.is_some() as i64])?;
         let failing: Vec<usize> = states

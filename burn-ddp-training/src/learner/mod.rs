@@ -4,7 +4,8 @@
 //! the agreements the ranks reach at every iteration and epoch
 //! ([`agreement`]), the experiment folder prepared once ([`LearnerJob::create_artifact_dir`]),
 //! epoch figures summed over the ranks ([`figures`]) and the newest whole
-//! checkpoint ([`LearnerJob::latest_checkpoint`]).
+//! checkpoint ([`LearnerJob::latest_checkpoint`]), with a sharded run's
+//! optimizer state in parts ([`LearnerJob::parts_folder`]).
 //!
 //! The epoch loop itself is written once ([`LearnerJob::fit`]); each Burn
 //! front-end's strategy drives it through [`Learning`] with its Burn
@@ -15,8 +16,10 @@ pub mod agreement;
 mod artifacts;
 mod checkpoints;
 pub mod fit;
+mod parts;
 
 pub use checkpoints::CHECKPOINT_NAMES;
+pub use parts::PARTS_PREFIX;
 pub mod figures;
 
 pub use agreement::{AfterEpoch, NextIteration};

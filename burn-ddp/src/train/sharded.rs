@@ -6,15 +6,20 @@
 //! other parameter comes from its owner and the Learner takes the model
 //! (Burn 0.21's records hold device tensors: no copy).
 //!
-//! Checkpoints: every rank's part of the state is gathered on rank 0, which
-//! lets Burn's checkpointer save the whole state (an unsharded Learner
-//! resumes from it, on any number of ranks), then goes on with its part.
-//! The Learner hands its optimizer's record out only to a checkpointer, so
-//! one that captures it is used to read it.
+//! Checkpoints: each rank saves its part of the state in parts (beside
+//! Burn's files, whose `optim-N` then holds rank 0's part) and a resume on
+//! any world size reads only what each rank keeps. Where the ranks do not
+//! share one folder, every rank's part is gathered on rank 0 instead, which
+//! lets Burn's checkpointer save the whole state. The Learner hands its
+//! optimizer's record out only to a checkpointer, so one that captures it
+//! is used to read it.
 
 use crate::shard::share_values;
-use crate::shard_record::{gather_whole, owned_part};
-use crate::shared::shard::scatter_gradients;
+use crate::shard_record::{gather_whole, owned_part, record_from_entries, state_entries};
+use crate::shared::shard::{ownership, scatter_gradients, trained_ids};
+use crate::shared::sharded_checkpoint::{
+    agree_loaded, open_parts, read_kept_state, save_parts, StateSink, Trained,
+};
 use crate::shared::train::quiet::SaveNow;
 use crate::{shim, CommError, ProcessGroup, Result, ShardConfig};
 use burn::module::Module;
@@ -25,6 +30,7 @@ use burn::train::checkpoint::{AsyncCheckpointer, Checkpointer, CheckpointerError
 use burn::train::metric::store::EventStoreClient;
 use burn::train::{Learner, LearnerOptimizerRecord, LearningCheckpointer, LearningComponentsTypes};
 use burn_ddp_comm::Sharder;
+use std::path::Path;
 use std::sync::mpsc;
 
 /// The sharded optimizer's owners and rounds, beside the Learner.
@@ -32,26 +38,51 @@ pub(super) struct ShardedLearning {
     sharder: Sharder,
     /// [`ShardConfig::max_grad_norm`].
     max_grad_norm: Option<f64>,
+    /// Checkpoints in parts (every rank sees the checkpoint folder), or
+    /// gathered whole on rank 0.
+    in_parts: bool,
 }
 
 impl ShardedLearning {
     /// Sharding over `group` from the Learner as it starts (rank 0's
-    /// parameters on every rank): of the optimizer state it holds (all of
-    /// it when resuming), only this rank's part is kept.
+    /// parameters on every rank): this rank keeps its part of the optimizer
+    /// state the Learner holds (all of it when resuming from a whole
+    /// checkpoint), or reads its part from `parts` (resuming from a
+    /// checkpoint in parts). `in_parts`: whether its checkpoints are saved
+    /// in parts. Collective.
     pub fn start<LC: LearningComponentsTypes>(
         config: &ShardConfig,
         group: &ProcessGroup,
         learner: &mut Learner<LC>,
         store: &EventStoreClient,
+        parts: Option<&Path>,
+        in_parts: bool,
     ) -> Result<Self> {
         let mut sharder = config.sharder(group)?;
-        let state = optimizer_record(learner, store, group.rank())?;
-        let part = owned_part(&mut sharder, &learner.model(), state)?;
+        let model = learner.model();
+        let part = match parts {
+            Some(dir) => {
+                let kept = ownership(&mut sharder, shim::grad_walker(&model));
+                let read = kept.and_then(|kept| read_parts::<LC>(group.rank(), &model, dir, &kept));
+                agree_loaded(group, read)?
+            }
+            None => owned_part(
+                &mut sharder,
+                &model,
+                optimizer_record(learner, store, group.rank())?,
+            )?,
+        };
         learner.load_optim(part);
         Ok(Self {
             sharder,
             max_grad_norm: config.max_grad_norm,
+            in_parts,
         })
+    }
+
+    /// Whether this run's checkpoints are saved in parts.
+    pub fn in_parts(&self) -> bool {
+        self.in_parts
     }
 
     /// One optimizer step on this rank's local gradients: the averaged
@@ -71,10 +102,42 @@ impl ShardedLearning {
         Ok(())
     }
 
+    /// Saves this rank's part of the optimizer state (and its share of the
+    /// parameters) in parts into `dir`, for `epoch`'s checkpoint.
+    /// Collective: every rank calls it when checkpoints are on.
+    pub fn save_parts<LC: LearningComponentsTypes>(
+        &mut self,
+        learner: &Learner<LC>,
+        store: &EventStoreClient,
+        dir: &Path,
+        epoch: usize,
+    ) -> Result<()> {
+        let group = self.sharder.group()?;
+        let rank = group.rank();
+        let model = learner.model();
+        let trained = Trained::of(&ownership(&mut self.sharder, shim::grad_walker(&model))?);
+        let record = optimizer_record(learner, store, rank)?;
+        let positions = trained.positions;
+        let state = move |sink: &mut StateSink<'_>| {
+            state_entries::<LC::Backend, _>(rank, &positions, record, sink)
+        };
+        let info = format!("burn-ddp Learner, epoch {epoch}");
+        save_parts(
+            &group,
+            dir,
+            shim::walker(&model),
+            &trained.owned,
+            state,
+            &info,
+        )?;
+        Ok(())
+    }
+
     /// Gathers the whole optimizer state on rank 0, which runs Burn's
-    /// checkpointer with it and then keeps its own part again. Collective:
-    /// every rank calls it when checkpoints are on.
-    pub fn checkpoint<LC: LearningComponentsTypes>(
+    /// checkpointer with it and then keeps its own part again (the ranks do
+    /// not share a folder). Collective: every rank calls it when
+    /// checkpoints are on.
+    pub fn checkpoint_whole<LC: LearningComponentsTypes>(
         &mut self,
         learner: &mut Learner<LC>,
         checkpointer: &mut LearningCheckpointer<LC>,
@@ -97,6 +160,38 @@ impl ShardedLearning {
         learner.load_optim(owned_part(&mut self.sharder, &model, whole)?);
         Ok(())
     }
+}
+
+/// The optimizer state this rank keeps (`kept`, by the model's trained
+/// parameters) from the checkpoint in parts `dir`.
+fn read_parts<LC: LearningComponentsTypes>(
+    rank: usize,
+    model: &LC::TrainingModel,
+    dir: &Path,
+    kept: &[(u64, bool)],
+) -> Result<LearnerOptimizerRecord<LC>> {
+    let checkpoint = open_parts(dir, rank, shim::walker(model))?;
+    let (ids, entries) = read_kept_state(&checkpoint, kept)?;
+    let device = model.devices().into_iter().next().unwrap_or_default();
+    record_from_entries::<LC::Backend, _>(rank, &ids, entries, &device)
+}
+
+/// The whole optimizer state from the checkpoint in parts `dir` into an
+/// unsharded Learner (resuming from a sharded run). Collective: an error
+/// on every rank when one cannot read it.
+pub(super) fn load_whole_state<LC: LearningComponentsTypes>(
+    group: &ProcessGroup,
+    learner: &mut Learner<LC>,
+    dir: &Path,
+) -> Result<()> {
+    let model = learner.model();
+    let every: Vec<(u64, bool)> = trained_ids(shim::grad_walker(&model))
+        .into_iter()
+        .map(|id| (id, true))
+        .collect();
+    let read = read_parts::<LC>(group.rank(), &model, dir, &every);
+    learner.load_optim(agree_loaded(group, read)?);
+    Ok(())
 }
 
 /// The Learner's optimizer state, read through a checkpointer that keeps
