@@ -45,6 +45,14 @@ impl Trained {
 /// among the trained parameters, its bytes.
 pub(crate) type StateSink<'a> = dyn FnMut(u64, &[u8]) + 'a;
 
+/// Hands the optimizer state's entries to the sink; may use the scratch
+/// file it is given (on the checkpoint's file system) and removes it.
+pub(crate) trait StateWriter:
+    FnOnce(&mut StateSink<'_>, Option<&Path>) -> Result<()>
+{
+}
+impl<F: FnOnce(&mut StateSink<'_>, Option<&Path>) -> Result<()>> StateWriter for F {}
+
 /// Writes a checkpoint in parts into the folder `dir`: the values of the
 /// model `walk` walks that this rank saves (`owned`: the trained parameters
 /// it owns), then its optimizer state, which `state` hands to the sink
@@ -55,7 +63,7 @@ pub(crate) fn save_parts(
     dir: &Path,
     walk: impl Walker,
     owned: &[bool],
-    state: impl FnOnce(&mut StateSink<'_>) -> Result<()>,
+    state: impl StateWriter,
     info: &str,
 ) -> Result<PathBuf> {
     let rank = group.rank();
@@ -75,7 +83,7 @@ pub(crate) fn save_parts_in_background(
     dir: &Path,
     walk: impl Walker,
     owned: &[bool],
-    state: impl FnOnce(&mut StateSink<'_>) -> Result<()> + Send + 'static,
+    state: impl StateWriter + Send + 'static,
     info: &str,
 ) -> Result<BackgroundSave> {
     let save = ShardedSave::begin(group, dir)?;
@@ -86,9 +94,12 @@ pub(crate) fn save_parts_in_background(
 }
 
 /// The optimizer state's entries into `sink`, or why not.
-fn write_state(sink: &mut dyn EntrySink, state: impl FnOnce(&mut StateSink<'_>) -> Result<()>) {
-    let written =
-        state(&mut |position, bytes| sink.write(EntryKind::OptimizerState, position, bytes));
+fn write_state(sink: &mut dyn EntrySink, state: impl StateWriter) {
+    let scratch = sink.scratch_file();
+    let written = state(
+        &mut |position, bytes| sink.write(EntryKind::OptimizerState, position, bytes),
+        scratch.as_deref(),
+    );
     if let Err(err) = written {
         sink.fail(err.to_string());
     }

@@ -9,7 +9,7 @@ pub use crate::shared::config::ShardConfig;
 use crate::shared::shard::{gather_values, ownership, scatter_gradients};
 use crate::shared::sharded_checkpoint::{
     agree_loaded, open_parts, read_kept_state, read_values, save_parts, save_parts_in_background,
-    StateSink, Trained,
+    StateSink, StateWriter, Trained,
 };
 use crate::shim;
 use burn::module::Module;
@@ -190,17 +190,13 @@ impl ShardedOptimizer {
     fn prepare_save<M: Module>(
         &mut self,
         model: &M,
-    ) -> Result<(
-        ProcessGroup,
-        Vec<bool>,
-        impl FnOnce(&mut StateSink<'_>) -> Result<()> + Send + 'static,
-    )> {
+    ) -> Result<(ProcessGroup, Vec<bool>, impl StateWriter + Send + 'static)> {
         self.split(model)?;
         let group = self.sharder.group()?;
         let trained = Trained::of(&ownership(&mut self.sharder, shim::grad_walker(model))?);
         let (rank, positions, record) = (group.rank(), trained.positions, self.inner.to_record());
-        let state = move |sink: &mut StateSink<'_>| {
-            shard_record::state_entries(rank, &positions, record, rank == 0, sink)
+        let state = move |sink: &mut StateSink<'_>, scratch: Option<&Path>| {
+            shard_record::state_entries(rank, &positions, record, rank == 0, scratch, sink)
         };
         Ok((group, trained.owned, state))
     }

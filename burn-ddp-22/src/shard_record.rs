@@ -13,6 +13,7 @@ use burn::tensor::Bytes;
 use burn_ddp_comm::Sharder;
 use burn_pack::{Reader, Scalar, Writer};
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 
 /// This rank's `part` of the optimizer state of `model`, gathered with every
 /// other rank's on rank 0 into the whole record, keyed by rank 0's
@@ -78,15 +79,23 @@ pub(crate) fn owned_part<M: Module>(
 /// `sink` one at a time: each parameter's state (a burnpack of its entries
 /// alone, keyed by position) under its position among the trained
 /// parameters (`positions`: by parameter id), and, with `shared`, what
-/// belongs to no parameter under [`SHARED_STATE`]. No communication.
+/// belongs to no parameter under [`SHARED_STATE`]. Burn 0.22's record
+/// serialises only whole: with a `scratch` file it is streamed there and
+/// read back entry by entry (so no serialised copy of it is held in
+/// memory), and removed. No communication.
 pub(crate) fn state_entries(
     rank: usize,
     positions: &HashMap<u64, u64>,
     record: OptimizerRecord,
     shared: bool,
+    scratch: Option<&Path>,
     sink: &mut StateSink<'_>,
 ) -> Result<()> {
-    let parts = Parts::read(rank, record)?;
+    let _removed_after = scratch.map(Scratch);
+    let parts = match scratch {
+        Some(file) => Parts::read_through(rank, record, file)?,
+        None => Parts::read(rank, record)?,
+    };
     let mut by_position: BTreeMap<u64, Parts> = BTreeMap::new();
     fn entry(by_position: &mut BTreeMap<u64, Parts>, position: u64) -> &mut Parts {
         by_position.entry(position).or_insert_with(|| Parts {
@@ -187,6 +196,21 @@ impl Parts {
         })
     }
 
+    /// [`read`](Self::read) through the file `scratch`: the record streamed
+    /// there, its tensors read back from it as each is used.
+    fn read_through(rank: usize, record: OptimizerRecord, scratch: &Path) -> Result<Self> {
+        let at = |err: &dyn std::fmt::Display| {
+            error(rank, format!("through {}: {err}", scratch.display()))
+        };
+        record.save(scratch).map_err(|err| at(&err))?;
+        let reader = Reader::from_file_exact(scratch).map_err(|err| at(&err))?;
+        Ok(Self {
+            scalars: reader.scalars().clone(),
+            metadata: reader.metadata().clone(),
+            tensors: reader.into_tensors().map_err(|err| at(&err))?,
+        })
+    }
+
     fn write(self, rank: usize) -> Result<OptimizerRecord> {
         OptimizerRecord::from_bytes(self.into_bytes(rank)?).map_err(|err| error(rank, err))
     }
@@ -201,6 +225,15 @@ impl Parts {
             writer = writer.with_metadata(key, value);
         }
         writer.into_bytes().map_err(|err| error(rank, err))
+    }
+}
+
+/// A scratch file, removed when this is dropped (however the save ends).
+struct Scratch<'a>(&'a Path);
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
     }
 }
 

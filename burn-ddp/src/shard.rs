@@ -14,7 +14,7 @@ use crate::shared::session::SESSION;
 use crate::shared::shard::{gather_values, ownership, scatter_gradients};
 use crate::shared::sharded_checkpoint::{
     agree_loaded, open_parts, read_kept_state, read_values, save_parts, save_parts_in_background,
-    StateSink, Trained,
+    StateSink, StateWriter, Trained,
 };
 use crate::shared::walk::first_trainable;
 use crate::shim;
@@ -192,11 +192,7 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
     fn prepare_save<M>(
         &mut self,
         model: &M,
-    ) -> Result<(
-        ProcessGroup,
-        Vec<bool>,
-        impl FnOnce(&mut StateSink<'_>) -> Result<()> + Send + 'static,
-    )>
+    ) -> Result<(ProcessGroup, Vec<bool>, impl StateWriter + Send + 'static)>
     where
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
@@ -206,8 +202,9 @@ impl<O, B: AutodiffBackend> ShardedOptimizer<O, B> {
         let group = self.sharder.group()?;
         let trained = Trained::of(&ownership(&mut self.sharder, shim::grad_walker(model))?);
         let (rank, positions, record) = (group.rank(), trained.positions, self.inner.to_record());
-        let state =
-            move |sink: &mut StateSink<'_>| state_entries::<B, _>(rank, &positions, record, sink);
+        let state = move |sink: &mut StateSink<'_>, _: Option<&Path>| {
+            state_entries::<B, _>(rank, &positions, record, sink)
+        };
         Ok((group, trained.owned, state))
     }
 

@@ -128,8 +128,8 @@ impl<M: LearnerModel> ShardedLearning<M> {
         let trained = Trained::of(&ownership(&mut self.sharder, walk)?);
         let record = optimizer_record(learner, store, rank)?;
         let positions = trained.positions;
-        let state = move |sink: &mut StateSink<'_>| {
-            state_entries(rank, &positions, record, rank == 0, sink)
+        let state = move |sink: &mut StateSink<'_>, scratch: Option<&Path>| {
+            state_entries(rank, &positions, record, rank == 0, scratch, sink)
         };
         let info = format!("burn-ddp Learner, epoch {epoch}");
         let walk = shim::walker(&self.model);

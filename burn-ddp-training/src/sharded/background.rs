@@ -19,6 +19,14 @@ pub trait EntrySink {
     /// This rank could not produce an entry (`message` says why): the save
     /// fails on every rank, naming this one.
     fn fail(&mut self, message: String);
+    /// A file this rank may use while it prepares its entries (something
+    /// it can serialise only whole, streamed to disk and read back entry by
+    /// entry instead of held in memory), on the checkpoint's file system;
+    /// the caller removes it before the save commits. `None`: keep it in
+    /// memory.
+    fn scratch_file(&self) -> Option<PathBuf> {
+        None
+    }
 }
 
 impl EntrySink for ShardedSave {
@@ -27,6 +35,9 @@ impl EntrySink for ShardedSave {
     }
     fn fail(&mut self, message: String) {
         ShardedSave::fail(self, message)
+    }
+    fn scratch_file(&self) -> Option<PathBuf> {
+        Some(self.scratch())
     }
 }
 

@@ -89,6 +89,14 @@ impl ShardedSave {
         self.group.rank()
     }
 
+    /// This rank's scratch file in the save's folder
+    /// ([`EntrySink::scratch_file`](super::EntrySink::scratch_file)): gone
+    /// with the folder if the save never finishes.
+    pub(super) fn scratch(&self) -> PathBuf {
+        self.partial
+            .join(format!(".scratch-{}.tmp", self.group.rank()))
+    }
+
     /// Adds an entry to this rank's part. Never fails here: whatever went
     /// wrong is reported by [`commit`](Self::commit), on every rank.
     pub fn write(&mut self, kind: EntryKind, position: u64, bytes: &[u8]) {

@@ -118,7 +118,7 @@ impl ShardedLearning {
         let trained = Trained::of(&ownership(&mut self.sharder, shim::grad_walker(&model))?);
         let record = optimizer_record(learner, store, rank)?;
         let positions = trained.positions;
-        let state = move |sink: &mut StateSink<'_>| {
+        let state = move |sink: &mut StateSink<'_>, _: Option<&Path>| {
             state_entries::<LC::Backend, _>(rank, &positions, record, sink)
         };
         let info = format!("burn-ddp Learner, epoch {epoch}");
