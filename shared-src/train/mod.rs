@@ -53,8 +53,12 @@ impl DdpTraining {
     /// balanced by size), and the updated parameters are shared; the
     /// gradients are reduce-scattered instead of all-reduced, the same bytes
     /// in all. The Learner is built as usual, with any Burn optimizer.
-    /// Checkpoints hold the whole state (gathered on rank 0 when saving), so
-    /// a run resumes on any number of ranks, sharded or not.
+    /// Checkpoints keep it sharded: each rank saves its part into
+    /// `checkpoint/optim-parts-N` beside Burn's files, and a run resumes
+    /// from them on any number of ranks, sharded or not, each rank reading
+    /// only what it keeps. That needs one folder every rank sees; where
+    /// each rank has its own, the state is gathered whole on rank 0 for
+    /// Burn's checkpointer instead (rank 0's log says so).
     pub fn with_sharded_optimizer(self, config: ShardConfig) -> Self {
         Self {
             sharded: Some(config),
@@ -161,7 +165,8 @@ impl DdpTraining {
     }
 
     /// The newest epoch whose checkpoint in `<directory>/checkpoint` is
-    /// complete (model, optimizer and scheduler) and whole, for every rank
+    /// complete (model, optimizer and scheduler, and the optimizer state in
+    /// parts where a sharded run saved it so) and whole, for every rank
     /// alike (rank 0 decides, every rank must have it): give it to
     /// `SupervisedTraining::checkpoint` to go on after a restart
     /// (`burn-ddp-run --max-restarts`). A damaged newest one is skipped with
