@@ -4,7 +4,11 @@
 //! resident memory while it trains and while it saves or loads. Save on
 //! one world size (`--checkpoint-dir DIR`), resume on another (`--resume`):
 //! the resume trains `--iters` steps after loading, so its training peak
-//! is measured in the same process.
+//! is measured in the same process. With `--compare FILE` each step's
+//! global batch is the same whatever the world size: the save goes on 2
+//! steps past the save and rank 0 writes the parameters to FILE (the
+//! uninterrupted run); the resume's first 2 steps are those, and every rank
+//! prints how far its parameters then are from FILE.
 
 use crate::zero::Stack;
 use burn::optim::{AdamWConfig, GradientsParams};
@@ -48,7 +52,12 @@ pub struct Run<'a> {
     pub dir: &'a Path,
     pub format: Format,
     pub resume: bool,
+    /// The uninterrupted run's parameters, written or compared against.
+    pub compare: Option<&'a Path>,
 }
+
+/// Steps past the save that the uninterrupted run and the resume compare.
+const COMPARED_STEPS: u64 = 2;
 
 pub fn run(args: Run<'_>) {
     let Run {
@@ -61,11 +70,17 @@ pub fn run(args: Run<'_>) {
         dir,
         format,
         resume,
+        compare,
     } = args;
     let rank = group.rank();
-    let step = |model: Stack, optimizer: &mut ShardedOptimizer| {
-        let grads =
-            GradientsParams::from_grads(model.loss(batch, width, device).backward(), &model);
+    let world = group.world_size();
+    // Each step's global batch from its number (with --compare), or fresh.
+    let step = |model: Stack, optimizer: &mut ShardedOptimizer, number: u64| {
+        let loss = match compare {
+            Some(_) => model.loss_of_step(number, (rank, world), batch, width, device),
+            None => model.loss(batch, width, device),
+        };
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
         let model = optimizer
             .step(1e-4, model, grads)
             .unwrap_or_else(|e| fail(Some(rank), e));
@@ -78,13 +93,16 @@ pub fn run(args: Run<'_>) {
     let model = Stack::new(width, layers, device);
     reset_peak();
     let started = Instant::now();
+    // The number of the next step: the saved run's count after a resume.
+    let mut next: u64 = 0;
     let model = if resume {
         match format {
             Format::Parts | Format::Background => {
-                optimizer
+                let (model, info) = optimizer
                     .load_parts(model, dir)
-                    .unwrap_or_else(|e| fail(Some(rank), e))
-                    .0
+                    .unwrap_or_else(|e| fail(Some(rank), e));
+                next = steps_saved(&info);
+                model
             }
             Format::Whole => {
                 let checkpoint = burn_ddp_22::checkpoint::load(&whole_file)
@@ -97,6 +115,7 @@ pub fn run(args: Run<'_>) {
                     .unwrap_or_else(|e| fail(Some(rank), e));
                 optimizer =
                     ShardedOptimizer::new(whole, group).unwrap_or_else(|e| fail(Some(rank), e));
+                next = checkpoint.epoch as u64;
                 model
             }
         }
@@ -108,13 +127,16 @@ pub fn run(args: Run<'_>) {
     group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
     reset_peak();
     let mut steps = Vec::new();
-    for _ in 0..iters {
+    for i in 0..iters {
         let started = Instant::now();
-        model = step(model, &mut optimizer);
+        model = step(model, &mut optimizer, next);
+        next += 1;
         steps.push(started.elapsed().as_secs_f64());
+        if let (true, Some(file), true) = (resume, compare, i as u64 + 1 == COMPARED_STEPS) {
+            compare_with(&model, file, rank);
+        }
     }
     let train_peak = peak_mib();
-    let world = group.world_size();
     let params = model.parameters();
     if resume {
         println!(
@@ -143,7 +165,8 @@ pub fn run(args: Run<'_>) {
             let mut during = Vec::new();
             while during.len() < iters {
                 let started = Instant::now();
-                model = step(model, &mut optimizer);
+                model = step(model, &mut optimizer, next);
+                next += 1;
                 during.push(started.elapsed().as_secs_f64());
             }
             let written = save.is_written();
@@ -173,10 +196,59 @@ pub fn run(args: Run<'_>) {
         }
     }
     let (save_s, save_peak) = (started.elapsed().as_secs_f64(), peak_mib());
+    if let (Some(file), Format::Parts | Format::Whole) = (compare, format) {
+        // The uninterrupted run: on past the save, then rank 0 keeps the result.
+        for _ in 0..COMPARED_STEPS {
+            model = step(model, &mut optimizer, next);
+            next += 1;
+        }
+        if rank == 0 {
+            let bytes: Vec<u8> = model
+                .values()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            std::fs::write(file, bytes).unwrap_or_else(|e| fail(Some(rank), e));
+        }
+    }
     println!(
         "rank {rank}/{world}: {params} parameters, {format:?}: training {iters} steps: peak RSS \
          {train_peak:.0} MiB; save {save_s:.1} s, peak RSS while saving {save_peak:.0} MiB; \
          save / training = {:.2}",
         save_peak / train_peak
+    );
+}
+
+/// The step count a save in parts recorded in its info (`"N steps"`).
+fn steps_saved(info: &str) -> u64 {
+    info.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Prints how far `model`'s parameters are from the uninterrupted run's in
+/// `file` (the largest difference relative to the largest magnitude).
+fn compare_with(model: &Stack, file: &Path, rank: usize) {
+    let bytes = std::fs::read(file).unwrap_or_else(|e| fail(Some(rank), e));
+    let reference: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let values = model.values();
+    if values.len() != reference.len() {
+        fail(
+            Some(rank),
+            "--compare: the file holds another model's parameters",
+        );
+    }
+    let scale = reference
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
+    let gap = (values.iter().zip(&reference)).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+    println!(
+        "rank {rank}: {COMPARED_STEPS} steps after the resume, {gap:e} from the uninterrupted \
+         run (largest difference / largest magnitude)"
     );
 }

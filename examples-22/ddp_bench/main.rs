@@ -95,6 +95,11 @@ struct BenchArgs {
     /// --mode checkpoint: in parts (each rank its own) or whole (rank 0).
     #[arg(long, value_enum, default_value = "parts")]
     format: checkpoint::Format,
+    /// --mode checkpoint: the same samples in each step's global batch on
+    /// any world size; the save writes the uninterrupted run's parameters
+    /// 2 steps later to this file, the resume compares with them.
+    #[arg(long)]
+    compare: Option<std::path::PathBuf>,
 }
 
 /// One MNIST CNN training step (forward, backward, gradients averaged over
@@ -216,6 +221,7 @@ fn main() {
             dir: &args.checkpoint_dir,
             format: args.format,
             resume: args.resume,
+            compare: args.compare.as_deref(),
         }),
         Mode::Zero => zero::run(
             &group,

@@ -35,6 +35,45 @@ impl Stack {
         x.powi_scalar(2).mean()
     }
 
+    /// The loss of this rank's rows of global batch `step` (`world` ranks
+    /// of `batch` rows each): the same samples in each step's global batch
+    /// whatever the world size, so runs on different world sizes can be
+    /// compared.
+    pub fn loss_of_step(
+        &self,
+        step: u64,
+        (rank, world): (usize, usize),
+        batch: usize,
+        width: usize,
+        device: &Device,
+    ) -> Tensor<1> {
+        device.seed(step);
+        let global = Tensor::<2>::random(
+            [batch * world, width],
+            Distribution::Normal(0.0, 1.0),
+            device,
+        );
+        let mut x = global.slice([rank * batch..(rank + 1) * batch]);
+        for layer in &self.layers {
+            x = layer.forward(x).tanh();
+        }
+        x.powi_scalar(2).mean()
+    }
+
+    /// Every parameter's values, in order.
+    pub fn values(&self) -> Vec<f32> {
+        self.layers
+            .iter()
+            .flat_map(|layer| {
+                let mut values = layer.weight.val().into_data().try_to_vec::<f32>().unwrap();
+                if let Some(bias) = &layer.bias {
+                    values.extend(bias.val().into_data().try_to_vec::<f32>().unwrap());
+                }
+                values
+            })
+            .collect()
+    }
+
     pub fn parameters(&self) -> usize {
         self.num_params()
     }
