@@ -118,7 +118,7 @@ pub(crate) fn open_parts(dir: &Path, rank: usize, walk: impl Walker) -> Result<S
 fn read_state(
     checkpoint: &ShardedCheckpoint,
     positions: impl IntoIterator<Item = u64>,
-) -> Result<Vec<(u64, Vec<u8>)>> {
+) -> Result<StateEntries> {
     let mut entries = Vec::new();
     for position in positions.into_iter().chain([SHARED_STATE]) {
         if let Some(bytes) = checkpoint.read(EntryKind::OptimizerState, position)? {
@@ -128,6 +128,9 @@ fn read_state(
     Ok(entries)
 }
 
+/// Optimizer state entries: each one's position and bytes.
+pub(crate) type StateEntries = Vec<(u64, Vec<u8>)>;
+
 /// The optimizer state entries in `checkpoint` of the trained parameters
 /// this rank keeps state for (`kept`: each trained parameter's id and
 /// whether this rank keeps its state, in the model's order), with every
@@ -136,7 +139,7 @@ fn read_state(
 pub(crate) fn read_kept_state(
     checkpoint: &ShardedCheckpoint,
     kept: &[(u64, bool)],
-) -> Result<(Vec<u64>, Vec<(u64, Vec<u8>)>)> {
+) -> Result<(Vec<u64>, StateEntries)> {
     let ids = kept.iter().map(|(id, _)| *id).collect();
     let positions = (kept.iter().enumerate())
         .filter(|(_, (_, keeps))| *keeps)

@@ -53,7 +53,7 @@ impl Stack {
             Distribution::Normal(0.0, 1.0),
             device,
         );
-        let mut x = global.slice([rank * batch..(rank + 1) * batch]);
+        let mut x = global.narrow(0, rank * batch, batch);
         for layer in &self.layers {
             x = layer.forward(x).tanh();
         }
