@@ -35,6 +35,7 @@
 
 pub mod failure;
 pub mod files;
+pub mod join;
 pub mod learner;
 pub mod replicas;
 pub mod session;

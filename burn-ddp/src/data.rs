@@ -5,6 +5,8 @@ pub use burn_ddp_sampler::{
     batch_size_per_rank, distributed_sampler, evaluation_sampler, split_global_batch,
     BatchSplitError, DistributedSampler, EpochHandle, SamplerError, ShardIndices,
 };
+/// Loops over inputs of different lengths on different ranks (PyTorch's `Join`).
+pub use burn_ddp_training::join::{Join, JoinStep};
 pub use burn_ddp_training::sum::{sum_over_ranks, RankSum};
 use std::marker::PhantomData;
 

@@ -63,6 +63,16 @@ pub fn run(name: &str) -> Res<()> {
             0.01,
         ),
         "unused" => scenarios::unused_parameter(),
+        "uneven_toy_sgd" => scenarios::uneven::<ToyTask, _, _>(
+            SgdConfig::new().init(),
+            SgdConfig::new().init(),
+            0.1,
+        ),
+        "uneven_conv_adamw" => scenarios::uneven::<ConvTask, _, _>(
+            AdamWConfig::new().init(),
+            AdamWConfig::new().init(),
+            0.01,
+        ),
         "accumulation" => scenarios::accumulation(),
         "different_models" => scenarios::different_models(),
         "replicas" => scenarios::replicas(),

@@ -155,6 +155,72 @@ where
     ddp::destroy_process_group().map_err(e)
 }
 
+/// Uneven inputs (`data::Join`): 3 ranks with 10, 7 and 0 batches of 4
+/// (rank 1's last batch holds 2). Every rank takes 10 steps and the loop
+/// ends on all of them together; a rank whose batches have run out steps
+/// in shadow. Every replica is identical after every step, and the result
+/// equals one process trained on the union of each step's batches (1e-5).
+pub fn uneven<T: Task, O1, O2>(mut opt: O1, mut opt_ref: O2, lr: f64) -> Res<()>
+where
+    O1: Step<T::Model>,
+    O2: Step<T::Reference>,
+{
+    let group = ddp::init_process_group().map_err(e)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    if world != 3 {
+        return Err("the uneven-inputs scenario is written for exactly 3 ranks".into());
+    }
+    let device = shim::device();
+    let (mut model, mut reference) = start::<T>(&group)?;
+    let batches_of = |r: usize| -> Vec<Vec<usize>> {
+        let sizes: Vec<usize> = match r {
+            0 => vec![4; 10],
+            1 => [vec![4; 6], vec![2]].concat(),
+            _ => Vec::new(),
+        };
+        let mut next = 100 * r;
+        sizes
+            .into_iter()
+            .map(|n| {
+                next += n;
+                (next - n..next).collect()
+            })
+            .collect()
+    };
+    let mut join = ddp::data::Join::new(&group, batches_of(rank).into_iter(), |b: &Vec<usize>| {
+        b.len()
+    })
+    .with_shadow(vec![0, 1, 2, 3]);
+    let mut steps = 0;
+    while let Some(step) = join.next_step().map_err(e)? {
+        let loss = T::loss(&model, &step.batch, &device).mul_scalar(step.loss_scale);
+        let grads = model.synced_grads(loss)?;
+        model = opt.step(lr, model, grads);
+
+        let union: Vec<usize> = (0..world)
+            .flat_map(|r| batches_of(r).get(steps).cloned().unwrap_or_default())
+            .collect();
+        let grads = reference.local_grads(T::reference_loss(&reference, &union, &device));
+        reference = opt_ref.step(lr, reference, grads);
+        check_identical_across_ranks(&group, &model.flat_params(), &format!("after step {steps}"))?;
+        steps += 1;
+    }
+    if steps != 10 {
+        return Err(format!(
+            "the loop took {steps} steps, not the longest rank's 10"
+        ));
+    }
+    let diff = max_relative_difference(&model.flat_params(), &reference.flat_params());
+    println!("uneven_steps {steps}");
+    println!("max_rel_diff {diff:e}");
+    if diff > 1e-5 {
+        return Err(format!(
+            "training on uneven inputs differs from one process on each step's union by {diff:e}"
+        ));
+    }
+    ddp::destroy_process_group().map_err(e)
+}
+
 /// Rank 0 trains head A, rank 1 head B: each head's gradient is missing on
 /// one rank and must count as zero there.
 pub fn unused_parameter() -> Res<()> {

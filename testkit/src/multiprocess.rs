@@ -46,6 +46,10 @@ pub fn run_suite(
             unused_parameter,
         ),
         (
+            "uneven_inputs_10_7_and_0_batches_step_together_and_equal_each_steps_union",
+            uneven_inputs,
+        ),
+        (
             "accumulated_micro_batches_sync_once_and_equal_the_big_batch",
             accumulation,
         ),
@@ -145,6 +149,19 @@ fn equivalence(scenario: &str) -> Result<(), String> {
         all_ok(&outcomes)?;
         for o in &outcomes {
             check(o.value("max_rel_diff").is_some(), || o.stdout.clone())?;
+        }
+    }
+    Ok(())
+}
+
+/// 3 ranks with 10, 7 and 0 batches, toy (SGD) and conv (AdamW): no hang,
+/// 10 steps on every rank, equal to one process on each step's union.
+fn uneven_inputs() -> Result<(), String> {
+    for scenario in ["uneven_toy_sgd", "uneven_conv_adamw"] {
+        let outcomes = World::new(3).run(scenario);
+        all_ok(&outcomes).map_err(|err| format!("{scenario}: {err}"))?;
+        for o in &outcomes {
+            check(o.value("uneven_steps") == Some("10"), || o.stdout.clone())?;
         }
     }
     Ok(())
