@@ -88,6 +88,9 @@ pub struct World {
     /// Sends a signal to the process at this index of `started` once it has
     /// printed a line starting with the given text (a fault injected for real).
     pub signal_when: Option<(usize, &'static str, i32)>,
+    /// Sends SIGCONT this long after the signal of `signal_when` (a rank
+    /// stopped, then continued).
+    pub continue_after: Option<Duration>,
     /// Runs the ranks on these machines, this many on each (rank r on machine
     /// r / n); rank 0 then hosts the store at machine 0's address.
     pub machines: Option<(std::sync::Arc<Machines>, usize)>,
@@ -113,6 +116,7 @@ impl World {
             deadline: Duration::from_secs(120),
             start_delay: None,
             signal_when: None,
+            continue_after: None,
             machines: None,
             program: None,
             dir: None,
@@ -237,6 +241,7 @@ impl World {
                     .signal_when
                     .filter(|(at, _, _)| *at == index)
                     .map(|(_, line, signal)| (line, signal));
+                let continue_after = self.continue_after;
                 (
                     std::thread::spawn(move || {
                         let mut s = String::new();
@@ -246,6 +251,13 @@ impl World {
                                 if line.starts_with(start) {
                                     // SAFETY: kill has no memory-safety preconditions.
                                     unsafe { libc::kill(pid, signal) };
+                                    if let Some(after) = continue_after {
+                                        std::thread::spawn(move || {
+                                            std::thread::sleep(after);
+                                            // SAFETY: as above.
+                                            unsafe { libc::kill(pid, libc::SIGCONT) };
+                                        });
+                                    }
                                 }
                             }
                             s.push_str(&line);

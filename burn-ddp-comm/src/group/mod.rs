@@ -12,6 +12,7 @@ mod device;
 mod failure;
 mod host;
 mod join;
+mod reform;
 pub mod settings;
 mod signature;
 mod watch;
@@ -75,8 +76,14 @@ struct GroupInner {
     gathered_once: Mutex<Vec<u64>>,
     failures: Failures,
     device: DeviceBackend,
+    /// What the group was formed from (`None` for a world of one): the next
+    /// generation ([`ProcessGroup::reform`]) starts from it.
+    env: Option<LaunchEnv>,
+    /// How many times the group has gone on without ranks that were gone.
+    generation: u64,
     // Dropped last: peers may still be reading from it while we tear down.
-    _store_server: Option<StoreServer>,
+    // A next generation takes it over.
+    store_server: Mutex<Option<StoreServer>>,
 }
 
 impl std::fmt::Debug for ProcessGroup {
@@ -98,7 +105,7 @@ impl ProcessGroup {
     pub fn from_env() -> Result<Self> {
         let env = LaunchEnv::from_env()?;
         let settings = Settings::from_lookup(env.rank, |name| std::env::var(name).ok())?;
-        Self::start(env, settings)
+        Self::start_generation(env, settings, 0, None)
     }
 
     /// Starts configuring a group by hand.
@@ -106,10 +113,17 @@ impl ProcessGroup {
         ProcessGroupBuilder::new(rank, world_size)
     }
 
-    fn start(env: LaunchEnv, settings: Settings) -> Result<Self> {
+    /// Generation `generation` of a group (0: the first), with the store
+    /// rank 0 hosted for an earlier one (`inherited`).
+    fn start_generation(
+        env: LaunchEnv,
+        settings: Settings,
+        generation: u64,
+        inherited: Option<StoreServer>,
+    ) -> Result<Self> {
         check_place(&env)?;
         if env.world_size == 1 {
-            let group = GroupInner::assemble(
+            let mut group = GroupInner::assemble(
                 &env,
                 settings,
                 Box::new(MemoryStore::new()),
@@ -118,9 +132,10 @@ impl ProcessGroup {
                 Failures::new(env.rank),
                 false,
             );
+            group.generation = generation;
             return Ok(Self::from_inner(group));
         }
-        let group = Self::from_inner(Self::join(&env, settings)?);
+        let group = Self::from_inner(Self::join(&env, settings, generation, inherited)?);
         if group.wire_compression() != WireCompression::None {
             log::debug!(
                 "rank {}: f32 all-reduces cross machines as {:?}",
@@ -142,7 +157,12 @@ impl ProcessGroup {
     /// Several ranks: the store (hosted here by rank 0 when it is the one
     /// to), every rank's arrival, the transport's connections, then one vote
     /// on whether the group stands (a rank claimed twice fails it).
-    fn join(env: &LaunchEnv, settings: Settings) -> Result<GroupInner> {
+    fn join(
+        env: &LaunchEnv,
+        settings: Settings,
+        generation: u64,
+        inherited: Option<StoreServer>,
+    ) -> Result<GroupInner> {
         let host = env.master_addr.clone().ok_or_else(|| {
             CommError::config(
                 Some(env.rank),
@@ -153,8 +173,9 @@ impl ProcessGroup {
                 ),
             )
         })?;
-        let server = match env.store_host {
-            StoreHost::RankZero if env.rank == 0 => Some(join::host_store(&host, env)?),
+        let server = match (inherited, env.store_host) {
+            (Some(server), _) => Some(server),
+            (None, StoreHost::RankZero) if env.rank == 0 => Some(join::host_store(&host, env)?),
             _ => None,
         };
         let keys = join::next_group_keys(env);
@@ -191,6 +212,7 @@ impl ProcessGroup {
             failures,
             spans_machines,
         );
+        group.generation = generation;
         // Nobody leaves set-up (and possibly takes the store down) before all
         // are connected, and all decide together whether the group stands.
         if group.vote(saw_duplicate)? {
@@ -476,7 +498,9 @@ impl GroupInner {
             gathered_once: Mutex::new(Vec::new()),
             failures,
             device: DeviceBackend::new(settings.device_backend),
-            _store_server: server,
+            env: (env.world_size > 1).then(|| env.clone()),
+            generation: 0,
+            store_server: Mutex::new(server),
         }
     }
 

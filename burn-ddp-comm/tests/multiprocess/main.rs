@@ -73,6 +73,14 @@ fn main() {
         ),
         ("a_stopped_rank_is_named_by_every_other_rank", stopped_rank),
         (
+            "survivors_of_a_killed_rank_go_on_as_the_next_generation",
+            survivors_go_on,
+        ),
+        (
+            "a_stalled_rank_that_comes_back_is_fenced_and_the_others_go_on",
+            stalled_rank_fenced,
+        ),
+        (
             "two_machines_hierarchical_equals_the_ring",
             hierarchical_equals_ring,
         ),
@@ -483,6 +491,86 @@ fn killed_mid_all_reduce() -> Result<(), String> {
                 format!("{case} should name rank {victim}: {}", o.stderr)
             })?;
         }
+    }
+    Ok(())
+}
+
+/// A rank SIGKILLed at step 5 of 12 (3 ranks over TCP and shared memory,
+/// rank 1; 4 ranks, rank 0): every survivor goes on in the same process as
+/// the next generation (ranks renumbered in order), redoes the step, ends
+/// all 12 with exact sums and exits 0, within 2 s of the failed step.
+fn survivors_go_on() -> Result<(), String> {
+    for (world_size, transport, victim) in [(3, "tcp", 1), (3, "shm", 1), (4, "shm", 0)] {
+        let mut world = World::new(world_size)
+            .env("BURN_DDP_TRANSPORT", transport)
+            .env("SURVIVE_VICTIM", &victim.to_string());
+        world.deadline = Duration::from_secs(60);
+        world.signal_when = Some((victim, "ready", libc::SIGKILL));
+        let outcomes = world.run("survive");
+        let case = |rank| format!("{world_size} ranks over {transport}, rank {rank}");
+        check(outcomes[victim].code.is_none(), || {
+            format!("{}: not killed: {:?}", case(victim), outcomes[victim])
+        })?;
+        for o in outcomes.iter().filter(|o| o.rank != victim) {
+            check(o.code == Some(0), || format!("{}: {o:?}", case(o.rank)))?;
+            let survivors = world_size - 1;
+            let new_rank = o.rank - usize::from(o.rank > victim);
+            let expected = format!("generation 1 rank {new_rank} of {survivors}");
+            check(o.stdout.contains(&expected), || {
+                format!("{}: no {expected:?} in {}", case(o.rank), o.stdout)
+            })?;
+            check(
+                o.value("steps") == Some(&format!("12 world {survivors}")),
+                || format!("{}: {}", case(o.rank), o.stdout),
+            )?;
+            let recovered: u64 = o
+                .value("recovered_in_ms")
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{}: {}", case(o.rank), o.stdout))?;
+            check(recovered < 2000, || {
+                format!(
+                    "{}: the failed step was redone {recovered} ms after it began",
+                    case(o.rank)
+                )
+            })?;
+            check(o.stderr.contains(&format!("rank {victim}")), || {
+                format!(
+                    "{}: the failure does not name rank {victim}: {}",
+                    case(o.rank),
+                    o.stderr
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Rank 1 of 3 SIGSTOPped at step 5 past the 3 s timeout, continued 6 s
+/// later: ranks 0 and 2 go on as generation 1 and finish; rank 1, back,
+/// finds its generation gone and is fenced by name, exiting with an error.
+fn stalled_rank_fenced() -> Result<(), String> {
+    let mut world = World::new(3).env("SURVIVE_VICTIM", "1");
+    world.timeout_secs = 3.0;
+    world.deadline = Duration::from_secs(40);
+    world.signal_when = Some((1, "ready", libc::SIGSTOP));
+    world.continue_after = Some(Duration::from_secs(6));
+    let outcomes = world.run("survive");
+    for o in outcomes.iter().filter(|o| o.rank != 1) {
+        check(o.code == Some(0), || format!("rank {}: {o:?}", o.rank))?;
+        check(o.value("steps") == Some("12 world 2"), || o.stdout.clone())?;
+    }
+    let back = &outcomes[1];
+    check(back.code == Some(1), || format!("rank 1: {back:?}"))?;
+    for needle in [
+        "rank 1",
+        "fenced",
+        "generation 0",
+        "generation 1",
+        "ranks 0, 2",
+    ] {
+        check(back.stderr.contains(needle), || {
+            format!("rank 1's error lacks {needle:?}: {}", back.stderr)
+        })?;
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ pub fn run(name: &str) -> ! {
         "twice" => twice(),
         "steady" => steady(),
         "big_loop" => big_loop(),
+        "survive" => survive(),
         "compare_algorithms" => compare_algorithms(),
         "compressed" => compressed(),
         "rounds" => rounds(),
@@ -281,6 +282,59 @@ fn big_loop() -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         data.fill(1.0);
     }
+}
+
+/// 12 steps of all-reduces that go on without a rank that is gone: rank
+/// `SURVIVE_VICTIM` prints `ready` at step 5 (the driver then kills or stops
+/// it) and the survivors, on the failure, form the next generation of the
+/// group among themselves (`reform`) and redo the step. Each step's sum is
+/// checked against its world; a stopped rank that comes back is fenced.
+fn survive() -> Result<(), String> {
+    let mut g = group()?;
+    let victim: usize = std::env::var("SURVIVE_VICTIM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or("SURVIVE_VICTIM unset")?;
+    let mut step = 0;
+    let mut failed_at = None;
+    while step < 12 {
+        if step == 5 && g.generation() == 0 && g.rank() == victim {
+            println!("ready");
+            std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let world = g.world_size();
+        let mut data = vec![(g.rank() + 1) as f32; 1 << 16];
+        let started = std::time::Instant::now();
+        match g.all_reduce(&mut data, ReduceOp::Sum) {
+            Ok(()) => {
+                let want = (world * (world + 1) / 2) as f32;
+                if let Some(bad) = data.iter().find(|&&v| v != want) {
+                    return Err(format!("step {step}: {bad}, not {want}"));
+                }
+                if let Some(at) = failed_at.take() {
+                    let at: std::time::Instant = at;
+                    println!("recovered_in_ms {}", at.elapsed().as_millis());
+                }
+                step += 1;
+            }
+            Err(err) => {
+                eprintln!("step {step}: {err}");
+                failed_at.get_or_insert(started);
+                g = g
+                    .reform(std::time::Duration::from_secs(10))
+                    .map_err(|e| e.to_string())?;
+                println!(
+                    "generation {} rank {} of {}",
+                    g.generation(),
+                    g.rank(),
+                    g.world_size()
+                );
+            }
+        }
+    }
+    println!("steps {step} world {}", g.world_size());
+    Ok(())
 }
 
 /// The same all-reduces under the ring and then the hierarchical algorithm
