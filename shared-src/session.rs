@@ -25,6 +25,20 @@ pub fn default_group() -> Option<ProcessGroup> {
     SESSION.default_group()
 }
 
+/// After a collective failed because ranks are gone (killed, stalled past
+/// the timeout, cut off): the surviving ranks form the next generation of
+/// the default group among themselves, in the same processes, and it
+/// becomes the default group; call it on every rank still there. Ranks keep
+/// their order (this rank's new rank is its place among the survivors);
+/// `wait` bounds how long they wait for each other. Then wrap each model
+/// again over the returned group and redo the step that failed. A rank
+/// that comes back after the others went on is fenced (an error naming the
+/// generations). Needs the store outside the ranks to go on without rank 0
+/// (`burn-ddp-run` hosts it).
+pub fn reform_process_group(wait: std::time::Duration) -> Result<ProcessGroup> {
+    SESSION.reform(wait)
+}
+
 /// Waits for every rank (bounded by the timeout), then forgets the default
 /// group and the models wrapped over it; its connections close once the last
 /// handle to it is dropped.

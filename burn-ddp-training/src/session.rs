@@ -277,6 +277,22 @@ impl Session {
         }
     }
 
+    /// After a collective of the default group failed: the next generation
+    /// of it among the ranks still there ([`ProcessGroup::reform`]),
+    /// which becomes the default group. Models wrapped over the failed one
+    /// are wrapped again over the new one by the caller (their reducers
+    /// talk to the failed group until then). Collective among the
+    /// survivors.
+    pub fn reform(&self, wait: std::time::Duration) -> Result<ProcessGroup> {
+        let current = self.current().ok_or(CommError::Destroyed)?;
+        let next = current.group.reform(wait)?;
+        self.state().default = Some(Arc::new(DefaultGroup {
+            reducer: Mutex::new(Reducer::new(&next, BucketConfig::default())),
+            group: next.clone(),
+        }));
+        Ok(next)
+    }
+
     /// Waits for every rank (bounded by the timeout), then forgets the
     /// default group and the models wrapped over it; its connections close
     /// once the last handle to it is dropped.

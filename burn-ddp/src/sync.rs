@@ -77,6 +77,37 @@ pub struct NoSyncGuard {
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
+thread_local! {
+    /// The failure of the gradient averaging in this thread's last
+    /// `backward()`, kept for [`try_backward`].
+    static FAILURE: std::cell::RefCell<Option<crate::CommError>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps `err`, the failure `backward()` is about to panic with.
+pub(crate) fn keep_failure(err: crate::CommError) {
+    FAILURE.with(|kept| *kept.borrow_mut() = Some(err));
+}
+
+/// `loss.backward()`, with a failure of the gradient averaging (a rank
+/// killed, stalled past the timeout or cut off) returned as the error
+/// instead of a panic, so the ranks still there can go on: form the next
+/// generation of the group ([`reform_process_group`](crate::reform_process_group)),
+/// wrap the model again over it and redo the step (the parameters and the
+/// optimizer are as before the step). Any other panic goes on unwinding.
+pub fn try_backward<B: AutodiffBackend>(
+    loss: burn::tensor::Tensor<B, 1>,
+) -> crate::Result<B::Gradients> {
+    FAILURE.with(|kept| kept.borrow_mut().take());
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loss.backward())) {
+        Ok(grads) => Ok(grads),
+        Err(payload) => match FAILURE.with(|kept| kept.borrow_mut().take()) {
+            Some(err) => Err(err),
+            None => std::panic::resume_unwind(payload),
+        },
+    }
+}
+
 /// Turns off gradient synchronisation in `backward()` on this thread, for
 /// every model, until the returned guard is dropped.
 pub fn no_sync() -> NoSyncGuard {

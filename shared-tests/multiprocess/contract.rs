@@ -16,6 +16,11 @@ pub trait DdpModel: Params {
     fn local_grads(&self, loss: Self::Loss) -> GradientsParams;
     /// The gradients averaged over the ranks.
     fn synced_grads(&self, loss: Self::Loss) -> Result<GradientsParams, String>;
+    /// [`synced_grads`](Self::synced_grads) with a failed average as an
+    /// error, never a panic (Burn 0.21: `sync::try_backward`).
+    fn try_synced_grads(&self, loss: Self::Loss) -> Result<GradientsParams, String> {
+        self.synced_grads(loss)
+    }
     /// What averaging this model's gradients has cost so far.
     fn sync_stats(&self) -> Option<SyncStats>;
 }

@@ -63,6 +63,16 @@ pub fn run(name: &str) -> Res<()> {
             0.01,
         ),
         "unused" => scenarios::unused_parameter(),
+        "survive_toy_adamw" => scenarios::survive::<ToyTask, _, _>(
+            AdamWConfig::new().init(),
+            AdamWConfig::new().init(),
+            0.01,
+        ),
+        "survive_conv_adamw" => scenarios::survive::<ConvTask, _, _>(
+            AdamWConfig::new().init(),
+            AdamWConfig::new().init(),
+            0.01,
+        ),
         "uneven_toy_sgd" => scenarios::uneven::<ToyTask, _, _>(
             SgdConfig::new().init(),
             SgdConfig::new().init(),

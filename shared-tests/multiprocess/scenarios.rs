@@ -221,6 +221,89 @@ where
     ddp::destroy_process_group().map_err(e)
 }
 
+/// Per-step recovery: 10 steps, each on a global batch of 12 items split
+/// among the ranks there (the loss scaled so the average is the global
+/// batch's mean); rank `SURVIVE_VICTIM` prints `ready` before step
+/// `SURVIVE_STEP` and is SIGKILLed by the driver. The survivors get the
+/// failure as an error, form the next generation
+/// (`reform_process_group`), wrap the model again and redo the step on
+/// the same global batch: every replica identical after every step, and
+/// the result equal to one process trained on the 10 global batches (1e-5).
+pub fn survive<T: Task, O1, O2>(mut opt: O1, mut opt_ref: O2, lr: f64) -> Res<()>
+where
+    O1: Step<T::Model>,
+    O2: Step<T::Reference>,
+{
+    let env_usize = |name: &str| -> Res<usize> {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("{name} unset"))
+    };
+    let (victim, die_at) = (env_usize("SURVIVE_VICTIM")?, env_usize("SURVIVE_STEP")?);
+    let mut group = ddp::init_process_group().map_err(e)?;
+    let device = shim::device();
+    let (mut model, mut reference) = start::<T>(&group)?;
+    const GLOBAL: usize = 12;
+    let mut step = 0;
+    let mut failed_at = None;
+    while step < 10 {
+        if step == die_at && group.generation() == 0 && group.rank() == victim {
+            println!("ready");
+            std::io::Write::flush(&mut std::io::stdout()).map_err(e)?;
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let (rank, world) = (group.rank(), group.world_size());
+        // This rank's share of the step's global batch, whatever the world.
+        let (from, to) = (GLOBAL * rank / world, GLOBAL * (rank + 1) / world);
+        let mine: Vec<usize> = (step * GLOBAL + from..step * GLOBAL + to).collect();
+        let scale = (mine.len() * world) as f32 / GLOBAL as f32;
+        let started = std::time::Instant::now();
+        let loss = T::loss(&model, &mine, &device).mul_scalar(scale);
+        match model.try_synced_grads(loss) {
+            Ok(grads) => {
+                model = opt.step(lr, model, grads);
+                let global: Vec<usize> = (step * GLOBAL..(step + 1) * GLOBAL).collect();
+                let loss = T::reference_loss(&reference, &global, &device);
+                let grads = reference.local_grads(loss);
+                reference = opt_ref.step(lr, reference, grads);
+                check_identical_across_ranks(
+                    &group,
+                    &model.flat_params(),
+                    &format!("after step {step}"),
+                )?;
+                if let Some(at) = failed_at.take() {
+                    let at: std::time::Instant = at;
+                    println!("recovered_in_ms {}", at.elapsed().as_millis());
+                }
+                step += 1;
+            }
+            Err(err) => {
+                eprintln!("step {step}: {err}");
+                failed_at.get_or_insert(started);
+                group = ddp::reform_process_group(std::time::Duration::from_secs(10)).map_err(e)?;
+                model = model.wrap(&group)?;
+                println!(
+                    "generation {} rank {} of {}",
+                    group.generation(),
+                    group.rank(),
+                    group.world_size()
+                );
+            }
+        }
+    }
+    let diff = max_relative_difference(&model.flat_params(), &reference.flat_params());
+    println!("steps {step} world {}", group.world_size());
+    println!("max_rel_diff {diff:e}");
+    if diff > 1e-5 {
+        return Err(format!(
+            "after recovering, the ranks differ from one process on the same global batches by \
+             {diff:e}"
+        ));
+    }
+    ddp::destroy_process_group().map_err(e)
+}
+
 /// Rank 0 trains head A, rank 1 head B: each head's gradient is missing on
 /// one rank and must count as zero there.
 pub fn unused_parameter() -> Res<()> {

@@ -133,9 +133,10 @@ impl<B: TrackedAutodiff> AutodiffBackend for Ddp<B> {
     fn backward(tensor: FloatTensor<Self>) -> Self::Gradients {
         let (grads, outcome) = crate::sync::backward::<B>(tensor);
         if let Err(err) = outcome {
-            burn_ddp_training::failure::panic_with_message(format!(
-                "burn-ddp: gradient synchronisation failed: {err}"
-            ));
+            let message = format!("burn-ddp: gradient synchronisation failed: {err}");
+            // For `try_backward`, which turns the panic back into the error.
+            crate::sync::keep_failure(err);
+            burn_ddp_training::failure::panic_with_message(message);
         }
         grads
     }

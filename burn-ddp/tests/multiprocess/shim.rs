@@ -88,6 +88,11 @@ macro_rules! ddp_models {
             fn synced_grads(&self, loss: Self::Loss) -> Result<GradientsParams, String> {
                 Ok(GradientsParams::from_grads(loss.backward(), self))
             }
+            fn try_synced_grads(&self, loss: Self::Loss) -> Result<GradientsParams, String> {
+                burn_ddp::sync::try_backward(loss)
+                    .map(|grads| GradientsParams::from_grads(grads, self))
+                    .map_err(|err| err.to_string())
+            }
             fn sync_stats(&self) -> Option<SyncStats> {
                 burn_ddp::sync::sync_stats_of(self)
             }
