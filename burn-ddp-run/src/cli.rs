@@ -36,8 +36,23 @@ pub struct LaunchConfig {
     /// Times the workers are started again after a failure (torchrun's
     /// `--max-restarts`); 0 ends the job at the first failure.
     pub max_restarts: u32,
+    /// What a worker's failure does to the others (`--on-failure`).
+    pub on_failure: OnFailure,
     /// The worker program and its arguments.
     pub program: Vec<String>,
+}
+
+/// What a worker's failure does to the other workers.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFailure {
+    /// Stop them (then start every worker again under --max-restarts).
+    #[default]
+    Stop,
+    /// Let them go on without it: a program that calls
+    /// `reform_process_group` after a failed step keeps training with the
+    /// ranks still there; the job succeeds if they finish. If they all fail
+    /// too, the round failed as under `stop`.
+    Continue,
 }
 
 const ENVIRONMENT_HELP: &str = "\
@@ -47,7 +62,9 @@ GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and
 OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set.
 If one worker fails, the others are stopped and the launcher exits with the first
 failure's code; with --max-restarts N every worker is started again instead, up
-to N times, with TORCHELASTIC_RESTART_COUNT set to the round (0 first).
+to N times, with TORCHELASTIC_RESTART_COUNT set to the round (0 first). With
+--on-failure continue the others go on without it instead (the program forms
+the next group with reform_process_group), and the job succeeds if they finish.
 RUST_LOG=burn_ddp_run=debug shows what the launcher does.
 
 Example:
@@ -100,6 +117,17 @@ pub struct LaunchOptions {
         default_value_t = 0
     )]
     pub max_restarts: u32,
+    /// What a worker's failure does to the others: `stop` them (then
+    /// --max-restarts applies), or let them `continue` without it (the
+    /// program goes on with `reform_process_group`).
+    #[arg(
+        long = "on-failure",
+        visible_alias = "on_failure",
+        value_enum,
+        value_name = "WHAT",
+        default_value = "stop"
+    )]
+    pub on_failure: OnFailure,
     /// After a failure, SIGTERM the other workers, then SIGKILL them after this
     /// many seconds; after a Ctrl-C or SIGTERM to the launcher, the time the
     /// workers get to stop by themselves (a second one kills them at once).
@@ -204,6 +232,7 @@ impl LaunchOptions {
             prefix_output: self.prefix_output,
             log_dir: self.log_dir,
             max_restarts: self.max_restarts,
+            on_failure: self.on_failure,
             program,
         })
     }
@@ -357,6 +386,12 @@ mod tests {
         assert!(message(&["--max-restarts", "many", "p"]).contains("many"));
         assert_eq!(launch(&["--max-restarts", "3", "p"]).max_restarts, 3);
         assert_eq!(launch(&["p"]).max_restarts, 0);
+        assert_eq!(launch(&["p"]).on_failure, OnFailure::Stop);
+        let go_on = launch(&["--on-failure", "continue", "p"]);
+        assert_eq!(go_on.on_failure, OnFailure::Continue);
+        assert!(error(&["--on-failure", "ignore", "p"])
+            .to_string()
+            .contains("ignore"));
         assert!(message(&["--shutdown-timeout", "1e20", "p"]).contains("seconds"));
         assert!(message(&["--standalone=false", "p"]).contains("--standalone"));
         assert_eq!(error(&["-h"]).kind(), ErrorKind::DisplayHelp);

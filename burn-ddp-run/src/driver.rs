@@ -110,6 +110,7 @@ impl Driver<'_> {
             node_rank: config.node_rank,
             nproc_per_node: config.nproc_per_node,
             max_restarts: config.max_restarts,
+            on_failure: config.on_failure,
             shutdown_timeout: config.shutdown_timeout,
             role,
         }

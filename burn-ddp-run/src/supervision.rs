@@ -24,6 +24,7 @@ mod events;
 
 pub(crate) use events::{Action, Event, Notice, RoundFacts};
 
+use crate::cli::OnFailure;
 use crate::error::LaunchError;
 use crate::peers::RoundReport;
 use crate::rounds::{Failure, Verdict};
@@ -73,6 +74,8 @@ pub(crate) struct Plan {
     pub nproc_per_node: usize,
     /// `--max-restarts`.
     pub max_restarts: u32,
+    /// `--on-failure`: whether the others go on without a failed worker.
+    pub on_failure: OnFailure,
     /// `--shutdown-timeout`: from SIGTERM (or the user's signal) to SIGKILL.
     pub shutdown_timeout: Duration,
     /// How this machine decides what follows a failed round.
@@ -171,6 +174,9 @@ pub(crate) struct Supervision {
     round: u32,
     /// The round's workers, in local-rank order.
     workers: Vec<WorkerState>,
+    /// Under `--on-failure continue`: the workers that failed while the
+    /// others went on, in the order they failed.
+    lost: Vec<usize>,
     phase: Phase,
 }
 
@@ -181,6 +187,7 @@ impl Supervision {
             plan,
             round: 0,
             workers: Vec::new(),
+            lost: Vec::new(),
             phase: Phase::Starting,
         };
         (machine, vec![Action::StartRound { round: 0 }])
@@ -249,6 +256,7 @@ impl Supervision {
                 exit: None,
             })
             .collect();
+        self.lost.clear();
         self.phase = Phase::Running {
             next_peer_poll: now + PEER_POLL,
         };
@@ -272,7 +280,30 @@ impl Supervision {
         let failed = self.record(now, exits);
         let round = self.round;
         let peers = self.plan.role.has_peers();
+        let go_on = self.plan.on_failure == OnFailure::Continue;
         match (&mut self.phase, failed) {
+            (Phase::Running { .. }, Some(_)) if go_on => {
+                // Every worker that failed in this look: the others go on
+                // (said while there are others; the end says the rest).
+                let others = self.workers.iter().any(WorkerState::running);
+                for (i, worker) in self.workers.iter().enumerate() {
+                    let failed = worker.exit.is_some_and(|e| !e.status.success());
+                    if failed && !self.lost.contains(&i) {
+                        self.lost.push(i);
+                        if !others {
+                            continue;
+                        }
+                        let how = worker
+                            .exit
+                            .map_or_else(|| "ended".into(), |e| describe(e.status));
+                        out.push(Action::Say(Notice::WorkerLost {
+                            round,
+                            rank: worker.rank,
+                            how,
+                        }));
+                    }
+                }
+            }
             (Phase::Running { .. }, Some(first)) if peers => {
                 // It may only echo a failure on another machine; that
                 // machine's report, if it comes within the grace, is the
@@ -488,6 +519,28 @@ impl Supervision {
             // Stopped for another machine: the first non-zero code here;
             // workers that happened to finish still belong to a failed round.
             Phase::Stopping(_) => (self.first_failed_code().unwrap_or(1), false),
+            // Under `--on-failure continue`, workers failed: the job
+            // succeeded if the others finished, else the round failed.
+            Phase::Running { .. } if !self.lost.is_empty() => {
+                let finished = self
+                    .workers
+                    .iter()
+                    .any(|w| w.exit.is_some_and(|e| e.status.success()));
+                let ranks = self.lost.iter().map(|&i| self.workers[i].rank).collect();
+                if finished {
+                    out.push(Action::Say(Notice::FinishedWithout { ranks }));
+                    self.phase = Phase::Finished(Ok(0));
+                    return;
+                }
+                let first = self.lost[0];
+                out.push(Action::PrintSummary {
+                    round: self.round,
+                    first,
+                    numbered: self.plan.max_restarts > 0,
+                });
+                let status = self.workers[first].exit.map(|e| e.status);
+                (status.map_or(1, exit_code), false)
+            }
             _ => {
                 if self.round > 0 {
                     out.push(Action::Say(Notice::Succeeded { round: self.round }));

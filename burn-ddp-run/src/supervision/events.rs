@@ -167,6 +167,20 @@ pub(crate) enum Notice {
         /// Which.
         signal: i32,
     },
+    /// Under `--on-failure continue`: a worker failed, the others go on.
+    WorkerLost {
+        /// The round.
+        round: u32,
+        /// Its rank.
+        rank: usize,
+        /// How it ended.
+        how: String,
+    },
+    /// Under `--on-failure continue`: the job finished without these ranks.
+    FinishedWithout {
+        /// The ranks that failed on the way.
+        ranks: Vec<usize>,
+    },
     /// Another machine reported the round's failure.
     PeerFailed {
         /// The round.
@@ -180,7 +194,7 @@ impl Notice {
     /// The level it is logged at.
     pub fn level(&self) -> log::Level {
         match self {
-            Self::KillingNow { .. } => log::Level::Warn,
+            Self::KillingNow { .. } | Self::WorkerLost { .. } => log::Level::Warn,
             _ => log::Level::Info,
         }
     }
@@ -219,6 +233,21 @@ impl fmt::Display for Notice {
                  a file written in place is left incomplete; one written to a temporary \
                  file and renamed, as burn-ddp saves, is left as it was)",
                 signals::name(*signal)
+            ),
+            Self::WorkerLost { round, rank, how } => write!(
+                f,
+                "rank {rank} ended ({how}) in round {round}; the other workers go on without it \
+                 (--on-failure continue)"
+            ),
+            Self::FinishedWithout { ranks } => write!(
+                f,
+                "the job finished without rank(s) {}, which failed on the way (--on-failure \
+                 continue)",
+                ranks
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             Self::PeerFailed { round, report } => write!(
                 f,

@@ -23,6 +23,7 @@ fn plan(role: Role, max_restarts: u32) -> Plan {
         node_rank: 1,
         nproc_per_node: 3,
         max_restarts,
+        on_failure: OnFailure::Stop,
         shutdown_timeout: TIMEOUT,
         role,
     }
@@ -193,6 +194,64 @@ fn a_round_whose_workers_all_exit_0_succeeds() {
     let end = look(&mut machine, t0 + ms(1600), &[(0, code(0)), (2, code(0))]);
     assert_eq!(end, [Action::CleanUp]);
     assert!(matches!(machine.into_outcome(), Some(Ok(0))));
+}
+
+/// Round 0 running under `--on-failure continue` (machine 1: ranks 3-5).
+fn going_on(max_restarts: u32) -> (Supervision, Instant) {
+    let (mut machine, start) = Supervision::new(Plan {
+        on_failure: OnFailure::Continue,
+        ..plan(Role::Alone, max_restarts)
+    });
+    assert_eq!(start, [Action::StartRound { round: 0 }]);
+    let t0 = Instant::now();
+    let pids = vec![100, 101, 102];
+    machine.step(t0, Event::Started { began: t0, pids });
+    (machine, t0)
+}
+
+#[test]
+fn going_on_a_failed_worker_is_said_and_the_others_finish_the_job() {
+    let (mut machine, t0) = going_on(0);
+    let lost = look(&mut machine, t0 + ms(100), &[(1, killed(SIGKILL))]);
+    let rank_4 = Notice::WorkerLost {
+        round: 0,
+        rank: 4,
+        how: describe(killed(SIGKILL)),
+    };
+    // Nobody is stopped.
+    assert_eq!(lost, [say(rank_4)]);
+    assert!(machine.watching());
+    assert!(look(&mut machine, t0 + ms(900), &[(0, code(0))]).is_empty());
+    let end = look(&mut machine, t0 + ms(1000), &[(2, code(0))]);
+    let without = Notice::FinishedWithout { ranks: vec![4] };
+    assert_eq!(end, [Action::CleanUp, say(without)]);
+    assert!(matches!(machine.into_outcome(), Some(Ok(0))));
+}
+
+#[test]
+fn going_on_when_every_worker_fails_the_round_failed_from_the_first() {
+    let (mut machine, t0) = going_on(1);
+    look(&mut machine, t0 + ms(100), &[(2, killed(SIGKILL))]);
+    let later = look(&mut machine, t0 + ms(200), &[(0, code(1))]);
+    assert_eq!(later.len(), 1, "{later:?}");
+    let end = look(&mut machine, t0 + ms(300), &[(1, code(1))]);
+    let summary = Action::PrintSummary {
+        round: 0,
+        first: 2,
+        numbered: true,
+    };
+    let assess = Action::Assess {
+        round: 0,
+        ask_peers: false,
+    };
+    assert_eq!(end, [Action::CleanUp, summary, assess]);
+    assert!(matches!(
+        &machine.phase,
+        Phase::Assessing {
+            code: 137,
+            interrupted: false
+        }
+    ));
 }
 
 #[test]

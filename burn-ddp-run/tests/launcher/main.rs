@@ -1,6 +1,7 @@
 //! The launcher with real worker processes: collectives, failures, signals, flags.
 
 mod faults;
+mod going_on;
 mod machines;
 mod restarts;
 
@@ -122,6 +123,10 @@ const CASES: &[Case] = &[
         restarts::a_duplicate_rank_is_not_retried,
     ),
     (
+        "on_failure_continue_the_others_go_on_without_a_killed_worker",
+        going_on::the_others_go_on_without_a_killed_worker,
+    ),
+    (
         "cargo_ddp_builds_in_release_and_launches",
         cargo_ddp_builds_and_launches,
     ),
@@ -129,7 +134,10 @@ const CASES: &[Case] = &[
 
 /// Worker side: runs under the launcher, reading its environment.
 fn worker(name: &str) -> ! {
-    if let Some(code) = faults::worker(name).or_else(|| restarts::worker(name)) {
+    if let Some(code) = faults::worker(name)
+        .or_else(|| restarts::worker(name))
+        .or_else(|| going_on::worker(name))
+    {
         std::process::exit(code);
     }
     let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();

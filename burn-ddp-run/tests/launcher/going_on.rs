@@ -1,0 +1,80 @@
+//! `--on-failure continue`: a worker's failure does not stop the others; a
+//! program that forms the next generation of its group goes on without the
+//! worker, and the job succeeds when the others finish.
+
+use super::{run_scenario, text};
+use burn_ddp_comm::{ProcessGroup, ReduceOp};
+use burn_ddp_testkit::check;
+use std::time::Duration;
+
+/// Worker side of the scenarios below; `None` for another module's scenario.
+pub fn worker(name: &str) -> Option<i32> {
+    if name != "go_on_without_rank_1" {
+        return None;
+    }
+    let rank: usize = std::env::var("RANK").ok()?.parse().ok()?;
+    let fail = |e: burn_ddp_comm::CommError| -> i32 {
+        eprintln!("{e}");
+        1
+    };
+    let mut group = match ProcessGroup::from_env() {
+        Ok(group) => group,
+        Err(e) => return Some(fail(e)),
+    };
+    let mut step = 0;
+    while step < 12 {
+        if step == 5 && rank == 1 {
+            // SAFETY: signalling this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        let world = group.world_size();
+        let mut data = vec![(group.rank() + 1) as f32; 1024];
+        match group.all_reduce(&mut data, ReduceOp::Sum) {
+            Ok(()) if data[0] == (world * (world + 1) / 2) as f32 => step += 1,
+            Ok(()) => {
+                eprintln!("step {step}: {} in a world of {world}", data[0]);
+                return Some(2);
+            }
+            Err(_) => match group.reform(Duration::from_secs(10)) {
+                Ok(next) => group = next,
+                Err(e) => return Some(fail(e)),
+            },
+        }
+    }
+    println!(
+        "rank {rank} (pid {}) finished 12 steps as rank {} of {}",
+        std::process::id(),
+        group.rank(),
+        group.world_size()
+    );
+    Some(0)
+}
+
+/// 3 workers, rank 1 SIGKILLs itself at step 5: with `--on-failure
+/// continue` ranks 0 and 2 go on as ranks 0 and 1 of 2 in the processes they
+/// started in, the launcher says rank 1 was lost and exits 0.
+pub fn the_others_go_on_without_a_killed_worker() -> Result<(), String> {
+    let flags = [
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--on-failure",
+        "continue",
+    ];
+    let (out, _) = run_scenario("go_on_without_rank_1", &flags, Duration::from_secs(60))?;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    check(out.status.code() == Some(0), || format!("{out:?}"))?;
+    for (rank, now) in [(0, 0), (2, 1)] {
+        let line = format!("finished 12 steps as rank {now} of 2");
+        check(
+            stdout.contains(&format!("rank {rank} (pid")) && stdout.contains(&line),
+            || format!("no {line:?} for rank {rank} in:\n{stdout}"),
+        )?;
+    }
+    check(
+        stderr.contains("rank 1 ended (killed by SIGKILL)")
+            && stderr.contains("the other workers go on without it")
+            && stderr.contains("the job finished without rank(s) 1"),
+        || stderr.clone(),
+    )
+}
