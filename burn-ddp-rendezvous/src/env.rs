@@ -27,6 +27,10 @@ pub const LAUNCHER_STORE_VAR: &str = "BURN_DDP_LAUNCHER_STORE";
 /// Overrides the timeout, in seconds.
 pub const TIMEOUT_VAR: &str = "BURN_DDP_TIMEOUT_SECS";
 
+/// Set to `continue` by `burn-ddp-run --on-failure continue` for its
+/// workers: when one fails the others go on, so a loop that can should.
+pub const ON_FAILURE_VAR: &str = "BURN_DDP_ON_FAILURE";
+
 /// How long after a first stop signal (Ctrl-C, SIGTERM) another one means
 /// "stop now", for the launcher and its workers alike: the terminal's Ctrl-C
 /// reaches both, and a double tap is one request, not two.

@@ -2,12 +2,12 @@
 //! environment, stopping them when one cannot start, copying their output,
 //! and cleaning up after them.
 
-use crate::cli::LaunchConfig;
+use crate::cli::{LaunchConfig, OnFailure};
 use crate::error::LaunchError;
 use crate::job::JobIdentity;
 use crate::output::LineSink;
 use crate::signals;
-use burn_ddp_rendezvous::env::LAUNCHER_STORE_VAR;
+use burn_ddp_rendezvous::env::{LAUNCHER_STORE_VAR, ON_FAILURE_VAR};
 use burn_ddp_rendezvous::job::{segments, JOB_ID_VAR, JOB_TOKEN_VAR};
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
@@ -137,6 +137,11 @@ fn command(launch: &Launch<'_>, place: &Place) -> Command {
     if let Some(token) = &job.token {
         command.env(JOB_TOKEN_VAR, token.as_str());
     }
+    match config.on_failure {
+        // The workers' loops learn that they may go on without one.
+        OnFailure::Continue => command.env(ON_FAILURE_VAR, "continue"),
+        OnFailure::Stop => command.env_remove(ON_FAILURE_VAR),
+    };
     for var in launch.thread_defaults {
         command.env(var, "1");
     }

@@ -174,27 +174,55 @@ impl DistributedSampler {
 
     /// This rank's indices for the current epoch, in visiting order.
     pub fn indices(&self) -> Vec<usize> {
-        let mut all: Vec<usize> = if self.shuffle {
+        self.indices_after(0)
+    }
+
+    /// This rank's indices of the rest of the current epoch once its first
+    /// `start` items (of the epoch's order over every rank, before padding)
+    /// are done, dealt over this sampler's ranks as a whole epoch is
+    /// (padded or truncated alike): what each rank visits when the world
+    /// changed in the middle of an epoch (the items ranks of the old world
+    /// had not reached yet, each once, on the new one).
+    pub fn indices_after(&self, start: usize) -> Vec<usize> {
+        let order: Vec<usize> = if self.shuffle {
             randperm(self.dataset_len, self.seed.wrapping_add(self.epoch as u64))
         } else {
             (0..self.dataset_len).collect()
         };
+        let mut rest: Vec<usize> = order.into_iter().skip(start).collect();
         if self.mode == Mode::Train {
-            let total = self.total_size();
-            if total > all.len() {
+            let (len, replicas) = (rest.len(), self.num_replicas);
+            let total = if self.drop_last && len % replicas != 0 {
+                len / replicas * replicas
+            } else {
+                len.div_ceil(replicas) * replicas
+            };
+            if total > len && len > 0 {
                 // Pad by repeating from the front, cyclically if need be.
-                let original = all.len();
-                for i in 0..total - original {
-                    all.push(all[i % original]);
+                for i in 0..total - len {
+                    rest.push(rest[i % len]);
                 }
             } else {
-                all.truncate(total);
+                rest.truncate(total);
             }
         }
-        all.into_iter()
+        rest.into_iter()
             .skip(self.rank)
             .step_by(self.num_replicas)
             .collect()
+    }
+
+    /// The same sampler (seed, shuffle, epoch, mode) for rank `rank` of a
+    /// world of `num_replicas`: after the world changed.
+    pub fn regrouped(&self, num_replicas: usize, rank: usize) -> Result<Self, SamplerError> {
+        if rank >= num_replicas {
+            return Err(SamplerError::InvalidRank { rank, num_replicas });
+        }
+        Ok(Self {
+            num_replicas,
+            rank,
+            ..self.clone()
+        })
     }
 }
 
@@ -216,6 +244,37 @@ mod tests {
         r1.set_epoch(1);
         assert_eq!(r0.indices(), vec![5, 1, 0, 9, 7]);
         assert_eq!(r1.indices(), vec![6, 2, 8, 3, 4]);
+    }
+
+    #[test]
+    fn the_rest_of_an_epoch_is_dealt_over_a_new_world_each_item_once() {
+        // 3 ranks took 2 items each (6 of the order); 2 ranks go on.
+        let old: Vec<_> = (0..3).map(|r| sampler(20, 3, r).seed(4)).collect();
+        let order: Vec<usize> = {
+            let mut all = vec![0; 21];
+            for (r, s) in old.iter().enumerate() {
+                for (j, i) in s.indices().into_iter().enumerate() {
+                    all[r + 3 * j] = i;
+                }
+            }
+            all.truncate(20);
+            all
+        };
+        let done: Vec<usize> = old.iter().flat_map(|s| s.indices()[..2].to_vec()).collect();
+        let new: Vec<Vec<usize>> = (0..2)
+            .map(|r| old[0].regrouped(2, r).unwrap().indices_after(6))
+            .collect();
+        assert_eq!(new[0].len(), 7);
+        assert_eq!(new[1].len(), 7);
+        let mut seen: Vec<usize> = done.into_iter().chain(new.concat()).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..20).collect::<Vec<_>>(), "each item once");
+        assert_eq!(new[0][0], order[6]);
+        assert_eq!(new[1][0], order[7]);
+        // From the start, the same as a whole epoch; past the end, nothing.
+        assert_eq!(old[1].indices_after(0), old[1].indices());
+        assert!(old[1].indices_after(25).is_empty());
+        assert!(old[0].regrouped(2, 2).is_err());
     }
 
     #[test]

@@ -96,6 +96,26 @@ impl EpochHandle {
         state.indices = state.sampler.indices();
     }
 
+    /// The world changed in the middle of the epoch (ranks gone): this
+    /// rank is now `rank` of `num_replicas`, and each rank of the old world
+    /// had taken its first `taken` items. The shard becomes this rank's part
+    /// of the epoch's rest ([`DistributedSampler::indices_after`]); later
+    /// epochs are dealt over the new world. Build a new iterator over the
+    /// data to go on.
+    pub fn regroup(
+        &self,
+        num_replicas: usize,
+        rank: usize,
+        taken: usize,
+    ) -> Result<(), crate::SamplerError> {
+        let mut state = self.shard.state.write().unwrap();
+        let start = taken * state.sampler.num_replicas();
+        let next = state.sampler.regrouped(num_replicas, rank)?;
+        state.indices = next.indices_after(start);
+        state.sampler = next;
+        Ok(())
+    }
+
     /// The epoch the shard currently follows.
     pub fn epoch(&self) -> usize {
         self.shard.state.read().unwrap().sampler.epoch()

@@ -37,6 +37,7 @@ pub mod failure;
 pub mod files;
 pub mod join;
 pub mod learner;
+pub mod recovery;
 pub mod replicas;
 pub mod session;
 pub mod sharded;
