@@ -56,6 +56,7 @@ pub const BURN_DDP_22: FrontEnd = FrontEnd {
     destroy_process_group: burn_ddp_22::destroy_process_group,
     sync_stats: burn_ddp_22::sync::sync_stats,
     reset_sync_stats: burn_ddp_22::sync::reset_sync_stats,
+    reform_process_group: burn_ddp_22::reform_process_group,
 };
 
 /// Burn 0.22 on `device` (an autodiff device): what the trainers do alike

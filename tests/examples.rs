@@ -195,6 +195,62 @@ fn mnist_stalled_download_ends_within_the_timeout() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--on-failure continue`: the toy on 3 ranks, rank 1 SIGKILLed after an
+/// epoch drawn at random. Ranks 0 and 2 go on in the processes they started
+/// in (each starts training once and says it goes on as generation 1 of 2
+/// ranks), the rest of the epoch dealt over them; every epoch is reported,
+/// the two replicas end identical, and the launcher exits 0 naming the rank
+/// it lost.
+#[test]
+fn toy_goes_on_without_a_killed_rank_under_on_failure_continue() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as usize;
+    for (i, program) in ["toy", "toy22"].into_iter().enumerate() {
+        let dir = scratch(&format!("{program}-go-on"));
+        let mut cmd = Command::new(launcher());
+        cmd.args(["--standalone", "--nproc-per-node", "3"])
+            .args(["--on-failure", "continue", "--prefix-output"])
+            .arg(example(program))
+            .args(["--epochs", "6", "--batch-size", "2"]);
+        let mut job = Interactive::start(cmd, &dir);
+        let epoch = 1 + (seed >> (2 * i)) % 3;
+        job.wait_for(
+            &format!("[rank 0] Epoch {epoch}/6"),
+            Duration::from_secs(120),
+        );
+        let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(victim, libc::SIGKILL) };
+        let (out, _) = job.wait(Duration::from_secs(120));
+        let text = stdout(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let context = format!("{program} killed after epoch {epoch}\n{text}\n{stderr}");
+        assert_eq!(out.status.code(), Some(0), "{context}");
+        for (rank, now) in [(0, 0), (2, 1)] {
+            let line =
+                format!("[rank {rank}] Rank {rank} goes on as rank {now} of 2 (generation 1)");
+            assert!(text.contains(&line), "no {line:?}\n{context}");
+            let started = format!("[rank {rank}] Rank {rank} starting training");
+            assert_eq!(text.matches(&started).count(), 1, "{context}");
+        }
+        for epoch in 1..=6 {
+            assert!(
+                text.contains(&format!("[rank 0] Epoch {epoch}/6")),
+                "{context}"
+            );
+        }
+        assert!(
+            text.contains("[rank 0] Replicas identical: 2 ranks")
+                && stderr.contains("rank 1 ended (killed by SIGKILL)")
+                && stderr.contains("the job finished without rank(s) 1"),
+            "{context}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// `--max-restarts 3`, `--resume auto` and rank 1 SIGKILLed in three rounds,
 /// each at an epoch drawn at random: every round resumes from the newest
 /// snapshot (losing at most the epoch under way), the launcher exits 0, every

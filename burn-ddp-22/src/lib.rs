@@ -76,6 +76,11 @@ pub use shared::modules::{config, group};
 /// Stopping every rank at the same step on Ctrl-C or SIGTERM.
 pub use burn_ddp_training::stop;
 
+/// Going on after a rank is gone (with [`reform_process_group`]): whether
+/// the launcher lets the others go on, and that the survivors stand at the
+/// same step.
+pub use burn_ddp_training::recovery;
+
 /// Snapshots of a whole training state, for `--max-restarts` and `--resume`.
 pub use burn_ddp_training::snapshots;
 

@@ -8,6 +8,9 @@ use std::sync::{Arc, RwLock};
 struct State {
     sampler: DistributedSampler,
     indices: Vec<usize>,
+    /// Where in the epoch's order over every rank the shard's world began
+    /// (0, unless the world changed in the middle of the epoch).
+    start: usize,
 }
 
 /// The dataset indices this rank visits in the current epoch. Cloning it
@@ -35,7 +38,11 @@ impl ShardIndices {
     pub fn new(sampler: DistributedSampler) -> Self {
         let indices = sampler.indices();
         Self {
-            state: Arc::new(RwLock::new(State { sampler, indices })),
+            state: Arc::new(RwLock::new(State {
+                sampler,
+                indices,
+                start: 0,
+            })),
         }
     }
 
@@ -94,11 +101,13 @@ impl EpochHandle {
         let mut state = self.shard.state.write().unwrap();
         state.sampler.set_epoch(epoch);
         state.indices = state.sampler.indices();
+        state.start = 0;
     }
 
     /// The world changed in the middle of the epoch (ranks gone): this
     /// rank is now `rank` of `num_replicas`, and each rank of the old world
-    /// had taken its first `taken` items. The shard becomes this rank's part
+    /// had taken its first `taken` items since the epoch began (or since
+    /// the last regroup). The shard becomes this rank's part
     /// of the epoch's rest ([`DistributedSampler::indices_after`]); later
     /// epochs are dealt over the new world. Build a new iterator over the
     /// data to go on.
@@ -109,10 +118,11 @@ impl EpochHandle {
         taken: usize,
     ) -> Result<(), crate::SamplerError> {
         let mut state = self.shard.state.write().unwrap();
-        let start = taken * state.sampler.num_replicas();
+        let start = state.start + taken * state.sampler.num_replicas();
         let next = state.sampler.regrouped(num_replicas, rank)?;
         state.indices = next.indices_after(start);
         state.sampler = next;
+        state.start = start;
         Ok(())
     }
 
@@ -130,6 +140,26 @@ impl EpochHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_regrouped_twice_in_an_epoch_sees_the_rest_of_it_once() {
+        // 12 items, 3 ranks take 1 each, then 2 ranks take 2 each, then 1.
+        let shards: Vec<ShardIndices> = (0..3)
+            .map(|r| ShardIndices::new(DistributedSampler::new(12, 3, r).unwrap().seed(5)))
+            .collect();
+        let mut seen: Vec<usize> = shards.iter().map(|s| s.source(0).unwrap()).collect();
+        for (rank, shard) in shards[..2].iter().enumerate() {
+            shard.epoch_handle().regroup(2, rank, 1).unwrap();
+            seen.extend((0..2).map(|i| shard.source(i).unwrap()));
+        }
+        shards[0].epoch_handle().regroup(1, 0, 2).unwrap();
+        seen.extend((0..shards[0].len()).map(|i| shards[0].source(i).unwrap()));
+        seen.sort_unstable();
+        assert_eq!(seen, (0..12).collect::<Vec<_>>());
+        // The next epoch is dealt over the new world from its start.
+        shards[0].epoch_handle().set_epoch(1);
+        assert_eq!(shards[0].len(), 12);
+    }
 
     #[test]
     fn every_clone_follows_the_epoch_the_handle_sets() {

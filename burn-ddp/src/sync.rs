@@ -84,9 +84,21 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Keeps `err`, the failure `backward()` is about to panic with.
-pub(crate) fn keep_failure(err: crate::CommError) {
+thread_local! {
+    /// Whether this thread is inside [`try_backward`], which returns the
+    /// failure instead of letting it end the program.
+    static TRYING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Ends `backward()` with `err`: for [`try_backward`] to return (the
+/// unwinding is quiet there), or as a one-line panic.
+pub(crate) fn fail_backward(err: crate::CommError) -> ! {
+    let message = format!("burn-ddp: gradient synchronisation failed: {err}");
     FAILURE.with(|kept| *kept.borrow_mut() = Some(err));
+    if TRYING.with(std::cell::Cell::get) {
+        std::panic::resume_unwind(Box::new(message))
+    }
+    burn_ddp_training::failure::panic_with_message(message)
 }
 
 /// `loss.backward()`, with a failure of the gradient averaging (a rank
@@ -99,7 +111,10 @@ pub fn try_backward<B: AutodiffBackend>(
     loss: burn::tensor::Tensor<B, 1>,
 ) -> crate::Result<B::Gradients> {
     FAILURE.with(|kept| kept.borrow_mut().take());
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loss.backward())) {
+    let was = TRYING.with(|trying| trying.replace(true));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loss.backward()));
+    TRYING.with(|trying| trying.set(was));
+    match outcome {
         Ok(grads) => Ok(grads),
         Err(payload) => match FAILURE.with(|kept| kept.borrow_mut().take()) {
             Some(err) => Err(err),

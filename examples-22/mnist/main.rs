@@ -32,7 +32,7 @@ use clap::Parser;
 use common::front_end::FrontEnd;
 use common::idx::{self, Split};
 use common::mnist::{MnistArgs, MnistFiles, MnistItem, MnistTraining};
-use common::training::{Batches, Program, Step, Training};
+use common::training::{Batches, Failed, Program, Step, Training};
 use net::Net;
 use std::sync::Arc;
 
@@ -130,7 +130,7 @@ impl Training for MnistCnn {
         optimizer: &mut Self::Optimizer,
         (images, targets): Self::Batch,
         lr: f64,
-    ) -> burn_ddp_22::Result<Step<Self::Model>> {
+    ) -> Result<Step<Self::Model>, Failed<Self::Model>> {
         let samples = targets.dims()[0];
         let logits = model.forward(images);
         let loss = CrossEntropyLossConfig::new()
@@ -139,7 +139,10 @@ impl Training for MnistCnn {
         let loss_value = loss.clone().into_scalar::<f64>();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         // Averaged over ranks here (inside backward() on Burn 0.21).
-        let grads = burn_ddp_22::sync_gradients(&model, grads)?;
+        let grads = match burn_ddp_22::sync_gradients(&model, grads) {
+            Ok(grads) => grads,
+            Err(error) => return Err(Failed { model, error }),
+        };
         let model = optimizer.step(lr, model, grads);
         Ok(Step {
             model,

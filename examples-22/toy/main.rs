@@ -26,7 +26,7 @@ use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::front_end::FrontEnd;
 use common::toy::{ToyData, ToyItem, ToyTraining};
-use common::training::{Batches, Program, Step, Training};
+use common::training::{Batches, Failed, Program, Step, Training};
 use std::sync::Arc;
 
 /// The toy trainer's command line; `--backend`'s default is Flex (Burn 0.22
@@ -124,14 +124,17 @@ impl Training for Toy {
         optimizer: &mut Self::Optimizer,
         (features, labels): Self::Batch,
         lr: f64,
-    ) -> burn_ddp_22::Result<Step<Self::Model>> {
+    ) -> Result<Step<Self::Model>, Failed<Self::Model>> {
         let samples = labels.dims()[0];
         let outputs = model.forward(features);
         let loss = MseLoss::new().forward(outputs, labels, Reduction::Mean);
         let loss_value = loss.clone().into_scalar::<f64>();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         // Averaged over ranks here (inside backward() on Burn 0.21).
-        let grads = burn_ddp_22::sync_gradients(&model, grads)?;
+        let grads = match burn_ddp_22::sync_gradients(&model, grads) {
+            Ok(grads) => grads,
+            Err(error) => return Err(Failed { model, error }),
+        };
         let model = optimizer.step(lr, model, grads);
         Ok(Step {
             model,

@@ -18,6 +18,9 @@ pub struct FrontEnd {
     pub sync_stats: fn() -> SyncStats,
     /// `sync::reset_sync_stats`: starts those figures from zero.
     pub reset_sync_stats: fn(),
+    /// `reform_process_group`: after a failure, the next generation of the
+    /// default group among the ranks still there.
+    pub reform_process_group: fn(std::time::Duration) -> Result<ProcessGroup>,
 }
 
 impl FrontEnd {

@@ -108,6 +108,9 @@ pub struct ToyArgs<P: ToyProgram> {
 /// current one) may already hold.
 pub const CONFIG_FILE: &str = "toy_config.json";
 
+/// How long the ranks still there wait for each other after a failure.
+const REFORM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The hyper-parameters that define a run, saved as `toy_config.json` next to the
 /// checkpoints; a resume compares them with its own.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
@@ -261,7 +264,7 @@ pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
 
     // 3. The epochs; Ctrl-C or SIGTERM: every rank stops before the same step.
     burn_ddp_training::stop::catch_stop_signals();
-    let run = ToyRun {
+    let mut run = ToyRun {
         trainer,
         group,
         args,
@@ -294,58 +297,76 @@ struct ToyEnd<T: Training> {
 
 impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
     /// The epochs from the first on: rank 0 prints each one's average loss
-    /// and saves a snapshot every `--save-interval` epochs.
+    /// and saves a snapshot every `--save-interval` epochs. Under
+    /// `burn-ddp-run --on-failure continue`, a rank that is gone costs one
+    /// step: the others go on as the group's next generation with the rest
+    /// of the epoch dealt over them.
     fn epochs(
-        &self,
+        &mut self,
         loader: &T::Loader,
         epoch_handle: &EpochHandle,
         mut model: T::Model,
         mut optimizer: T::Optimizer,
     ) -> ToyEnd<T> {
-        let (group, rank) = (&self.group, self.group.rank());
         let (epochs, precision) = (self.args.epochs, self.args.loss_precision);
         let mut last_saved = None;
         for epoch in self.first_epoch..epochs {
             epoch_handle.set_epoch(epoch); // important for shuffling
-            let batches = self.trainer.batches(loader);
-            // Each step's loss summed over the ranks, for logging.
-            let sum_over_ranks = |loss: f64| {
-                let mut loss = [loss];
-                group
-                    .all_reduce(&mut loss, ReduceOp::Sum)
-                    .unwrap_or_else(|e| fail(Some(rank), e));
-                loss[0]
-            };
-            let done = training::train_epoch(
-                self.trainer,
-                group,
-                batches,
-                (model, &mut optimizer),
-                (epoch, self.args.lr),
-                sum_over_ranks,
-            );
-            model = done.model;
-            if done.stopped.is_some() {
-                let stopped = done.stopped;
-                return ToyEnd {
-                    model,
-                    optimizer,
-                    last_saved,
-                    stopped,
+                                           // The step losses summed over the ranks, and how many went in.
+            let (mut loss, mut losses, mut steps) = (0.0, 0, 0);
+            loop {
+                let group = self.group.clone();
+                let batches = self.trainer.batches(loader);
+                // Each step's loss summed over the ranks, for logging.
+                let sum_over_ranks = |loss: f64| {
+                    let mut loss = [loss];
+                    group.all_reduce(&mut loss, ReduceOp::Sum)?;
+                    Ok(loss[0])
                 };
+                let done = training::train_epoch(
+                    self.trainer,
+                    &group,
+                    batches,
+                    (model, &mut optimizer),
+                    (epoch, self.args.lr),
+                    sum_over_ranks,
+                );
+                model = done.model;
+                loss += done.loss;
+                losses += done.steps * group.world_size();
+                steps += done.steps;
+                if done.stopped.is_some() {
+                    let stopped = done.stopped;
+                    return ToyEnd {
+                        model,
+                        optimizer,
+                        last_saved,
+                        stopped,
+                    };
+                }
+                let Some(error) = done.failed else { break };
+                let at = ((epoch as u64) << 32) | steps as u64;
+                model = self.go_on(error, model, (epoch_handle, done.samples), at);
             }
-            let average = done.loss / (done.steps.max(1) * group.world_size()) as f64;
-            if group.is_main() {
+            let (main, rank) = (self.group.is_main(), self.group.rank());
+            let average = loss / losses.max(1) as f64;
+            if main {
                 println!(
                     "Epoch {}/{epochs}, Avg Loss: {average:.precision$}",
                     epoch + 1
                 );
             }
-            if group.is_main() && (epoch + 1).is_multiple_of(self.args.save_interval) {
+            if main && (epoch + 1).is_multiple_of(self.args.save_interval) {
                 last_saved = Some(self.save(&model, &optimizer, epoch + 1));
             }
             // Every rank finishes the epoch (and rank 0 its checkpoint) before going on.
-            group.barrier().unwrap_or_else(|e| fail(Some(rank), e));
+            if let Err(error) = self.group.barrier() {
+                if !burn_ddp_training::recovery::goes_on_after_failure() {
+                    fail(Some(rank), error);
+                }
+                let at = ((epoch as u64) << 32) | steps as u64;
+                model = self.go_on(error, model, (epoch_handle, 0), at);
+            }
         }
         ToyEnd {
             model,
@@ -353,6 +374,43 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             last_saved,
             stopped: None,
         }
+    }
+
+    /// After a collective failed and the launcher lets the others go on:
+    /// the group's next generation among the ranks still there, agreed to
+    /// stand at the same step (`at`: the epoch and its steps taken), the
+    /// model wrapped over it, and the rest of the epoch dealt over it (each
+    /// rank of the old world had taken `taken` items). The failed step is
+    /// taken again, on the new world.
+    fn go_on(
+        &mut self,
+        error: burn_ddp_comm::CommError,
+        model: T::Model,
+        (epoch_handle, taken): (&EpochHandle, usize),
+        at: u64,
+    ) -> T::Model {
+        let was = self.group.rank();
+        eprintln!("{error}; going on without the ranks that are gone");
+        let group =
+            (T::FRONT_END.reform_process_group)(REFORM_WAIT).unwrap_or_else(|e| fail(Some(was), e));
+        let rank = group.rank();
+        burn_ddp_training::recovery::agree_on_progress(&group, at)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        let model = self
+            .trainer
+            .burn()
+            .wrap(model, &group)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        epoch_handle
+            .regroup(group.world_size(), rank, taken)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        println!(
+            "Rank {was} goes on as rank {rank} of {} (generation {})",
+            group.world_size(),
+            group.generation()
+        );
+        self.group = group;
+        model
     }
 
     /// Rank 0 saves `model_epoch_{epochs_done}` atomically and says where.
@@ -378,16 +436,26 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             front_end.destroy(rank);
             std::process::exit(stop.exit_code());
         }
+        // Every replica ends with rank 0's parameters (their digests compared).
+        let fingerprint = self.trainer.burn().fingerprint(&end.model);
+        let all = self
+            .group
+            .all_gather(&[fingerprint as i64])
+            .unwrap_or_else(|e| fail(Some(rank), e));
+        if let Some(other) = all.iter().position(|&f| f != all[0]) {
+            fail(
+                Some(rank),
+                format!("rank {other}'s parameters differ from rank 0's at the end"),
+            );
+        }
         front_end.destroy(rank);
         if let Some(summary) = front_end.sync_summary().filter(|_| rank == 0) {
             println!("{summary}");
         }
         if rank == 0 {
             // Equal for two runs exactly when they ended with the same parameters.
-            println!(
-                "Parameters fingerprint: {:016x}",
-                self.trainer.burn().fingerprint(&end.model)
-            );
+            println!("Parameters fingerprint: {fingerprint:016x}");
+            println!("Replicas identical: {} ranks", all.len());
             println!("Training complete.");
         }
     }

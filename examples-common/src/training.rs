@@ -31,6 +31,15 @@ pub type SaveError = Box<dyn Error + Send + Sync>;
 /// The file a checkpoint was written to, or why it was not.
 pub type Saved = Result<PathBuf, SaveError>;
 
+/// A training step whose gradient average failed (a rank is gone): the
+/// model as it was before the step, and why.
+pub struct Failed<M> {
+    /// The model, not updated.
+    pub model: M,
+    /// The failure.
+    pub error: burn_ddp_comm::CommError,
+}
+
 /// What one training step leaves.
 pub struct Step<M> {
     /// The model after the optimizer's update.
@@ -84,14 +93,15 @@ pub trait Training: Program {
     fn init(&self) -> (Self::Model, Self::Optimizer);
     /// The loader's batches for one epoch (the sampler's epoch set first).
     fn batches<'a>(&self, loader: &'a Self::Loader) -> Batches<'a, Self::Batch>;
-    /// Forward, loss, backward, gradients averaged over the ranks, update.
+    /// Forward, loss, backward, gradients averaged over the ranks, update;
+    /// a failed average gives the model back, not updated.
     fn train_step(
         &self,
         model: Self::Model,
         optimizer: &mut Self::Optimizer,
         batch: Self::Batch,
         lr: f64,
-    ) -> burn_ddp_comm::Result<Step<Self::Model>>;
+    ) -> Result<Step<Self::Model>, Failed<Self::Model>>;
 }
 
 /// The checkpoint files' extension of `T`'s Burn.
@@ -215,51 +225,81 @@ pub struct Epoch<M> {
     pub samples: usize,
     /// Where a Ctrl-C or SIGTERM on some rank stopped every rank, if one did.
     pub stopped: Option<Stopped>,
+    /// A collective that failed, when the launcher lets the others go on
+    /// without a failed rank (`burn-ddp-run --on-failure continue`): the
+    /// steps before it are taken, the one it broke is not.
+    pub failed: Option<burn_ddp_comm::CommError>,
 }
 
 /// Epoch `epoch`'s steps over `batches`. Every rank asks before each step
 /// whether a Ctrl-C or SIGTERM reached any rank (`catch_stop_signals`), so
 /// all stop before the same one; `after_step` gets each step's loss (to sum
-/// it over the ranks, move a progress bar) and returns what to add up.
+/// it over the ranks, move a progress bar) and returns what to add up. A
+/// failed collective ends the process naming it, unless the launcher lets
+/// the others go on: then the epoch ends there with the failure
+/// ([`Epoch::failed`]) for the caller to go on from.
 pub fn train_epoch<T: Training>(
     trainer: &T,
     group: &ProcessGroup,
     batches: Batches<'_, T::Batch>,
     (mut model, optimizer): (T::Model, &mut T::Optimizer),
     (epoch, lr): (usize, f64),
-    mut after_step: impl FnMut(f64) -> f64,
+    mut after_step: impl FnMut(f64) -> burn_ddp_comm::Result<f64>,
 ) -> Epoch<T::Model> {
     let rank = group.rank();
+    let goes_on = burn_ddp_training::recovery::goes_on_after_failure();
+    // A failed collective ends the process, unless the others go on.
+    let give_up_or_keep = |error: burn_ddp_comm::CommError| {
+        if !goes_on {
+            fail(Some(rank), error);
+        }
+        Some(error)
+    };
     let (mut loss, mut steps, mut samples) = (0.0, 0, 0);
+    let (mut stopped, mut failed) = (None, None);
     for batch in batches {
-        if let Some(signal) = stop::stop_requested(group).unwrap_or_else(|e| fail(Some(rank), e)) {
-            let stopped = Some(Stopped {
-                signal,
-                epoch,
-                step: steps,
-            });
-            return Epoch {
-                model,
-                loss,
-                steps,
-                samples,
-                stopped,
-            };
+        match stop::stop_requested(group) {
+            Ok(Some(signal)) => {
+                stopped = Some(Stopped {
+                    signal,
+                    epoch,
+                    step: steps,
+                });
+                break;
+            }
+            Ok(None) => {}
+            Err(error) => {
+                failed = give_up_or_keep(error);
+                break;
+            }
         }
         let batch = batch.unwrap_or_else(|e| fail(Some(rank), e));
-        let step = trainer
-            .train_step(model, optimizer, batch, lr)
-            .unwrap_or_else(|e| fail(Some(rank), e));
-        model = step.model;
-        loss += after_step(step.loss);
-        steps += 1;
-        samples += step.samples;
+        match trainer.train_step(model, optimizer, batch, lr) {
+            Ok(step) => {
+                model = step.model;
+                steps += 1;
+                samples += step.samples;
+                match after_step(step.loss) {
+                    Ok(value) => loss += value,
+                    Err(error) => {
+                        failed = give_up_or_keep(error);
+                        break;
+                    }
+                }
+            }
+            Err(Failed { model: kept, error }) => {
+                model = kept;
+                failed = give_up_or_keep(error);
+                break;
+            }
+        }
     }
     Epoch {
         model,
         loss,
         steps,
         samples,
-        stopped: None,
+        stopped,
+        failed,
     }
 }

@@ -37,7 +37,7 @@ use clap::Parser;
 use common::front_end::FrontEnd;
 use common::idx::Split;
 use common::mnist::{MnistArgs, MnistFiles, MnistItem, MnistTraining};
-use common::training::{Batches, Program, Step, Training};
+use common::training::{Batches, Failed, Program, Step, Training};
 use net::Net;
 use std::sync::Arc;
 
@@ -139,14 +139,18 @@ impl<B: AutodiffBackend> Training for MnistCnn<B> {
         optimizer: &mut Self::Optimizer,
         (images, targets): Self::Batch,
         lr: f64,
-    ) -> burn_ddp::Result<Step<Self::Model>> {
+    ) -> Result<Step<Self::Model>, Failed<Self::Model>> {
         let samples = targets.dims()[0];
         let logits = model.forward(images);
         let loss = CrossEntropyLossConfig::new()
             .init(&logits.device())
             .forward(logits, targets);
         let loss_value = loss.clone().into_scalar().elem::<f64>();
-        let grads = GradientsParams::from_grads(loss.backward(), &model); // averaged over ranks here
+        // Averaged over ranks here; a rank that is gone is an error, not a panic.
+        let grads = match burn_ddp::sync::try_backward(loss) {
+            Ok(grads) => GradientsParams::from_grads(grads, &model),
+            Err(error) => return Err(Failed { model, error }),
+        };
         let model = optimizer.step(lr, model, grads);
         Ok(Step {
             model,

@@ -51,6 +51,7 @@ pub(crate) const BURN_DDP: FrontEnd = FrontEnd {
     destroy_process_group: burn_ddp::destroy_process_group,
     sync_stats: burn_ddp::sync::sync_stats,
     reset_sync_stats: burn_ddp::sync::reset_sync_stats,
+    reform_process_group: burn_ddp::reform_process_group,
 };
 
 /// Burn 0.21 on backend `B` (on `device`): what the trainers do alike with

@@ -34,7 +34,7 @@ use burn_ddp_examples_common as common;
 use clap::Parser;
 use common::front_end::FrontEnd;
 use common::toy::{ToyData, ToyItem, ToyTraining};
-use common::training::{Batches, Program, Step, Training};
+use common::training::{Batches, Failed, Program, Step, Training};
 use std::sync::Arc;
 
 /// The toy trainer's command line; `--backend`'s default is NdArray.
@@ -131,12 +131,16 @@ impl<B: AutodiffBackend> Training for Toy<B> {
         optimizer: &mut Self::Optimizer,
         (features, labels): Self::Batch,
         lr: f64,
-    ) -> burn_ddp::Result<Step<Self::Model>> {
+    ) -> Result<Step<Self::Model>, Failed<Self::Model>> {
         let samples = labels.dims()[0];
         let outputs = model.forward(features);
         let loss = MseLoss::new().forward(outputs, labels, Reduction::Mean);
         let loss_value = loss.clone().into_scalar().elem::<f64>();
-        let grads = GradientsParams::from_grads(loss.backward(), &model); // averaged over ranks here
+        // Averaged over ranks here; a rank that is gone is an error, not a panic.
+        let grads = match burn_ddp::sync::try_backward(loss) {
+            Ok(grads) => GradientsParams::from_grads(grads, &model),
+            Err(error) => return Err(Failed { model, error }),
+        };
         let model = optimizer.step(lr, model, grads);
         Ok(Step {
             model,

@@ -282,6 +282,7 @@ where
                 eprintln!("step {step}: {err}");
                 failed_at.get_or_insert(started);
                 group = ddp::reform_process_group(std::time::Duration::from_secs(10)).map_err(e)?;
+                ddp::recovery::agree_on_progress(&group, step as u64).map_err(e)?;
                 model = model.wrap(&group)?;
                 println!(
                     "generation {} rank {} of {}",

@@ -133,10 +133,7 @@ impl<B: TrackedAutodiff> AutodiffBackend for Ddp<B> {
     fn backward(tensor: FloatTensor<Self>) -> Self::Gradients {
         let (grads, outcome) = crate::sync::backward::<B>(tensor);
         if let Err(err) = outcome {
-            let message = format!("burn-ddp: gradient synchronisation failed: {err}");
-            // For `try_backward`, which turns the panic back into the error.
-            crate::sync::keep_failure(err);
-            burn_ddp_training::failure::panic_with_message(message);
+            crate::sync::fail_backward(err);
         }
         grads
     }

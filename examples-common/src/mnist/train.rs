@@ -153,9 +153,13 @@ impl<T: MnistTraining> MnistRun<'_, T> {
                     if let Some(bar) = &progress {
                         bar.inc(1);
                     }
-                    loss
+                    Ok(loss)
                 },
             );
+            if let Some(error) = done.failed {
+                // Going on without a rank is the toy's for now.
+                fail(Some(rank), error);
+            }
             if let Some(bar) = progress {
                 bar.finish_and_clear();
             }
