@@ -251,6 +251,55 @@ fn toy_goes_on_without_a_killed_rank_under_on_failure_continue() {
     }
 }
 
+/// `--on-failure continue`: the MNIST trainer (both Burns) on 3 ranks, rank
+/// 1 SIGKILLed once the first epoch is reported: ranks 0 and 2 go on in
+/// their own processes as generation 1 of 2 ranks (the rest of the
+/// training and the test set dealt over them), report every epoch, end with
+/// identical replicas and save the model; the launcher exits 0.
+#[test]
+fn mnist_goes_on_without_a_killed_rank_under_on_failure_continue() {
+    let data = mnist_data(env!("CARGO_MANIFEST_DIR"));
+    for program in ["mnist", "mnist22"] {
+        let dir = scratch(&format!("{program}-go-on"));
+        let mut cmd = Command::new(launcher());
+        cmd.args(["--standalone", "--nproc-per-node", "3"])
+            .args(["--on-failure", "continue", "--prefix-output"])
+            .arg(example(program))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--train-samples", "960", "--test-samples", "300"])
+            .args(["--epochs", "3", "--batch-size", "16"]);
+        let mut job = Interactive::start(cmd, &dir);
+        job.wait_for("[rank 0] epoch=0 ", Duration::from_secs(300));
+        let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(victim, libc::SIGKILL) };
+        let (out, _) = job.wait(Duration::from_secs(300));
+        let text = stdout(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let context = format!("{program}\n{text}\n{stderr}");
+        assert_eq!(out.status.code(), Some(0), "{context}");
+        for (rank, now) in [(0, 0), (2, 1)] {
+            let line =
+                format!("[rank {rank}] Rank {rank} goes on as rank {now} of 2 (generation 1)");
+            assert!(text.contains(&line), "no {line:?}\n{context}");
+        }
+        for epoch in 0..3 {
+            assert!(
+                text.contains(&format!("[rank 0] epoch={epoch} ")),
+                "{context}"
+            );
+        }
+        assert!(
+            text.contains("[rank 0] replicas identical: 2 ranks")
+                && text.contains("[rank 0] saved ")
+                && stderr.contains("the job finished without rank(s) 1"),
+            "{context}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// `--max-restarts 3`, `--resume auto` and rank 1 SIGKILLed in three rounds,
 /// each at an epoch drawn at random: every round resumes from the newest
 /// snapshot (losing at most the epoch under way), the launcher exits 0, every

@@ -175,11 +175,14 @@ impl MnistTraining for MnistCnn {
         split: Arc<Split>,
         sampler: DistributedSampler,
         batch_size: usize,
-    ) -> Self::TestLoader {
-        DataLoaderBuilder::new(MnistBatcher)
+    ) -> (Self::TestLoader, EpochHandle) {
+        let shard = DistributedDataset::new(Mnist(split), sampler);
+        let handle = shard.epoch_handle();
+        let loader = DataLoaderBuilder::new(MnistBatcher)
             .batch_size(batch_size)
             .set_device(self.burn.device.clone().inner())
-            .build(DistributedDataset::new(Mnist(split), sampler))
+            .build(shard);
+        (loader, handle)
     }
 
     /// On the model's copy without autodiff.

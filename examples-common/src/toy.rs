@@ -108,9 +108,6 @@ pub struct ToyArgs<P: ToyProgram> {
 /// current one) may already hold.
 pub const CONFIG_FILE: &str = "toy_config.json";
 
-/// How long the ranks still there wait for each other after a failure.
-const REFORM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// The hyper-parameters that define a run, saved as `toy_config.json` next to the
 /// checkpoints; a resume compares them with its own.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
@@ -345,8 +342,9 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
                     };
                 }
                 let Some(error) = done.failed else { break };
-                let at = ((epoch as u64) << 32) | steps as u64;
-                model = self.go_on(error, model, (epoch_handle, done.samples), at);
+                let at = training::progress(epoch, steps);
+                let shards = [(epoch_handle, done.samples)];
+                model = training::go_on(self.trainer, (error, model), &mut self.group, &shards, at);
             }
             let (main, rank) = (self.group.is_main(), self.group.rank());
             let average = loss / losses.max(1) as f64;
@@ -364,8 +362,9 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
                 if !burn_ddp_training::recovery::goes_on_after_failure() {
                     fail(Some(rank), error);
                 }
-                let at = ((epoch as u64) << 32) | steps as u64;
-                model = self.go_on(error, model, (epoch_handle, 0), at);
+                let at = training::progress(epoch, steps);
+                let shards = [(epoch_handle, 0)];
+                model = training::go_on(self.trainer, (error, model), &mut self.group, &shards, at);
             }
         }
         ToyEnd {
@@ -374,43 +373,6 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             last_saved,
             stopped: None,
         }
-    }
-
-    /// After a collective failed and the launcher lets the others go on:
-    /// the group's next generation among the ranks still there, agreed to
-    /// stand at the same step (`at`: the epoch and its steps taken), the
-    /// model wrapped over it, and the rest of the epoch dealt over it (each
-    /// rank of the old world had taken `taken` items). The failed step is
-    /// taken again, on the new world.
-    fn go_on(
-        &mut self,
-        error: burn_ddp_comm::CommError,
-        model: T::Model,
-        (epoch_handle, taken): (&EpochHandle, usize),
-        at: u64,
-    ) -> T::Model {
-        let was = self.group.rank();
-        eprintln!("{error}; going on without the ranks that are gone");
-        let group =
-            (T::FRONT_END.reform_process_group)(REFORM_WAIT).unwrap_or_else(|e| fail(Some(was), e));
-        let rank = group.rank();
-        burn_ddp_training::recovery::agree_on_progress(&group, at)
-            .unwrap_or_else(|e| fail(Some(rank), e));
-        let model = self
-            .trainer
-            .burn()
-            .wrap(model, &group)
-            .unwrap_or_else(|e| fail(Some(rank), e));
-        epoch_handle
-            .regroup(group.world_size(), rank, taken)
-            .unwrap_or_else(|e| fail(Some(rank), e));
-        println!(
-            "Rank {was} goes on as rank {rank} of {} (generation {})",
-            group.world_size(),
-            group.generation()
-        );
-        self.group = group;
-        model
     }
 
     /// Rank 0 saves `model_epoch_{epochs_done}` atomically and says where.
@@ -437,25 +399,18 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             std::process::exit(stop.exit_code());
         }
         // Every replica ends with rank 0's parameters (their digests compared).
-        let fingerprint = self.trainer.burn().fingerprint(&end.model);
-        let all = self
-            .group
-            .all_gather(&[fingerprint as i64])
-            .unwrap_or_else(|e| fail(Some(rank), e));
-        if let Some(other) = all.iter().position(|&f| f != all[0]) {
-            fail(
-                Some(rank),
-                format!("rank {other}'s parameters differ from rank 0's at the end"),
-            );
-        }
+        let replicas = training::check_identical(self.trainer, &self.group, &end.model);
         front_end.destroy(rank);
         if let Some(summary) = front_end.sync_summary().filter(|_| rank == 0) {
             println!("{summary}");
         }
         if rank == 0 {
             // Equal for two runs exactly when they ended with the same parameters.
-            println!("Parameters fingerprint: {fingerprint:016x}");
-            println!("Replicas identical: {} ranks", all.len());
+            println!(
+                "Parameters fingerprint: {:016x}",
+                self.trainer.burn().fingerprint(&end.model)
+            );
+            println!("Replicas identical: {replicas} ranks");
             println!("Training complete.");
         }
     }

@@ -303,3 +303,68 @@ pub fn train_epoch<T: Training>(
         failed,
     }
 }
+
+/// How long the ranks still there wait for each other after a failure.
+const REFORM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// After a collective failed and the launcher lets the others go on
+/// ([`Epoch::failed`]): `group` becomes its next generation among the ranks
+/// still there, agreed to stand at the same step (`at`), the model is
+/// wrapped over it, and each shard's rest of the epoch is dealt over it
+/// (`shards`: each one's handle and the items each rank of the old world
+/// had taken since the last deal). The failed step is to be taken again.
+pub fn go_on<T: Training>(
+    trainer: &T,
+    (error, model): (burn_ddp_comm::CommError, T::Model),
+    group: &mut ProcessGroup,
+    shards: &[(&burn_ddp_sampler::EpochHandle, usize)],
+    at: u64,
+) -> T::Model {
+    let was = group.rank();
+    eprintln!("{error}; going on without the ranks that are gone");
+    let next =
+        (T::FRONT_END.reform_process_group)(REFORM_WAIT).unwrap_or_else(|e| fail(Some(was), e));
+    let rank = next.rank();
+    burn_ddp_training::recovery::agree_on_progress(&next, at)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    let model = trainer
+        .burn()
+        .wrap(model, &next)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    for (shard, taken) in shards {
+        shard
+            .regroup(next.world_size(), rank, *taken)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+    }
+    println!(
+        "Rank {was} goes on as rank {rank} of {} (generation {})",
+        next.world_size(),
+        next.generation()
+    );
+    *group = next;
+    model
+}
+
+/// Where a loop stands, for [`go_on`]'s agreement: the epoch and the steps
+/// taken in it.
+pub fn progress(epoch: usize, steps: usize) -> u64 {
+    ((epoch as u64) << 32) | steps as u64
+}
+
+/// Every replica holds rank 0's parameters (their fingerprints compared
+/// over `group`), or the process ends naming the first rank that differs;
+/// how many ranks were compared. Collective.
+pub fn check_identical<T: Training>(trainer: &T, group: &ProcessGroup, model: &T::Model) -> usize {
+    let rank = group.rank();
+    let fingerprint = trainer.burn().fingerprint(model);
+    let all = group
+        .all_gather(&[fingerprint as i64])
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    if let Some(other) = all.iter().position(|&f| f != all[0]) {
+        fail(
+            Some(rank),
+            format!("rank {other}'s parameters differ from rank 0's at the end"),
+        );
+    }
+    all.len()
+}

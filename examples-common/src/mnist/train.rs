@@ -8,7 +8,7 @@ use crate::fail;
 use crate::idx::Split;
 use crate::run_config;
 use crate::stopped::Stopped;
-use crate::training::{self, BurnVersion, Epoch, Training};
+use crate::training::{self, BurnVersion, Training};
 use burn_ddp_comm::{ProcessGroup, ReduceOp};
 use burn_ddp_sampler::{DistributedSampler, EpochHandle};
 use burn_ddp_training::sum::sum_over_ranks;
@@ -33,13 +33,14 @@ pub trait MnistTraining: Training + MnistFiles {
         sampler: DistributedSampler,
         batch_size: usize,
     ) -> (Self::Loader, EpochHandle);
-    /// The test loader over this rank's part of `split`.
+    /// The test loader over this rank's part of `split`, and the handle
+    /// on that part (dealt again when the world changes).
     fn test_loader(
         &self,
         split: Arc<Split>,
         sampler: DistributedSampler,
         batch_size: usize,
-    ) -> Self::TestLoader;
+    ) -> (Self::TestLoader, EpochHandle);
     /// Correct predictions and samples seen on this rank's test shard (on
     /// the model's copy without autodiff).
     fn evaluate(
@@ -84,7 +85,8 @@ pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
     // The test set is split without padding, so summed counts are exact.
     let test_sampler = burn_ddp_sampler::evaluation_sampler(&group, test_set.len())
         .unwrap_or_else(|e| fail(Some(rank), e));
-    let test_loader = trainer.test_loader(test_set, test_sampler, args.test_batch_size);
+    let (test_loader, test_shard) =
+        trainer.test_loader(test_set, test_sampler, args.test_batch_size);
 
     // Where to go on from, chosen before the model draws its initial weights.
     let resume = match (args.resume, snapshots) {
@@ -104,15 +106,33 @@ pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
     // Ctrl-C or SIGTERM: every rank stops before the same step (asked each
     // step) and rank 0 saves the model trained so far.
     burn_ddp_training::stop::catch_stop_signals();
-    let run = MnistRun {
+    let mut run = MnistRun {
         trainer,
         group,
         args,
         steps_per_epoch,
     };
-    let loaders = (&train_loader, &test_loader, &epoch_handle);
+    let loaders = (&train_loader, &test_loader, (&epoch_handle, &test_shard));
     let (model, stopped) = run.epochs(loaders, first_epoch, model, optimizer);
     run.finish(&model, stopped, &config);
+}
+
+/// The training loader, the test loader and the handles on both shards.
+type Loaders<'a, T> = (
+    &'a <T as Training>::Loader,
+    &'a <T as MnistTraining>::TestLoader,
+    (&'a EpochHandle, &'a EpochHandle),
+);
+
+/// What an epoch's steps have come to so far (over every generation of the
+/// group it ran on).
+#[derive(Default)]
+struct Taken {
+    /// Their losses, summed.
+    loss: f64,
+    steps: usize,
+    /// Items trained on here.
+    samples: usize,
 }
 
 /// An MNIST run under way.
@@ -125,49 +145,62 @@ struct MnistRun<'a, T: MnistTraining> {
 
 impl<T: MnistTraining> MnistRun<'_, T> {
     /// The epochs from `first` on, each ending with its line on rank 0 and,
-    /// every `--save-interval` epochs, a snapshot; where a stop came, if one did.
+    /// every `--save-interval` epochs, a snapshot; where a stop came, if one
+    /// did. Under `burn-ddp-run --on-failure continue`, a rank that is gone
+    /// costs one step: the others go on as the group's next generation, the
+    /// rest of the epoch (and the test set) dealt over them.
     fn epochs(
-        &self,
-        (train_loader, test_loader, epoch_handle): (&T::Loader, &T::TestLoader, &EpochHandle),
+        &mut self,
+        (train_loader, test_loader, (epoch_handle, test_shard)): Loaders<'_, T>,
         first: usize,
         mut model: T::Model,
         mut optimizer: T::Optimizer,
     ) -> (T::Model, Option<Stopped>) {
-        let (group, rank) = (&self.group, self.group.rank());
         for epoch in first..self.args.epochs {
             epoch_handle.set_epoch(epoch);
             let started = Instant::now();
-            let progress = progress_bar(group.is_main(), self.steps_per_epoch, epoch);
-            let batches = Box::new(
-                self.trainer
-                    .batches(train_loader)
-                    .take(self.steps_per_epoch),
-            );
-            let done = training::train_epoch(
-                self.trainer,
-                group,
-                batches,
-                (model, &mut optimizer),
-                (epoch, self.args.lr),
-                |loss| {
-                    if let Some(bar) = &progress {
-                        bar.inc(1);
+            let progress = progress_bar(self.group.is_main(), self.steps_per_epoch, epoch);
+            let mut taken = Taken::default();
+            loop {
+                let group = self.group.clone();
+                let batches = Box::new(
+                    self.trainer
+                        .batches(train_loader)
+                        .take(self.steps_per_epoch - taken.steps),
+                );
+                let done = training::train_epoch(
+                    self.trainer,
+                    &group,
+                    batches,
+                    (model, &mut optimizer),
+                    (epoch, self.args.lr),
+                    |loss| {
+                        if let Some(bar) = &progress {
+                            bar.inc(1);
+                        }
+                        Ok(loss)
+                    },
+                );
+                model = done.model;
+                taken.loss += done.loss;
+                taken.steps += done.steps;
+                taken.samples += done.samples;
+                if done.stopped.is_some() {
+                    if let Some(bar) = progress {
+                        bar.finish_and_clear();
                     }
-                    Ok(loss)
-                },
-            );
-            if let Some(error) = done.failed {
-                // Going on without a rank is the toy's for now.
-                fail(Some(rank), error);
+                    return (model, done.stopped);
+                }
+                let Some(error) = done.failed else { break };
+                let at = training::progress(epoch, taken.steps);
+                let shards = [(epoch_handle, done.samples), (test_shard, 0)];
+                model = training::go_on(self.trainer, (error, model), &mut self.group, &shards, at);
             }
             if let Some(bar) = progress {
                 bar.finish_and_clear();
             }
-            if done.stopped.is_some() {
-                return (done.model, done.stopped);
-            }
-            self.report(epoch, &done, started, test_loader);
-            model = done.model;
+            self.report(epoch, (&model, &taken), started, test_loader);
+            let (group, rank) = (&self.group, self.group.rank());
             let save_interval = self.args.save_interval;
             let dir = self.args.checkpoint_dir.as_deref();
             if let Some(dir) = dir.filter(|_| (epoch + 1).is_multiple_of(save_interval)) {
@@ -183,7 +216,13 @@ impl<T: MnistTraining> MnistRun<'_, T> {
 
     /// Rank 0's line for the epoch: the average loss over the ranks, the
     /// test accuracy over the whole test set, the time and throughput.
-    fn report(&self, epoch: usize, done: &Epoch<T::Model>, started: Instant, test: &T::TestLoader) {
+    fn report(
+        &self,
+        epoch: usize,
+        (model, done): (&T::Model, &Taken),
+        started: Instant,
+        test: &T::TestLoader,
+    ) {
         let (group, rank) = (&self.group, self.group.rank());
         // avg = all_reduce(total_loss / len(loader)) / world_size, as the tutorial computes it.
         let mut average = [done.loss / done.steps.max(1) as f64];
@@ -196,7 +235,7 @@ impl<T: MnistTraining> MnistRun<'_, T> {
         let elapsed = started.elapsed().as_secs_f64();
         let (correct, total) = self
             .trainer
-            .evaluate(&done.model, test)
+            .evaluate(model, test)
             .unwrap_or_else(|e| fail(Some(rank), e));
         let [correct, total] =
             sum_over_ranks(group, [correct, total]).unwrap_or_else(|e| fail(Some(rank), e));
@@ -216,7 +255,10 @@ impl<T: MnistTraining> MnistRun<'_, T> {
         if let Some(stop) = stopped {
             println!("{}", stop.rank_line(rank));
         }
+        // Every replica ends with rank 0's parameters (their digests compared).
+        let replicas = training::check_identical(self.trainer, &self.group, model);
         if self.group.is_main() {
+            println!("replicas identical: {replicas} ranks");
             if let Some(summary) = T::FRONT_END.sync_summary() {
                 println!("{summary}");
             }
