@@ -40,6 +40,10 @@ struct State {
     /// First parameters of the unwrapped models already said to go over
     /// the default group.
     defaulted: BTreeSet<u64>,
+    /// Default groups replaced by their next generation ([`Session::reform`]),
+    /// kept until `destroy` so what still holds a weak handle to one (a
+    /// sharded optimizer) hears why it cannot go on, not that it is gone.
+    replaced: Vec<ProcessGroup>,
 }
 
 /// The default group and the reducer of the models that were never wrapped.
@@ -174,6 +178,7 @@ impl Session {
                 models: Vec::new(),
                 next_id: DEFAULT_SCOPE + 1,
                 defaulted: BTreeSet::new(),
+                replaced: Vec::new(),
             }),
             totals: Mutex::new(SyncStats {
                 syncs: 0,
@@ -286,7 +291,9 @@ impl Session {
     pub fn reform(&self, wait: std::time::Duration) -> Result<ProcessGroup> {
         let current = self.current().ok_or(CommError::Destroyed)?;
         let next = current.group.reform(wait)?;
-        self.state().default = Some(Arc::new(DefaultGroup {
+        let mut state = self.state();
+        state.replaced.push(current.group.clone());
+        state.default = Some(Arc::new(DefaultGroup {
             reducer: Mutex::new(Reducer::new(&next, BucketConfig::default())),
             group: next.clone(),
         }));
@@ -297,6 +304,7 @@ impl Session {
     /// default group and the models wrapped over it; its connections close
     /// once the last handle to it is dropped.
     pub fn destroy(&self) -> Result<()> {
+        self.state().replaced.clear();
         let state = self.state().default.take().ok_or(CommError::Destroyed)?;
         self.forget_group(&state.group);
         state.group.barrier()

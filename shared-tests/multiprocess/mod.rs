@@ -118,6 +118,9 @@ pub fn run(name: &str) -> Res<()> {
             0.01,
             Mode::Plain,
         ),
+        "sharded_lost_shard" => {
+            sharded::lost_shard::<ToyTask, _>(|group| shim::shard(AdamWConfig::new().init(), group))
+        }
         "sharded_toy_adamw_pre_averaged" => sharded::equivalence::<ToyTask, _, _, _>(
             |group| shim::shard(AdamWConfig::new().init(), group),
             AdamWConfig::new().init(),

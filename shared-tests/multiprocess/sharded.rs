@@ -395,3 +395,43 @@ pub fn different_models() -> Res<()> {
         Err(err) => Err(err),
     }
 }
+
+/// A rank of 3 killed while the optimizer is sharded (rank 1, before step
+/// 3): the survivors form the next generation and wrap the model again, but
+/// the sharded optimizer cannot go on (rank 1's part of its state is lost):
+/// its next step is refused, naming the fix (the newest snapshot), on every
+/// survivor. Exits with that error.
+pub fn lost_shard<T: Task, S>(make_sharded: impl FnOnce(&ProcessGroup) -> Res<S>) -> Res<()>
+where
+    S: ShardedStep<T::Model>,
+{
+    let mut group = ddp::init_process_group().map_err(e)?;
+    let device = shim::device();
+    let (mut model, _) = start::<T>(&group)?;
+    let mut sharded = make_sharded(&group)?;
+    for step in 0..6 {
+        if step == 3 && group.rank() == 1 {
+            println!("ready");
+            std::io::Write::flush(&mut std::io::stdout()).map_err(e)?;
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let mine: Vec<usize> = (0..4).map(|i| 100 * step + 10 * group.rank() + i).collect();
+        let grads = model.local_grads(T::loss(&model, &mine, &device));
+        match ShardedStep::step(&mut sharded, 0.01, model, grads) {
+            Ok(next) => model = next,
+            Err(err) if group.generation() == 0 => {
+                eprintln!("step {step}: {err}");
+                group = ddp::reform_process_group(std::time::Duration::from_secs(10)).map_err(e)?;
+                // The failed step took the model: any will do to show the refusal.
+                model = T::build(&device).wrap(&group)?;
+                println!(
+                    "generation 1 rank {} of {}",
+                    group.rank(),
+                    group.world_size()
+                );
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Err("the sharded optimizer went on without a lost part of its state".into())
+}

@@ -54,6 +54,10 @@ pub fn run_suite(
             survivors_redo_the_step,
         ),
         (
+            "a_sharded_optimizer_cannot_go_on_without_a_rank_and_says_to_restart",
+            sharded_lost_shard,
+        ),
+        (
             "accumulated_micro_batches_sync_once_and_equal_the_big_batch",
             accumulation,
         ),
@@ -203,6 +207,26 @@ fn survivors_redo_the_step() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The sharded optimizer's choice when a rank is gone: its part of the
+/// state is lost, so the survivors, having formed the next generation,
+/// are refused the next sharded step with the fix (the newest snapshot)
+/// on every one; they exit with it (the launcher then restarts the round).
+fn sharded_lost_shard() -> Result<(), String> {
+    let mut world = World::new(3);
+    world.signal_when = Some((1, "ready", libc::SIGKILL));
+    let outcomes = world.run("sharded_lost_shard");
+    check(outcomes[1].code.is_none(), || format!("{:?}", outcomes[1]))?;
+    for o in outcomes.iter().filter(|o| o.rank != 1) {
+        check(o.stdout.contains("generation 1 rank"), || format!("{o:?}"))?;
+    }
+    let survivors: Vec<_> = outcomes.into_iter().filter(|o| o.rank != 1).collect();
+    every_rank_failed(
+        &survivors,
+        true,
+        &["generation 0 of the group was replaced", "newest snapshot"],
+    )
 }
 
 /// 3 ranks with 10, 7 and 0 batches, toy (SGD) and conv (AdamW): no hang,

@@ -81,6 +81,9 @@ struct GroupInner {
     env: Option<LaunchEnv>,
     /// How many times the group has gone on without ranks that were gone.
     generation: u64,
+    /// Set once the survivors formed the next generation from this one
+    /// ([`ProcessGroup::reform`]): every later collective here is refused.
+    superseded: std::sync::atomic::AtomicBool,
     // Dropped last: peers may still be reading from it while we tear down.
     // A next generation takes it over.
     store_server: Mutex<Option<StoreServer>>,
@@ -500,14 +503,19 @@ impl GroupInner {
             device: DeviceBackend::new(settings.device_backend),
             env: (env.world_size > 1).then(|| env.clone()),
             generation: 0,
+            superseded: std::sync::atomic::AtomicBool::new(false),
             store_server: Mutex::new(server),
         }
     }
 
-    /// The host transport, unless the group was found unable to stand.
+    /// The host transport, unless the group was found unable to stand or
+    /// its next generation replaced it.
     fn transport(&self) -> Result<MutexGuard<'_, Box<dyn Transport>>> {
         if let Some(err) = self.failures.fatal() {
             return Err(err);
+        }
+        if self.superseded.load(Ordering::Relaxed) {
+            return Err(reform::superseded(self.rank, self.generation));
         }
         Ok(self.transport.lock().unwrap())
     }

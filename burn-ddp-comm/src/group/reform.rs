@@ -110,6 +110,14 @@ impl ProcessGroup {
         );
         let group =
             ProcessGroup::start_generation(next, inner.settings, generation + 1, inherited)?;
+        inner
+            .superseded
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // Its connections are of no more use: let them go now (a handle may
+        // keep the group itself alive, to be told why it cannot go on).
+        if let Ok(mut transport) = inner.transport.try_lock() {
+            *transport = Box::new(crate::transport::SingleProcess);
+        }
         Ok(group)
     }
 
@@ -193,6 +201,20 @@ fn list(ranks: &[usize]) -> String {
         .map(usize::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Why a collective of a group its survivors replaced is refused.
+pub(super) fn superseded(rank: usize, generation: u64) -> CommError {
+    CommError::InvalidArgument {
+        rank,
+        message: format!(
+            "generation {generation} of the group was replaced by generation {} after a \
+             failure: build what used it again over the new group (wrap the model again); a \
+             sharded optimizer cannot be: the state a rank that is gone owned is lost, so \
+             start again from the newest snapshot (burn-ddp-run --max-restarts N)",
+            generation + 1
+        ),
+    }
 }
 
 /// A store request of the reform failed: where the store was hosted says
