@@ -182,6 +182,15 @@ impl CommError {
         matches!(self, CommError::Timeout { .. })
     }
 
+    /// Whether this error says a peer is gone (it closed its connection,
+    /// failed, or was waited for past the timeout), the failures the ranks
+    /// still there can go on from ([`ProcessGroup::reform`](crate::ProcessGroup::reform));
+    /// not a setting, a mismatch or a replaced group, which going on would
+    /// only repeat.
+    pub fn is_peer_failure(&self) -> bool {
+        matches!(self, CommError::Peer { .. } | CommError::Timeout { .. })
+    }
+
     /// The other rank this error points at: the peer that closed its
     /// connection, failed, or was waited for in vain. A launcher follows these
     /// to the rank that failed first (a stalled rank never reports itself).

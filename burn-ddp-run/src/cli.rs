@@ -221,6 +221,14 @@ impl LaunchOptions {
             }
             master_port.unwrap_or(DEFAULT_MASTER_PORT)
         };
+        if self.on_failure == OnFailure::Continue && self.nnodes > 1 {
+            return Err(
+                "--on-failure continue: one machine for now (the launcher that hosts the \
+                 store must outlive its own workers, and the machines do not agree on going on \
+                 yet); use --on-failure stop with --max-restarts N on several machines"
+                    .into(),
+            );
+        }
         Ok(LaunchConfig {
             standalone: self.standalone,
             nproc_per_node: self.nproc_per_node,
@@ -389,6 +397,16 @@ mod tests {
         assert_eq!(launch(&["p"]).on_failure, OnFailure::Stop);
         let go_on = launch(&["--on-failure", "continue", "p"]);
         assert_eq!(go_on.on_failure, OnFailure::Continue);
+        let two = [
+            "--on-failure",
+            "continue",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "node0",
+            "p",
+        ];
+        assert!(error(&two).to_string().contains("one machine for now"));
         assert!(error(&["--on-failure", "ignore", "p"])
             .to_string()
             .contains("ignore"));

@@ -522,10 +522,17 @@ impl Supervision {
             // Under `--on-failure continue`, workers failed: the job
             // succeeded if the others finished, else the round failed.
             Phase::Running { .. } if !self.lost.is_empty() => {
-                let finished = self
-                    .workers
-                    .iter()
-                    .any(|w| w.exit.is_some_and(|e| e.status.success()));
+                // A worker that finished after the last failure went on
+                // without the lost ones; one that finished before did not
+                // (the round's workers all started together).
+                let last_failure = (self.lost.iter())
+                    .filter_map(|&i| self.workers[i].exit.map(|e| e.after))
+                    .max()
+                    .unwrap_or_default();
+                let finished = self.workers.iter().any(|w| {
+                    w.exit
+                        .is_some_and(|e| e.status.success() && e.after >= last_failure)
+                });
                 let ranks = self.lost.iter().map(|&i| self.workers[i].rank).collect();
                 if finished {
                     out.push(Action::Say(Notice::FinishedWithout { ranks }));

@@ -95,13 +95,31 @@ where
         let rank = self.group.rank();
         let own = self.batches.next();
         let samples = own.as_ref().map_or(0, |batch| (self.samples)(batch));
-        let counts = self.group.all_gather(&[samples as i64])?;
-        let in_step: i64 = counts.iter().sum();
+        // A rank with nothing to step with says so (-1): every rank fails.
+        let stranded = samples == 0 && self.shadow.is_none();
+        let said = if stranded { -1 } else { samples as i64 };
+        let counts = self.group.all_gather(&[said])?;
+        let without: Vec<String> = (counts.iter().enumerate())
+            .filter(|(_, &n)| n < 0)
+            .map(|(r, _)| r.to_string())
+            .collect();
+        let in_step: i64 = counts.iter().filter(|&&n| n > 0).sum();
         if in_step == 0 {
             self.ended = true;
             return Ok(None);
         }
         let step = self.steps;
+        if !without.is_empty() {
+            return Err(CommError::InvalidArgument {
+                rank,
+                message: format!(
+                    "step {step}: rank(s) {} have had no batch yet and must step in shadow while \
+                     other ranks train; give each one to step with: `Join::with_shadow(batch)` \
+                     (any batch of the right shape: its loss counts zero)",
+                    without.join(", ")
+                ),
+            });
+        }
         self.steps += 1;
         let world = self.group.world_size();
         match own {
@@ -117,19 +135,11 @@ where
             }
             // Run out (or an empty batch): the last batch again, counting zero.
             own => {
-                let batch =
-                    self.shadow
-                        .clone()
-                        .or(own)
-                        .ok_or_else(|| CommError::InvalidArgument {
-                            rank,
-                            message: format!(
-                                "step {step}: this rank has had no batch yet and must step in \
-                             shadow while other ranks train; give it one to step with: \
-                             `Join::with_shadow(batch)` (any batch of the right shape: its loss \
-                             counts zero)"
-                            ),
-                        })?;
+                let batch = self
+                    .shadow
+                    .clone()
+                    .or(own)
+                    .expect("checked with every rank above");
                 Ok(Some(JoinStep {
                     batch,
                     loss_scale: 0.0,
@@ -233,11 +243,13 @@ mod tests {
             })
             .collect();
         let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        assert_eq!(results[0].as_ref().unwrap(), &Some(false));
-        let err = results[1].as_ref().unwrap_err().to_string();
-        assert!(
-            err.contains("rank 1") && err.contains("with_shadow"),
-            "{err}"
-        );
+        // Every rank fails, naming the one without a batch.
+        for result in &results {
+            let err = result.as_ref().unwrap_err().to_string();
+            assert!(
+                err.contains("rank(s) 1") && err.contains("with_shadow"),
+                "{err}"
+            );
+        }
     }
 }

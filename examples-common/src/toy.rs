@@ -330,7 +330,9 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
                 );
                 model = done.model;
                 loss += done.loss;
-                losses += done.steps * group.world_size();
+                // A step whose loss sum failed is taken but adds no loss.
+                let summed = done.steps - usize::from(done.loss_lost);
+                losses += summed * group.world_size();
                 steps += done.steps;
                 if done.stopped.is_some() {
                     let stopped = done.stopped;
@@ -357,8 +359,10 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             if main && (epoch + 1).is_multiple_of(self.args.save_interval) {
                 last_saved = Some(self.save(&model, &optimizer, epoch + 1));
             }
-            // Every rank finishes the epoch (and rank 0 its checkpoint) before going on.
-            if let Err(error) = self.group.barrier() {
+            // Every rank finishes the epoch (and rank 0 its checkpoint) before
+            // going on; after a failure, the survivors meet here again (one
+            // whose last step failed finds the rest of the epoch empty).
+            while let Err(error) = self.group.barrier() {
                 if !burn_ddp_training::recovery::goes_on_after_failure() {
                     fail(Some(rank), error);
                 }

@@ -229,6 +229,9 @@ pub struct Epoch<M> {
     /// without a failed rank (`burn-ddp-run --on-failure continue`): the
     /// steps before it are taken, the one it broke is not.
     pub failed: Option<burn_ddp_comm::CommError>,
+    /// The last step was taken but its loss could not be summed (the
+    /// failure came after the update).
+    pub loss_lost: bool,
 }
 
 /// Epoch `epoch`'s steps over `batches`. Every rank asks before each step
@@ -256,7 +259,7 @@ pub fn train_epoch<T: Training>(
         Some(error)
     };
     let (mut loss, mut steps, mut samples) = (0.0, 0, 0);
-    let (mut stopped, mut failed) = (None, None);
+    let (mut stopped, mut failed, mut loss_lost) = (None, None, false);
     for batch in batches {
         match stop::stop_requested(group) {
             Ok(Some(signal)) => {
@@ -283,6 +286,7 @@ pub fn train_epoch<T: Training>(
                     Ok(value) => loss += value,
                     Err(error) => {
                         failed = give_up_or_keep(error);
+                        loss_lost = true;
                         break;
                     }
                 }
@@ -301,11 +305,9 @@ pub fn train_epoch<T: Training>(
         samples,
         stopped,
         failed,
+        loss_lost,
     }
 }
-
-/// How long the ranks still there wait for each other after a failure.
-const REFORM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// After a collective failed and the launcher lets the others go on
 /// ([`Epoch::failed`]): `group` becomes its next generation among the ranks
@@ -321,9 +323,15 @@ pub fn go_on<T: Training>(
     at: u64,
 ) -> T::Model {
     let was = group.rank();
+    if !error.is_peer_failure() {
+        // Not a rank gone (a mismatch, a bad setting): going on would not help.
+        fail(Some(was), error);
+    }
     eprintln!("{error}; going on without the ranks that are gone");
-    let next =
-        (T::FRONT_END.reform_process_group)(REFORM_WAIT).unwrap_or_else(|e| fail(Some(was), e));
+    // A rank still busy outside any collective (saving, evaluating) arrives
+    // within the group's timeout: waiting less would leave it out.
+    let wait = group.timeout();
+    let next = (T::FRONT_END.reform_process_group)(wait).unwrap_or_else(|e| fail(Some(was), e));
     let rank = next.rank();
     burn_ddp_training::recovery::agree_on_progress(&next, at)
         .unwrap_or_else(|e| fail(Some(rank), e));

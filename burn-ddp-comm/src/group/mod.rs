@@ -514,10 +514,12 @@ impl GroupInner {
         if let Some(err) = self.failures.fatal() {
             return Err(err);
         }
+        let transport = self.transport.lock().unwrap();
+        // Under the lock: a reform swaps the transport under it too.
         if self.superseded.load(Ordering::Relaxed) {
             return Err(reform::superseded(self.rank, self.generation));
         }
-        Ok(self.transport.lock().unwrap())
+        Ok(transport)
     }
 
     /// Runs a collective on the host transport, after the debug check when it

@@ -110,13 +110,19 @@ impl ProcessGroup {
         );
         let group =
             ProcessGroup::start_generation(next, inner.settings, generation + 1, inherited)?;
-        inner
-            .superseded
-            .store(true, std::sync::atomic::Ordering::Relaxed);
         // Its connections are of no more use: let them go now (a handle may
-        // keep the group itself alive, to be told why it cannot go on).
-        if let Ok(mut transport) = inner.transport.try_lock() {
-            *transport = Box::new(crate::transport::SingleProcess);
+        // keep the group itself alive, to be told why it cannot go on). The
+        // flag is set under the transport's lock, where collectives read it.
+        match inner.transport.try_lock() {
+            Ok(mut transport) => {
+                inner
+                    .superseded
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                *transport = Box::new(crate::transport::SingleProcess);
+            }
+            Err(_) => inner
+                .superseded
+                .store(true, std::sync::atomic::Ordering::Relaxed),
         }
         Ok(group)
     }

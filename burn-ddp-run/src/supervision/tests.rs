@@ -229,6 +229,21 @@ fn going_on_a_failed_worker_is_said_and_the_others_finish_the_job() {
 }
 
 #[test]
+fn going_on_a_worker_that_finished_before_the_failures_did_not_go_on() {
+    let (mut machine, t0) = going_on(0);
+    assert!(look(&mut machine, t0 + ms(100), &[(2, code(0))]).is_empty());
+    look(&mut machine, t0 + ms(200), &[(1, killed(SIGKILL))]);
+    let end = look(&mut machine, t0 + ms(300), &[(0, code(1))]);
+    assert_eq!(
+        end.last(),
+        Some(&Action::Assess {
+            round: 0,
+            ask_peers: false
+        })
+    );
+}
+
+#[test]
 fn going_on_when_every_worker_fails_the_round_failed_from_the_first() {
     let (mut machine, t0) = going_on(1);
     look(&mut machine, t0 + ms(100), &[(2, killed(SIGKILL))]);

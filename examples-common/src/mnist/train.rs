@@ -77,10 +77,9 @@ pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
     let sampler = burn_ddp_sampler::distributed_sampler(&group, train_set.len())
         .unwrap_or_else(|e| fail(Some(rank), e))
         .seed(args.seed);
-    let steps_per_epoch = sampler
-        .num_samples()
-        .div_ceil(batch_size)
-        .min(args.max_steps.unwrap_or(usize::MAX));
+    // Every step of the epoch within --max-steps (a world that shrinks in
+    // the middle deals the rest over fewer ranks: more steps each).
+    let max_steps = args.max_steps.unwrap_or(usize::MAX);
     let (train_loader, epoch_handle) = trainer.train_loader(train_set, sampler, batch_size);
     // The test set is split without padding, so summed counts are exact.
     let test_sampler = burn_ddp_sampler::evaluation_sampler(&group, test_set.len())
@@ -110,7 +109,8 @@ pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
         trainer,
         group,
         args,
-        steps_per_epoch,
+        max_steps,
+        batch_size,
     };
     let loaders = (&train_loader, &test_loader, (&epoch_handle, &test_shard));
     let (model, stopped) = run.epochs(loaders, first_epoch, model, optimizer);
@@ -140,7 +140,10 @@ struct MnistRun<'a, T: MnistTraining> {
     trainer: &'a T,
     group: ProcessGroup,
     args: &'a MnistArgs,
-    steps_per_epoch: usize,
+    /// At most this many steps an epoch (`--max-steps`).
+    max_steps: usize,
+    /// Each rank's batch.
+    batch_size: usize,
 }
 
 impl<T: MnistTraining> MnistRun<'_, T> {
@@ -159,15 +162,16 @@ impl<T: MnistTraining> MnistRun<'_, T> {
         for epoch in first..self.args.epochs {
             epoch_handle.set_epoch(epoch);
             let started = Instant::now();
-            let progress = progress_bar(self.group.is_main(), self.steps_per_epoch, epoch);
+            let steps = epoch_handle.indices().len().div_ceil(self.batch_size);
+            let progress = progress_bar(self.group.is_main(), steps.min(self.max_steps), epoch);
             let mut taken = Taken::default();
             loop {
                 let group = self.group.clone();
-                let batches = Box::new(
-                    self.trainer
-                        .batches(train_loader)
-                        .take(self.steps_per_epoch - taken.steps),
-                );
+                // The shard's batches (dealt again if the world changed),
+                // within --max-steps.
+                let left = epoch_handle.indices().len().div_ceil(self.batch_size);
+                let cap = self.max_steps.saturating_sub(taken.steps);
+                let batches = Box::new(self.trainer.batches(train_loader).take(left.min(cap)));
                 let done = training::train_epoch(
                     self.trainer,
                     &group,
