@@ -26,6 +26,20 @@ const SETTLE: Duration = Duration::from_millis(200);
 /// How often the deciding rank looks at the arrivals.
 const POLL: Duration = Duration::from_millis(20);
 
+/// For the fault tests: set, the rank that decides who goes on kills
+/// itself (SIGKILL) once it has said it decides.
+#[doc(hidden)]
+pub const CRASH_WHILE_DECIDING_VAR: &str = "BURN_DDP_TEST_CRASH_WHILE_DECIDING";
+
+fn crash_while_deciding() {
+    if std::env::var_os(CRASH_WHILE_DECIDING_VAR).is_some() {
+        // SAFETY: signalling this process.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
 impl ProcessGroup {
     /// The next generation of this group, among the ranks still there
     /// (PyTorch's elastic agents and TorchFT's quorums do the same between
@@ -59,16 +73,39 @@ impl ProcessGroup {
             .add(&format!("{prefix}order"), 1)
             .map_err(on_request)?;
         let members_key = format!("{prefix}members");
+        let decider_key = format!("{prefix}decider");
         if order == 1 {
+            // Named, so the others can say who did not decide if it dies too.
+            store
+                .set(&decider_key, rank.to_string().as_bytes())
+                .map_err(on_request)?;
+            crash_while_deciding();
             let members = decide(store, inner, &prefix, wait).map_err(on_store)?;
             let text: Vec<String> = members.iter().map(usize::to_string).collect();
             store
                 .set(&members_key, text.join(",").as_bytes())
                 .map_err(on_request)?;
         }
-        let decided = store
-            .get(&members_key, wait + inner.timeout)
-            .map_err(on_request)?;
+        let decided = match store.get(&members_key, wait + inner.timeout) {
+            Ok(decided) => decided,
+            Err(err) if err.is_timeout() => {
+                let decider = store
+                    .get(&decider_key, Duration::ZERO)
+                    .map(|r| String::from_utf8_lossy(&r).into_owned())
+                    .unwrap_or_else(|_| "?".into());
+                return Err(CommError::Timeout {
+                    rank: Some(rank),
+                    what: format!(
+                        "the decision on who goes on after generation {generation} failed \
+                         (rank {decider} was deciding and may be gone too; start again from \
+                         the newest snapshot: burn-ddp-run --max-restarts N)"
+                    ),
+                    peer: decider.parse().ok(),
+                    after: wait + inner.timeout,
+                });
+            }
+            Err(err) => return Err(on_request(err)),
+        };
         let members: Vec<usize> = String::from_utf8_lossy(&decided)
             .split(',')
             .filter_map(|r| r.parse().ok())

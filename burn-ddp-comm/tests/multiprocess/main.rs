@@ -81,6 +81,10 @@ fn main() {
             stalled_rank_fenced,
         ),
         (
+            "a_decider_that_dies_too_is_named_by_the_last_survivor",
+            decider_dies_too,
+        ),
+        (
             "two_machines_hierarchical_equals_the_ring",
             hierarchical_equals_ring,
         ),
@@ -543,6 +547,39 @@ fn survivors_go_on() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Rank 1 of 3 SIGKILLed at step 5, and the survivor that decides who goes
+/// on dies too as it decides: the last one gives up within the reform's wait
+/// plus the timeout, naming the rank that was deciding and the fix.
+fn decider_dies_too() -> Result<(), String> {
+    let mut world = World::new(3)
+        .env("SURVIVE_VICTIM", "1")
+        .env("SURVIVE_WAIT_SECS", "2")
+        .env("BURN_DDP_TEST_CRASH_WHILE_DECIDING", "1");
+    world.timeout_secs = 3.0;
+    world.deadline = Duration::from_secs(40);
+    world.signal_when = Some((1, "ready", libc::SIGKILL));
+    let outcomes = world.run("survive");
+    let ended: Vec<_> = outcomes.iter().filter(|o| o.code.is_some()).collect();
+    check(ended.len() == 1, || {
+        format!("one survivor should be left: {outcomes:?}")
+    })?;
+    let last = ended[0];
+    let decider = if last.rank == 0 { 2 } else { 0 };
+    check(last.code == Some(1), || format!("{last:?}"))?;
+    let named = format!("rank {decider} was deciding and may be gone too");
+    for needle in [named.as_str(), "--max-restarts"] {
+        check(last.stderr.contains(needle), || {
+            format!(
+                "rank {}'s error lacks {needle:?}: {}",
+                last.rank, last.stderr
+            )
+        })?;
+    }
+    check(last.elapsed < Duration::from_secs(15), || {
+        format!("took {:?}", last.elapsed)
+    })
 }
 
 /// Rank 1 of 3 SIGSTOPped at step 5 past the 3 s timeout, continued 6 s

@@ -321,8 +321,12 @@ fn survive() -> Result<(), String> {
             Err(err) => {
                 eprintln!("step {step}: {err}");
                 failed_at.get_or_insert(started);
+                let wait = std::env::var("SURVIVE_WAIT_SECS")
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(10);
                 g = g
-                    .reform(std::time::Duration::from_secs(10))
+                    .reform(std::time::Duration::from_secs(wait))
                     .map_err(|e| e.to_string())?;
                 println!(
                     "generation {} rank {} of {}",
