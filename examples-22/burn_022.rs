@@ -109,4 +109,8 @@ impl<M: Module> BurnVersion<M, ModuleOptimizer> for Burn022 {
     fn fingerprint(&self, model: &M) -> u64 {
         burn_ddp_22::replicas::parameters_fingerprint(model)
     }
+
+    fn parameter_values(&self, model: &M) -> Vec<f32> {
+        burn_ddp_22::replicas::parameter_values(model)
+    }
 }

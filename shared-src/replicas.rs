@@ -16,6 +16,22 @@ pub(crate) fn fingerprint(walk: impl Walker) -> u64 {
     replicas::fingerprint(&digests(walk))
 }
 
+/// Every float parameter's values, in the walk's order, as f32 (see the
+/// crate's `parameter_values`).
+pub(crate) fn values(walk: impl Walker) -> Vec<f32> {
+    struct Values(Vec<f32>);
+    impl Visit for Values {
+        fn param(&mut self, param: &dyn ParamView) {
+            if param.kind() == Kind::Float {
+                self.0.extend(param.data().iter::<f32>());
+            }
+        }
+    }
+    let mut values = Values(Vec::new());
+    walk(&mut values);
+    values.0
+}
+
 fn digests(walk: impl Walker) -> Vec<ParamDigest> {
     let mut digests = Digests::default();
     walk(&mut digests);

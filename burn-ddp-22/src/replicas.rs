@@ -25,3 +25,10 @@ pub fn check_replicas<M: Module>(model: &M, group: &ProcessGroup) -> Result<usiz
 pub fn parameters_fingerprint<M: Module>(model: &M) -> u64 {
     crate::shared::replicas::fingerprint(shim::walker(model))
 }
+
+/// Every float parameter of `model`, in declaration order, as f32: to
+/// compare two runs to a tolerance where their fingerprints cannot agree
+/// (another world size sums in another order). Local: no collective.
+pub fn parameter_values<M: Module>(model: &M) -> Vec<f32> {
+    crate::shared::replicas::values(shim::walker(model))
+}

@@ -126,6 +126,27 @@ impl EpochHandle {
         Ok(())
     }
 
+    /// The items of every rank's batch number `step` (counted from the
+    /// epoch's start, or from the last [`regroup`](Self::regroup)) of
+    /// `batch` items, rank after rank: the step's global batch, which one
+    /// process can train on to replay the run. Computed here, for any rank.
+    pub fn global_batch(&self, step: usize, batch: usize) -> Vec<usize> {
+        let state = self.shard.state.read().unwrap();
+        let world = state.sampler.num_replicas();
+        (0..world)
+            .flat_map(|rank| {
+                let ranks = state
+                    .sampler
+                    .regrouped(world, rank)
+                    .expect("a rank of its world");
+                let items = ranks.indices_after(state.start);
+                let from = (step * batch).min(items.len());
+                let to = ((step + 1) * batch).min(items.len());
+                items[from..to].to_vec()
+            })
+            .collect()
+    }
+
     /// The epoch the shard currently follows.
     pub fn epoch(&self) -> usize {
         self.shard.state.read().unwrap().sampler.epoch()
@@ -159,6 +180,15 @@ mod tests {
         // The next epoch is dealt over the new world from its start.
         shards[0].epoch_handle().set_epoch(1);
         assert_eq!(shards[0].len(), 12);
+        // A step's global batch: every rank's batch of it, rank after rank.
+        let both: Vec<ShardIndices> = (0..2)
+            .map(|r| ShardIndices::new(DistributedSampler::new(12, 2, r).unwrap().seed(5)))
+            .collect();
+        let expected: Vec<usize> = both
+            .iter()
+            .flat_map(|s| (2..4).map(|i| s.source(i).unwrap()).collect::<Vec<_>>())
+            .collect();
+        assert_eq!(both[1].epoch_handle().global_batch(1, 2), expected);
     }
 
     #[test]

@@ -27,3 +27,10 @@ pub fn check_replicas<B: Backend, M: Module<B>>(model: &M, group: &ProcessGroup)
 pub fn parameters_fingerprint<B: Backend, M: Module<B>>(model: &M) -> u64 {
     crate::shared::replicas::fingerprint(shim::walker(model))
 }
+
+/// Every float parameter of `model`, in declaration order, as f32: to
+/// compare two runs to a tolerance where their fingerprints cannot agree
+/// (another world size sums in another order). Local: no collective.
+pub fn parameter_values<B: Backend, M: Module<B>>(model: &M) -> Vec<f32> {
+    crate::shared::replicas::values(shim::walker(model))
+}

@@ -95,6 +95,23 @@ pub struct ToyArgs<P: ToyProgram> {
         default_value_t = 4
     )]
     pub loss_precision: usize,
+    /// Rank 0 appends every step's global batch (its sample indices, rank
+    /// after rank) to FILE, one line a step, whatever the world: a run that
+    /// went on without a rank can be replayed in one process (--replay).
+    #[arg(
+        long = "log-batches",
+        visible_alias = "log_batches",
+        value_name = "FILE"
+    )]
+    pub log_batches: Option<PathBuf>,
+    /// Train in this one process on the global batches FILE lists (written
+    /// by --log-batches), in order, from the seed's model: the run replayed.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["log_batches", "resume"])]
+    pub replay: Option<PathBuf>,
+    /// Rank 0 prints every parameter's value at the end (to compare runs to
+    /// a tolerance).
+    #[arg(long = "print-params", visible_alias = "print_params")]
+    pub print_params: bool,
     /// Backend: flex, ndarray (Burn 0.21 only), or cuda when built with the cuda
     /// feature.
     #[arg(long, value_enum, default_value = P::DEFAULT_BACKEND)]
@@ -190,6 +207,18 @@ impl ToyData {
         }
     }
 
+    /// The samples at `indices`, in that order.
+    pub fn select(&self, indices: &[usize]) -> Result<Self, IndexOutOfRange> {
+        let items: Vec<ToyItem> = indices
+            .iter()
+            .map(|&i| self.get(i))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            features: items.iter().map(|item| item.features).collect(),
+            labels: items.iter().map(|item| item.label).collect(),
+        })
+    }
+
     /// The number of samples.
     pub fn len(&self) -> usize {
         self.labels.len()
@@ -228,6 +257,9 @@ const RESUME_AUTO: &str = "auto";
 /// identical on every rank, the loss all-reduced for logging, rank 0's
 /// checkpoints every `--save-interval` epochs, `--resume` from one.
 pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
+    if let Some(log) = &args.replay {
+        return replay(trainer, args, log);
+    }
     let group = T::FRONT_END.init();
     let (rank, world_size) = (group.rank(), group.world_size());
     let batch_size = training::batch_size(&group, args.batch_size, args.global_batch_size);
@@ -263,6 +295,7 @@ pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
     burn_ddp_training::stop::catch_stop_signals();
     let mut run = ToyRun {
         trainer,
+        batch_size,
         group,
         args,
         first_epoch,
@@ -276,6 +309,8 @@ pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
 /// A toy run under way.
 struct ToyRun<'a, T: ToyTraining, P: ToyProgram> {
     trainer: &'a T,
+    /// Each rank's batch.
+    batch_size: usize,
     group: ProcessGroup,
     args: &'a ToyArgs<P>,
     first_epoch: usize,
@@ -314,8 +349,20 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             loop {
                 let group = self.group.clone();
                 let batches = self.trainer.batches(loader);
-                // Each step's loss summed over the ranks, for logging.
+                // Each step's loss summed over the ranks, for logging; rank 0
+                // logs the step's global batch first (the step is taken).
+                let (log, batch, before) = (self.log(&group), self.batch_size, steps);
+                let mut dealt_steps = 0;
                 let sum_over_ranks = |loss: f64| {
+                    if let Some(log) = &log {
+                        let items = epoch_handle.global_batch(dealt_steps, batch);
+                        log_batch(
+                            log,
+                            (epoch, before + dealt_steps, group.world_size()),
+                            &items,
+                        );
+                    }
+                    dealt_steps += 1;
                     let mut loss = [loss];
                     group.all_reduce(&mut loss, ReduceOp::Sum)?;
                     Ok(loss[0])
@@ -379,6 +426,11 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
         }
     }
 
+    /// Where rank 0 of `group` logs the global batches (`--log-batches`).
+    fn log(&self, group: &ProcessGroup) -> Option<PathBuf> {
+        self.args.log_batches.clone().filter(|_| group.is_main())
+    }
+
     /// Rank 0 saves `model_epoch_{epochs_done}` atomically and says where.
     fn save(&self, model: &T::Model, optimizer: &T::Optimizer, epochs_done: usize) -> PathBuf {
         let rank = self.group.rank();
@@ -415,6 +467,9 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
                 self.trainer.burn().fingerprint(&end.model)
             );
             println!("Replicas identical: {replicas} ranks");
+            if self.args.print_params {
+                print_params(&self.trainer.burn().parameter_values(&end.model));
+            }
             println!("Training complete.");
         }
     }
@@ -436,4 +491,86 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             None => println!("{}; no checkpoint was saved yet", stop.describe()),
         }
     }
+}
+
+/// Appends one step's global batch to the log: `epoch step world: items`.
+fn log_batch(log: &Path, (epoch, step, world): (usize, usize, usize), items: &[usize]) {
+    use std::io::Write;
+    let items: Vec<String> = items.iter().map(usize::to_string).collect();
+    let line = format!("{epoch} {step} {world}: {}\n", items.join(","));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .and_then(|mut file| file.write_all(line.as_bytes()));
+    written.unwrap_or_else(|e| fail(Some(0), format!("--log-batches {}: {e}", log.display())));
+}
+
+/// `Parameters: v1 v2 ...`, every value to the last bit.
+fn print_params(values: &[f32]) {
+    let values: Vec<String> = values.iter().map(|v| format!("{v:e}")).collect();
+    println!("Parameters: {}", values.join(" "));
+}
+
+/// `--replay FILE`: one process trains on the global batches `FILE` lists,
+/// in order, from the seed's model, with the run's optimizer and learning
+/// rate: what the logged run trained, in one process.
+fn replay<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>, log: &Path) {
+    let group = T::FRONT_END.init();
+    let rank = group.rank();
+    if group.world_size() != 1 {
+        fail(
+            Some(rank),
+            "--replay trains in one process: run it without the launcher",
+        );
+    }
+    let text = std::fs::read_to_string(log)
+        .unwrap_or_else(|e| fail(Some(rank), format!("--replay {}: {e}", log.display())));
+    let data = ToyData::new(args.dataset_size, args.seed);
+    let config = ToyTrainingConfig::new(1, 1, 1, args.lr, args.dataset_size, args.seed);
+    let (mut model, mut optimizer, _) = training::start(
+        trainer,
+        &group,
+        args.seed,
+        None,
+        &config,
+        (None, CONFIG_FILE),
+    );
+    let mut steps = 0;
+    for (number, line) in text.lines().enumerate() {
+        let items: Vec<usize> = line
+            .split_once(": ")
+            .map(|(_, items)| items.split(',').filter_map(|i| i.parse().ok()).collect())
+            .unwrap_or_default();
+        if items.is_empty() {
+            fail(
+                Some(rank),
+                format!("--replay {} line {}: no items", log.display(), number + 1),
+            );
+        }
+        let step_data = data.select(&items).unwrap_or_else(|e| fail(Some(rank), e));
+        let sampler = DistributedSampler::new(items.len(), 1, 0)
+            .unwrap_or_else(|e| fail(Some(rank), e))
+            .shuffle(false);
+        let (loader, _) = trainer.loader(step_data, sampler, items.len());
+        let batch = trainer
+            .batches(&loader)
+            .next()
+            .expect("one batch of the step's items");
+        let batch = batch.unwrap_or_else(|e| fail(Some(rank), e));
+        model = match trainer.train_step(model, &mut optimizer, batch, args.lr) {
+            Ok(step) => step.model,
+            Err(failed) => fail(Some(rank), failed.error),
+        };
+        steps += 1;
+    }
+    println!("Replayed {steps} steps");
+    println!(
+        "Parameters fingerprint: {:016x}",
+        trainer.burn().fingerprint(&model)
+    );
+    if args.print_params {
+        print_params(&trainer.burn().parameter_values(&model));
+    }
+    T::FRONT_END.destroy(rank);
 }

@@ -69,6 +69,8 @@ pub trait BurnVersion<M, O> {
     fn save_model(&self, path: &Path, model: &M, epochs: usize) -> Saved;
     /// A digest of every parameter: equal exactly when the values are.
     fn fingerprint(&self, model: &M) -> u64;
+    /// Every float parameter's values, in order (`replicas::parameter_values`).
+    fn parameter_values(&self, model: &M) -> Vec<f32>;
 }
 
 /// What a hand-written training loop needs of a program: its model and

@@ -102,4 +102,8 @@ where
     fn fingerprint(&self, model: &M) -> u64 {
         burn_ddp::replicas::parameters_fingerprint(model)
     }
+
+    fn parameter_values(&self, model: &M) -> Vec<f32> {
+        burn_ddp::replicas::parameter_values(model)
+    }
 }
