@@ -21,6 +21,20 @@ impl Split {
         self.labels.len()
     }
 
+    /// The images and labels at `indices`, in that order (each must be
+    /// below [`len`](Self::len)).
+    pub fn select(&self, indices: &[usize]) -> Self {
+        let pixels = self.pixels();
+        Self {
+            images: (indices.iter())
+                .flat_map(|&i| self.images[i * pixels..(i + 1) * pixels].iter().copied())
+                .collect(),
+            labels: indices.iter().map(|&i| self.labels[i]).collect(),
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }

@@ -356,11 +356,8 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
                 let sum_over_ranks = |loss: f64| {
                     if let Some(log) = &log {
                         let items = epoch_handle.global_batch(dealt_steps, batch);
-                        log_batch(
-                            log,
-                            (epoch, before + dealt_steps, group.world_size()),
-                            &items,
-                        );
+                        let at = (epoch, before + dealt_steps, group.world_size());
+                        training::log_global_batch(log, at, &items);
                     }
                     dealt_steps += 1;
                     let mut loss = [loss];
@@ -468,7 +465,7 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             );
             println!("Replicas identical: {replicas} ranks");
             if self.args.print_params {
-                print_params(&self.trainer.burn().parameter_values(&end.model));
+                training::print_params(&self.trainer.burn().parameter_values(&end.model));
             }
             println!("Training complete.");
         }
@@ -493,25 +490,6 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
     }
 }
 
-/// Appends one step's global batch to the log: `epoch step world: items`.
-fn log_batch(log: &Path, (epoch, step, world): (usize, usize, usize), items: &[usize]) {
-    use std::io::Write;
-    let items: Vec<String> = items.iter().map(usize::to_string).collect();
-    let line = format!("{epoch} {step} {world}: {}\n", items.join(","));
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .and_then(|mut file| file.write_all(line.as_bytes()));
-    written.unwrap_or_else(|e| fail(Some(0), format!("--log-batches {}: {e}", log.display())));
-}
-
-/// `Parameters: v1 v2 ...`, every value to the last bit.
-fn print_params(values: &[f32]) {
-    let values: Vec<String> = values.iter().map(|v| format!("{v:e}")).collect();
-    println!("Parameters: {}", values.join(" "));
-}
-
 /// `--replay FILE`: one process trains on the global batches `FILE` lists,
 /// in order, from the seed's model, with the run's optimizer and learning
 /// rate: what the logged run trained, in one process.
@@ -524,11 +502,9 @@ fn replay<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>, log: &P
             "--replay trains in one process: run it without the launcher",
         );
     }
-    let text = std::fs::read_to_string(log)
-        .unwrap_or_else(|e| fail(Some(rank), format!("--replay {}: {e}", log.display())));
     let data = ToyData::new(args.dataset_size, args.seed);
     let config = ToyTrainingConfig::new(1, 1, 1, args.lr, args.dataset_size, args.seed);
-    let (mut model, mut optimizer, _) = training::start(
+    let (model, mut optimizer, _) = training::start(
         trainer,
         &group,
         args.seed,
@@ -536,19 +512,8 @@ fn replay<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>, log: &P
         &config,
         (None, CONFIG_FILE),
     );
-    let mut steps = 0;
-    for (number, line) in text.lines().enumerate() {
-        let items: Vec<usize> = line
-            .split_once(": ")
-            .map(|(_, items)| items.split(',').filter_map(|i| i.parse().ok()).collect())
-            .unwrap_or_default();
-        if items.is_empty() {
-            fail(
-                Some(rank),
-                format!("--replay {} line {}: no items", log.display(), number + 1),
-            );
-        }
-        let step_data = data.select(&items).unwrap_or_else(|e| fail(Some(rank), e));
+    let batch_of = |items: &[usize]| {
+        let step_data = data.select(items).unwrap_or_else(|e| fail(Some(rank), e));
         let sampler = DistributedSampler::new(items.len(), 1, 0)
             .unwrap_or_else(|e| fail(Some(rank), e))
             .shuffle(false);
@@ -557,20 +522,22 @@ fn replay<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>, log: &P
             .batches(&loader)
             .next()
             .expect("one batch of the step's items");
-        let batch = batch.unwrap_or_else(|e| fail(Some(rank), e));
-        model = match trainer.train_step(model, &mut optimizer, batch, args.lr) {
-            Ok(step) => step.model,
-            Err(failed) => fail(Some(rank), failed.error),
-        };
-        steps += 1;
-    }
+        batch.unwrap_or_else(|e| fail(Some(rank), e))
+    };
+    let (model, steps) = training::replay(
+        trainer,
+        rank,
+        (model, &mut optimizer),
+        (args.lr, log),
+        batch_of,
+    );
     println!("Replayed {steps} steps");
     println!(
         "Parameters fingerprint: {:016x}",
         trainer.burn().fingerprint(&model)
     );
     if args.print_params {
-        print_params(&trainer.burn().parameter_values(&model));
+        training::print_params(&trainer.burn().parameter_values(&model));
     }
     T::FRONT_END.destroy(rank);
 }

@@ -378,3 +378,57 @@ pub fn check_identical<T: Training>(trainer: &T, group: &ProcessGroup, model: &T
     }
     all.len()
 }
+
+/// Appends one step's global batch to `log` (`--log-batches`): `epoch step
+/// world: item,item,...`.
+pub fn log_global_batch(log: &Path, (epoch, step, world): (usize, usize, usize), items: &[usize]) {
+    use std::io::Write;
+    let items: Vec<String> = items.iter().map(usize::to_string).collect();
+    let line = format!("{epoch} {step} {world}: {}\n", items.join(","));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .and_then(|mut file| file.write_all(line.as_bytes()));
+    written.unwrap_or_else(|e| fail(Some(0), format!("--log-batches {}: {e}", log.display())));
+}
+
+/// `Parameters: v1 v2 ...` (`--print-params`), every value to the last bit.
+pub fn print_params(values: &[f32]) {
+    let values: Vec<String> = values.iter().map(|v| format!("{v:e}")).collect();
+    println!("Parameters: {}", values.join(" "));
+}
+
+/// `--replay LOG`: one training step on each global batch `LOG` lists
+/// ([`log_global_batch`]), in order, `batch_of` making the batch of its
+/// items: the model after them, and how many steps.
+pub fn replay<T: Training>(
+    trainer: &T,
+    rank: usize,
+    (mut model, optimizer): (T::Model, &mut T::Optimizer),
+    (lr, log): (f64, &Path),
+    batch_of: impl Fn(&[usize]) -> T::Batch,
+) -> (T::Model, usize) {
+    let text = std::fs::read_to_string(log)
+        .unwrap_or_else(|e| fail(Some(rank), format!("--replay {}: {e}", log.display())));
+    let mut steps = 0;
+    for (number, line) in text.lines().enumerate() {
+        let items: Vec<usize> = line
+            .split_once(": ")
+            .map(|(_, items)| items.split(',').filter_map(|i| i.parse().ok()).collect())
+            .unwrap_or_default();
+        if items.is_empty() {
+            let line = number + 1;
+            fail(
+                Some(rank),
+                format!("--replay {} line {line}: no items", log.display()),
+            );
+        }
+        model = match trainer.train_step(model, optimizer, batch_of(&items), lr) {
+            Ok(step) => step.model,
+            Err(failed) => fail(Some(rank), failed.error),
+        };
+        steps += 1;
+    }
+    (model, steps)
+}

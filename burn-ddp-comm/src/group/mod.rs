@@ -126,12 +126,14 @@ impl ProcessGroup {
     ) -> Result<Self> {
         check_place(&env)?;
         if env.world_size == 1 {
+            // A last survivor keeps serving the store it hosted, so a rank
+            // that comes back late still reads why it is left out.
             let mut group = GroupInner::assemble(
                 &env,
                 settings,
                 Box::new(MemoryStore::new()),
                 Box::new(SingleProcess),
-                None,
+                inherited,
                 Failures::new(env.rank),
                 false,
             );

@@ -119,6 +119,24 @@ pub struct MnistArgs {
     /// --max-restarts` needs.
     #[arg(long, value_name = "EPOCH|auto", value_parser = resume_from)]
     pub resume: Option<ResumeFrom>,
+    /// Hand-written loop: rank 0 appends every step's global batch (its
+    /// training-set indices, rank after rank) to FILE, whatever the world:
+    /// a run that went on without a rank can be replayed (--replay).
+    #[arg(
+        long = "log-batches",
+        visible_alias = "log_batches",
+        value_name = "FILE",
+        conflicts_with = "learner"
+    )]
+    pub log_batches: Option<PathBuf>,
+    /// Train in this one process on the global batches FILE lists (written
+    /// by --log-batches), in order, from the seed's model: the run replayed.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["learner", "log_batches", "resume"])]
+    pub replay: Option<PathBuf>,
+    /// Rank 0 prints every parameter's value at the end (to compare runs to
+    /// a tolerance).
+    #[arg(long = "print-params", visible_alias = "print_params")]
+    pub print_params: bool,
 }
 
 /// Where `--resume` goes on from.

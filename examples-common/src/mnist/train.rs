@@ -52,6 +52,9 @@ pub trait MnistTraining: Training + MnistFiles {
 
 /// Trains the tutorial's CNN as `args` say (the hand-written loop).
 pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
+    if let Some(log) = &args.replay {
+        return replay(trainer, args, log);
+    }
     let group = T::FRONT_END.init();
     let (rank, world_size) = (group.rank(), group.world_size());
     let batch_size = training::batch_size(&group, args.batch_size, args.global_batch_size);
@@ -172,6 +175,8 @@ impl<T: MnistTraining> MnistRun<'_, T> {
                 let left = epoch_handle.indices().len().div_ceil(self.batch_size);
                 let cap = self.max_steps.saturating_sub(taken.steps);
                 let batches = Box::new(self.trainer.batches(train_loader).take(left.min(cap)));
+                // Steps since the shard was (re)dealt, for the batch log.
+                let (before, mut dealt_steps) = (taken.steps, 0);
                 let done = training::train_epoch(
                     self.trainer,
                     &group,
@@ -179,6 +184,14 @@ impl<T: MnistTraining> MnistRun<'_, T> {
                     (model, &mut optimizer),
                     (epoch, self.args.lr),
                     |loss| {
+                        if let Some(log) = self.args.log_batches.as_deref() {
+                            if group.is_main() {
+                                let items = epoch_handle.global_batch(dealt_steps, self.batch_size);
+                                let at = (epoch, before + dealt_steps, group.world_size());
+                                training::log_global_batch(log, at, &items);
+                            }
+                        }
+                        dealt_steps += 1;
                         if let Some(bar) = &progress {
                             bar.inc(1);
                         }
@@ -271,6 +284,9 @@ impl<T: MnistTraining> MnistRun<'_, T> {
                 "parameters fingerprint: {:016x}",
                 self.trainer.burn().fingerprint(model)
             );
+            if self.args.print_params {
+                training::print_params(&self.trainer.burn().parameter_values(model));
+            }
             let output = &self.args.output;
             let epochs_done = stopped.map_or(self.args.epochs, |stop| stop.epoch);
             let path = self
@@ -293,6 +309,59 @@ impl<T: MnistTraining> MnistRun<'_, T> {
             std::process::exit(stop.exit_code());
         }
     }
+}
+
+/// `--replay FILE`: one process trains on the global batches `FILE` lists,
+/// in order, from the seed's model: what the logged run trained.
+fn replay<T: MnistTraining>(trainer: &T, args: &MnistArgs, log: &std::path::Path) {
+    let group = T::FRONT_END.init();
+    let rank = group.rank();
+    if group.world_size() != 1 {
+        fail(
+            Some(rank),
+            "--replay trains in one process: run it without the launcher",
+        );
+    }
+    let (train_set, _) = splits(trainer, args, &group);
+    let config = MnistTrainingConfig::new(1, 1, 1, args.lr, args.seed, train_set.len());
+    let (model, mut optimizer, _) = training::start(
+        trainer,
+        &group,
+        args.seed,
+        None,
+        &config,
+        (None, SNAPSHOT_CONFIG_FILE),
+    );
+    let batch_of = |items: &[usize]| {
+        if let Some(&bad) = items.iter().find(|&&i| i >= train_set.len()) {
+            fail(
+                Some(rank),
+                format!("--replay: item {bad} is past the training set"),
+            );
+        }
+        let step_set = Arc::new(train_set.select(items));
+        let sampler = DistributedSampler::new(items.len(), 1, 0)
+            .unwrap_or_else(|e| fail(Some(rank), e))
+            .shuffle(false);
+        let (loader, _) = trainer.train_loader(step_set, sampler, items.len());
+        let batch = trainer
+            .batches(&loader)
+            .next()
+            .expect("one batch of the step's items");
+        batch.unwrap_or_else(|e| fail(Some(rank), e))
+    };
+    let (model, steps) = training::replay(
+        trainer,
+        rank,
+        (model, &mut optimizer),
+        (args.lr, log),
+        batch_of,
+    );
+    println!("replayed {steps} steps");
+    if args.print_params {
+        training::print_params(&trainer.burn().parameter_values(&model));
+    }
+    T::FRONT_END.destroy(rank);
 }
 
 /// A bar on rank 0 when a person is watching (stderr is a terminal).
