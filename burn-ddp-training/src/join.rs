@@ -160,37 +160,14 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_groups::ranks;
     use std::thread;
-
-    /// `n` ranks of one group, each built on its own thread of this process.
-    fn world(n: usize) -> Vec<ProcessGroup> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let job = format!("join-test-{}-{port}", std::process::id());
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                let job = job.clone();
-                thread::spawn(move || {
-                    ProcessGroup::builder(rank, n)
-                        .master("127.0.0.1", port)
-                        .local(rank, n)
-                        .job(job, None)
-                        .build()
-                        .unwrap()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    }
 
     #[test]
     fn ranks_with_fewer_batches_step_in_shadow_until_every_rank_is_done() {
         // Rank 0: 3 batches of 4; rank 1: one of 4 and one of 2; rank 2: none.
         let lengths = [vec![4, 4, 4], vec![4, 2], vec![]];
-        let groups = world(3);
+        let groups = ranks(3);
         let handles: Vec<_> = groups
             .into_iter()
             .zip(lengths)
@@ -231,7 +208,7 @@ mod tests {
 
     #[test]
     fn a_rank_with_nothing_to_step_with_is_named() {
-        let groups = world(2);
+        let groups = ranks(2);
         let handles: Vec<_> = groups
             .into_iter()
             .map(|group| {

@@ -44,6 +44,8 @@ pub mod sharded;
 pub mod snapshots;
 pub mod stop;
 pub mod sum;
+#[cfg(test)]
+mod test_groups;
 
 pub use burn_ddp_comm::{CommError, Result};
 pub use session::Session;

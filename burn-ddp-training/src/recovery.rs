@@ -42,34 +42,12 @@ pub fn agree_on_progress(group: &ProcessGroup, steps: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_groups::ranks;
     use std::thread;
-
-    fn pair() -> Vec<ProcessGroup> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let job = format!("recovery-test-{}-{port}", std::process::id());
-        let handles: Vec<_> = (0..2)
-            .map(|rank| {
-                let job = job.clone();
-                thread::spawn(move || {
-                    ProcessGroup::builder(rank, 2)
-                        .master("127.0.0.1", port)
-                        .local(rank, 2)
-                        .job(job, None)
-                        .build()
-                        .unwrap()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    }
 
     #[test]
     fn ranks_at_different_steps_are_refused_by_name() {
-        let handles: Vec<_> = pair()
+        let handles: Vec<_> = ranks(2)
             .into_iter()
             .map(|group| {
                 thread::spawn(move || {

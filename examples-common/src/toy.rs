@@ -465,7 +465,7 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
             );
             println!("Replicas identical: {replicas} ranks");
             if self.args.print_params {
-                training::print_params(&self.trainer.burn().parameter_values(&end.model));
+                training::print_params_of(&self.trainer.burn().parameter_values(&end.model));
             }
             println!("Training complete.");
         }
@@ -494,50 +494,28 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
 /// in order, from the seed's model, with the run's optimizer and learning
 /// rate: what the logged run trained, in one process.
 fn replay<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>, log: &Path) {
-    let group = T::FRONT_END.init();
+    let group = training::replay_group::<T>();
     let rank = group.rank();
-    if group.world_size() != 1 {
-        fail(
-            Some(rank),
-            "--replay trains in one process: run it without the launcher",
-        );
-    }
     let data = ToyData::new(args.dataset_size, args.seed);
     let config = ToyTrainingConfig::new(1, 1, 1, args.lr, args.dataset_size, args.seed);
-    let (model, mut optimizer, _) = training::start(
-        trainer,
-        &group,
-        args.seed,
-        None,
-        &config,
-        (None, CONFIG_FILE),
-    );
+    let files = (None, CONFIG_FILE);
+    let (model, mut optimizer, _) =
+        training::start(trainer, &group, args.seed, None, &config, files);
     let batch_of = |items: &[usize]| {
         let step_data = data.select(items).unwrap_or_else(|e| fail(Some(rank), e));
-        let sampler = DistributedSampler::new(items.len(), 1, 0)
-            .unwrap_or_else(|e| fail(Some(rank), e))
-            .shuffle(false);
-        let (loader, _) = trainer.loader(step_data, sampler, items.len());
-        let batch = trainer
-            .batches(&loader)
-            .next()
-            .expect("one batch of the step's items");
-        batch.unwrap_or_else(|e| fail(Some(rank), e))
+        let (loader, _) = trainer.loader(
+            step_data,
+            training::in_order(items.len(), rank),
+            items.len(),
+        );
+        training::first_batch(trainer, &loader, rank)
     };
-    let (model, steps) = training::replay(
+    let run = (model, &mut optimizer);
+    training::replay(
         trainer,
-        rank,
-        (model, &mut optimizer),
-        (args.lr, log),
+        &group,
+        run,
+        (args.lr, log, args.print_params),
         batch_of,
     );
-    println!("Replayed {steps} steps");
-    println!(
-        "Parameters fingerprint: {:016x}",
-        trainer.burn().fingerprint(&model)
-    );
-    if args.print_params {
-        training::print_params(&trainer.burn().parameter_values(&model));
-    }
-    T::FRONT_END.destroy(rank);
 }

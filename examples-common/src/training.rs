@@ -394,21 +394,51 @@ pub fn log_global_batch(log: &Path, (epoch, step, world): (usize, usize, usize),
 }
 
 /// `Parameters: v1 v2 ...` (`--print-params`), every value to the last bit.
-pub fn print_params(values: &[f32]) {
+pub fn print_params_of(values: &[f32]) {
     let values: Vec<String> = values.iter().map(|v| format!("{v:e}")).collect();
     println!("Parameters: {}", values.join(" "));
 }
 
+/// `--replay`'s group: this process alone (not under a launcher).
+pub fn replay_group<T: Training>() -> ProcessGroup {
+    let group = T::FRONT_END.init();
+    if group.world_size() != 1 {
+        fail(
+            Some(group.rank()),
+            "--replay trains in one process: run it without the launcher",
+        );
+    }
+    group
+}
+
+/// A sampler of `n` items in their order, for a loader of one step's items.
+pub fn in_order(n: usize, rank: usize) -> burn_ddp_sampler::DistributedSampler {
+    burn_ddp_sampler::DistributedSampler::new(n, 1, 0)
+        .unwrap_or_else(|e| fail(Some(rank), e))
+        .shuffle(false)
+}
+
+/// The first batch of `loader` (a loader of one step's items).
+pub fn first_batch<T: Training>(trainer: &T, loader: &T::Loader, rank: usize) -> T::Batch {
+    let batch = trainer
+        .batches(loader)
+        .next()
+        .unwrap_or_else(|| fail(Some(rank), "--replay: a step's loader gave no batch"));
+    batch.unwrap_or_else(|e| fail(Some(rank), e))
+}
+
 /// `--replay LOG`: one training step on each global batch `LOG` lists
 /// ([`log_global_batch`]), in order, `batch_of` making the batch of its
-/// items: the model after them, and how many steps.
+/// items; then the steps, the fingerprint and (`print_params`) the values
+/// of the model after them, and the group left.
 pub fn replay<T: Training>(
     trainer: &T,
-    rank: usize,
+    group: &ProcessGroup,
     (mut model, optimizer): (T::Model, &mut T::Optimizer),
-    (lr, log): (f64, &Path),
+    (lr, log, print_params): (f64, &Path, bool),
     batch_of: impl Fn(&[usize]) -> T::Batch,
-) -> (T::Model, usize) {
+) {
+    let rank = group.rank();
     let text = std::fs::read_to_string(log)
         .unwrap_or_else(|e| fail(Some(rank), format!("--replay {}: {e}", log.display())));
     let mut steps = 0;
@@ -430,5 +460,13 @@ pub fn replay<T: Training>(
         };
         steps += 1;
     }
-    (model, steps)
+    println!("Replayed {steps} steps");
+    println!(
+        "Parameters fingerprint: {:016x}",
+        trainer.burn().fingerprint(&model)
+    );
+    if print_params {
+        print_params_of(&trainer.burn().parameter_values(&model));
+    }
+    T::FRONT_END.destroy(rank);
 }

@@ -285,7 +285,7 @@ impl<T: MnistTraining> MnistRun<'_, T> {
                 self.trainer.burn().fingerprint(model)
             );
             if self.args.print_params {
-                training::print_params(&self.trainer.burn().parameter_values(model));
+                training::print_params_of(&self.trainer.burn().parameter_values(model));
             }
             let output = &self.args.output;
             let epochs_done = stopped.map_or(self.args.epochs, |stop| stop.epoch);
@@ -314,54 +314,31 @@ impl<T: MnistTraining> MnistRun<'_, T> {
 /// `--replay FILE`: one process trains on the global batches `FILE` lists,
 /// in order, from the seed's model: what the logged run trained.
 fn replay<T: MnistTraining>(trainer: &T, args: &MnistArgs, log: &std::path::Path) {
-    let group = T::FRONT_END.init();
+    let group = training::replay_group::<T>();
     let rank = group.rank();
-    if group.world_size() != 1 {
-        fail(
-            Some(rank),
-            "--replay trains in one process: run it without the launcher",
-        );
-    }
     let (train_set, _) = splits(trainer, args, &group);
     let config = MnistTrainingConfig::new(1, 1, 1, args.lr, args.seed, train_set.len());
-    let (model, mut optimizer, _) = training::start(
-        trainer,
-        &group,
-        args.seed,
-        None,
-        &config,
-        (None, SNAPSHOT_CONFIG_FILE),
-    );
+    let files = (None, SNAPSHOT_CONFIG_FILE);
+    let (model, mut optimizer, _) =
+        training::start(trainer, &group, args.seed, None, &config, files);
     let batch_of = |items: &[usize]| {
         if let Some(&bad) = items.iter().find(|&&i| i >= train_set.len()) {
-            fail(
-                Some(rank),
-                format!("--replay: item {bad} is past the training set"),
-            );
+            let why = format!("--replay: item {bad} is past the training set");
+            fail(Some(rank), why);
         }
         let step_set = Arc::new(train_set.select(items));
-        let sampler = DistributedSampler::new(items.len(), 1, 0)
-            .unwrap_or_else(|e| fail(Some(rank), e))
-            .shuffle(false);
+        let sampler = training::in_order(items.len(), rank);
         let (loader, _) = trainer.train_loader(step_set, sampler, items.len());
-        let batch = trainer
-            .batches(&loader)
-            .next()
-            .expect("one batch of the step's items");
-        batch.unwrap_or_else(|e| fail(Some(rank), e))
+        training::first_batch(trainer, &loader, rank)
     };
-    let (model, steps) = training::replay(
+    let run = (model, &mut optimizer);
+    training::replay(
         trainer,
-        rank,
-        (model, &mut optimizer),
-        (args.lr, log),
+        &group,
+        run,
+        (args.lr, log, args.print_params),
         batch_of,
     );
-    println!("replayed {steps} steps");
-    if args.print_params {
-        training::print_params(&trainer.burn().parameter_values(&model));
-    }
-    T::FRONT_END.destroy(rank);
 }
 
 /// A bar on rank 0 when a person is watching (stderr is a terminal).
