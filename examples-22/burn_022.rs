@@ -57,6 +57,7 @@ pub const BURN_DDP_22: FrontEnd = FrontEnd {
     sync_stats: burn_ddp_22::sync::sync_stats,
     reset_sync_stats: burn_ddp_22::sync::reset_sync_stats,
     reform_process_group: burn_ddp_22::reform_process_group,
+    admit_joiners: burn_ddp_22::admit_joiners,
 };
 
 /// Burn 0.22 on `device` (an autodiff device): what the trainers do alike
@@ -112,5 +113,13 @@ impl<M: Module> BurnVersion<M, ModuleOptimizer> for Burn022 {
 
     fn parameter_values(&self, model: &M) -> Vec<f32> {
         burn_ddp_22::replicas::parameter_values(model)
+    }
+
+    fn share_state(
+        &self,
+        (model, optimizer): (M, ModuleOptimizer),
+        group: &ProcessGroup,
+    ) -> burn_ddp_22::Result<(M, ModuleOptimizer)> {
+        burn_ddp_22::replicas::share_training_state(model, optimizer, group)
     }
 }

@@ -39,6 +39,19 @@ pub fn reform_process_group(wait: std::time::Duration) -> Result<ProcessGroup> {
     SESSION.reform(wait)
 }
 
+/// Replacement workers wait to join (`ProcessGroup::joiners_waiting`, the
+/// same on every rank after a step's gradient average): the default group's
+/// next generation with them appended as its last ranks, which becomes the
+/// default group; call it on every rank at the end of that step. Then hand
+/// the new ranks the state from rank 0, and wrap each model again over the
+/// returned group
+/// (`replicas::share_training_state`, `recovery::share`). A replacement
+/// started by `burn-ddp-run --on-failure continue` is admitted by
+/// [`init_process_group`] itself (`group.joined_running()` says so).
+pub fn admit_joiners(wait: std::time::Duration) -> Result<ProcessGroup> {
+    SESSION.admit(wait)
+}
+
 /// Waits for every rank (bounded by the timeout), then forgets the default
 /// group and the models wrapped over it; its connections close once the last
 /// handle to it is dropped.

@@ -66,7 +66,9 @@ pub use burn_ddp_comm::{CommError, ProcessGroup, Result};
 pub use data::distributed_sampler;
 pub use shard::ShardedOptimizer;
 pub use shared::config::{DdpConfig, ShardConfig};
-pub use shared::session::{destroy_process_group, init_process_group, reform_process_group};
+pub use shared::session::{
+    admit_joiners, destroy_process_group, init_process_group, reform_process_group,
+};
 pub use sync::sync_gradients;
 pub use sync_batch_norm::{SyncBatchNorm, SyncBatchNormConfig};
 pub use wrap::wrap;

@@ -90,6 +90,13 @@ pub enum CommError {
     },
     /// The process group was already shut down.
     Destroyed,
+    /// A replacement worker ([`JOINING_VAR`](crate::JOINING_VAR)) found the
+    /// job's training finished before it could join: nothing is left for it
+    /// to do (not a failure).
+    NothingToJoin {
+        /// The rank it was started in place of.
+        rank: usize,
+    },
 }
 
 impl CommError {
@@ -172,7 +179,8 @@ impl CommError {
             CommError::Peer { rank, .. }
             | CommError::Mismatch { rank, .. }
             | CommError::InvalidArgument { rank, .. }
-            | CommError::Device { rank, .. } => Some(*rank),
+            | CommError::Device { rank, .. }
+            | CommError::NothingToJoin { rank } => Some(*rank),
             CommError::Destroyed => None,
         }
     }
@@ -242,6 +250,11 @@ impl fmt::Display for CommError {
                 write!(f, "rank {rank}: GPU collective: {message}")
             }
             CommError::Destroyed => write!(f, "the process group was already destroyed"),
+            CommError::NothingToJoin { rank } => write!(
+                f,
+                "rank {rank}: the job's training finished before this replacement could \
+                 join it; nothing is left to do"
+            ),
         }
     }
 }

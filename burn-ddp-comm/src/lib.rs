@@ -46,7 +46,7 @@ mod wire_properties;
 pub use backend::{CollectiveBackend, BACKEND_VAR};
 pub use element::{finish_reduce, reduce_into, BufferMut, DType, DeviceBuffer, Element, ReduceOp};
 // The layer below, under the paths this crate has always used for it.
-pub use burn_ddp_rendezvous::env::{FORCE_STOP_AFTER, ON_FAILURE_VAR};
+pub use burn_ddp_rendezvous::env::{FORCE_STOP_AFTER, JOINING_VAR, ON_FAILURE_VAR};
 pub use burn_ddp_rendezvous::store::Store;
 pub use burn_ddp_rendezvous::JobToken;
 use burn_ddp_rendezvous::{env, job, store};

@@ -31,6 +31,12 @@ pub const TIMEOUT_VAR: &str = "BURN_DDP_TIMEOUT_SECS";
 /// workers: when one fails the others go on, so a loop that can should.
 pub const ON_FAILURE_VAR: &str = "BURN_DDP_ON_FAILURE";
 
+/// Set to `1` by `burn-ddp-run` for a worker it starts in place of one that
+/// failed while the others went on: the worker joins the running group at
+/// its next step boundary (its `RANK` is the one it replaces, not its
+/// place in the group) and takes the training state from a peer.
+pub const JOINING_VAR: &str = "BURN_DDP_JOINING";
+
 /// How long after a first stop signal (Ctrl-C, SIGTERM) another one means
 /// "stop now", for the launcher and its workers alike: the terminal's Ctrl-C
 /// reaches both, and a double tap is one request, not two.

@@ -50,8 +50,10 @@ pub enum OnFailure {
     Stop,
     /// Let them go on without it: a program that calls
     /// `reform_process_group` after a failed step keeps training with the
-    /// ranks still there; the job succeeds if they finish. If they all fail
-    /// too, the round failed as under `stop`.
+    /// ranks still there; the job succeeds if they finish. With restarts
+    /// left (--max-restarts), a replacement is started (one restart each),
+    /// which the others admit at a step's end (`admit_joiners`) and hand
+    /// their state. If they all fail too, the round failed as under `stop`.
     Continue,
 }
 

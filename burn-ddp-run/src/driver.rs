@@ -61,6 +61,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
         peers: peers.as_ref(),
         policy: Policy::new(config.max_restarts),
         workers: Vec::new(),
+        replaced: Vec::new(),
     };
     driver.supervise()
 }
@@ -75,6 +76,9 @@ struct Driver<'a> {
     policy: Policy,
     /// The round's worker processes, in the machine's order.
     workers: Vec<Worker>,
+    /// Workers of the round that replacements took the place of: cleaned
+    /// up with the round (their output, their shared memory).
+    replaced: Vec<Worker>,
 }
 
 impl Driver<'_> {
@@ -176,7 +180,23 @@ impl Driver<'_> {
             }
             Action::CleanUp => {
                 processes::clean_up(&mut self.workers);
+                processes::clean_up(&mut std::mem::take(&mut self.replaced));
                 return None;
+            }
+            Action::Replace { round, worker } => {
+                let local_rank = machine.workers()[worker].local_rank;
+                match processes::start_replacement(&self.launch, round, local_rank) {
+                    Ok((began, started)) => {
+                        let pid = started.pid;
+                        let old = std::mem::replace(&mut self.workers[worker], started);
+                        self.replaced.push(old);
+                        Event::Replaced { worker, began, pid }
+                    }
+                    Err(err) => Event::ReplaceFailed {
+                        worker,
+                        error: err.to_string(),
+                    },
+                }
             }
             Action::PrintSummary {
                 round,

@@ -7,7 +7,7 @@ use crate::error::LaunchError;
 use crate::job::JobIdentity;
 use crate::output::LineSink;
 use crate::signals;
-use burn_ddp_rendezvous::env::{LAUNCHER_STORE_VAR, ON_FAILURE_VAR};
+use burn_ddp_rendezvous::env::{JOINING_VAR, LAUNCHER_STORE_VAR, ON_FAILURE_VAR};
 use burn_ddp_rendezvous::job::{segments, JOB_ID_VAR, JOB_TOKEN_VAR};
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
@@ -52,6 +52,8 @@ struct Place {
     local_rank: usize,
     world_size: usize,
     round: u32,
+    /// A replacement: it joins the running workers ([`JOINING_VAR`]).
+    joining: bool,
 }
 
 /// The thread-pool variables to set to 1 in every worker, and says so.
@@ -98,6 +100,7 @@ pub(crate) fn start_round(
             local_rank,
             world_size,
             round,
+            joining: false,
         };
         match spawn(launch, &place) {
             Ok(worker) => workers.push(worker),
@@ -108,6 +111,25 @@ pub(crate) fn start_round(
         }
     }
     Ok((began, workers))
+}
+
+/// A replacement for the worker of `local_rank` in round `round`, which
+/// joins the workers still running at their next step.
+pub(crate) fn start_replacement(
+    launch: &Launch<'_>,
+    round: u32,
+    local_rank: usize,
+) -> Result<(Instant, Worker), LaunchError> {
+    let config = launch.config;
+    let place = Place {
+        rank: config.node_rank * config.nproc_per_node + local_rank,
+        local_rank,
+        world_size: config.nnodes * config.nproc_per_node,
+        round,
+        joining: true,
+    };
+    let began = Instant::now();
+    spawn(launch, &place).map(|worker| (began, worker))
 }
 
 /// The worker's command: the program with torchrun's variables.
@@ -142,6 +164,11 @@ fn command(launch: &Launch<'_>, place: &Place) -> Command {
         OnFailure::Continue => command.env(ON_FAILURE_VAR, "continue"),
         OnFailure::Stop => command.env_remove(ON_FAILURE_VAR),
     };
+    if place.joining {
+        command.env(JOINING_VAR, "1");
+    } else {
+        command.env_remove(JOINING_VAR);
+    }
     for var in launch.thread_defaults {
         command.env(var, "1");
     }

@@ -176,8 +176,24 @@ pub(crate) struct Supervision {
     workers: Vec<WorkerState>,
     /// Under `--on-failure continue`: the workers that failed while the
     /// others went on, in the order they failed.
-    lost: Vec<usize>,
+    lost: Vec<Lost>,
+    /// Replacements started for them this round (each counts against
+    /// `--max-restarts`, as a restart of the round does).
+    replaced: u32,
     phase: Phase,
+}
+
+/// A worker that failed while the others went on.
+#[derive(Debug, Clone, Copy)]
+struct Lost {
+    /// Its index.
+    worker: usize,
+    /// Its rank.
+    rank: usize,
+    /// When it was seen to end.
+    at: Instant,
+    /// How it ended (a replacement takes its place in `workers`).
+    status: Option<ExitStatus>,
 }
 
 impl Supervision {
@@ -188,6 +204,7 @@ impl Supervision {
             round: 0,
             workers: Vec::new(),
             lost: Vec::new(),
+            replaced: 0,
             phase: Phase::Starting,
         };
         (machine, vec![Action::StartRound { round: 0 }])
@@ -235,9 +252,32 @@ impl Supervision {
             Event::NoVerdict(err) if matches!(self.phase, Phase::Deciding { .. }) => {
                 self.phase = Phase::Finished(Err(err));
             }
+            Event::Replaced { worker, began, pid } => self.replaced(worker, began, pid),
+            Event::ReplaceFailed { worker, error } => {
+                if let Some(w) = self.workers.get(worker) {
+                    out.push(Action::Say(Notice::ReplaceFailed {
+                        rank: w.rank,
+                        error,
+                    }));
+                }
+            }
             Event::StartFailed(_) | Event::NoVerdict(_) => {}
         }
         out
+    }
+
+    /// A replacement for worker `worker` runs: watched as the worker was.
+    fn replaced(&mut self, worker: usize, began: Instant, pid: u32) {
+        if let Some(w) = self.workers.get_mut(worker).filter(|w| !w.running()) {
+            w.pid = pid;
+            w.started = began;
+            w.exit = None;
+        }
+    }
+
+    /// Whether a restart is left for a replacement.
+    fn may_replace(&self) -> bool {
+        self.round + self.replaced < self.plan.max_restarts
     }
 
     fn started(&mut self, now: Instant, began: Instant, pids: Vec<u32>) {
@@ -257,6 +297,7 @@ impl Supervision {
             })
             .collect();
         self.lost.clear();
+        self.replaced = 0;
         self.phase = Phase::Running {
             next_peer_poll: now + PEER_POLL,
         };
@@ -281,29 +322,8 @@ impl Supervision {
         let round = self.round;
         let peers = self.plan.role.has_peers();
         let go_on = self.plan.on_failure == OnFailure::Continue;
-        match (&mut self.phase, failed) {
-            (Phase::Running { .. }, Some(_)) if go_on => {
-                // Every worker that failed in this look: the others go on
-                // (said while there are others; the end says the rest).
-                let others = self.workers.iter().any(WorkerState::running);
-                for (i, worker) in self.workers.iter().enumerate() {
-                    let failed = worker.exit.is_some_and(|e| !e.status.success());
-                    if failed && !self.lost.contains(&i) {
-                        self.lost.push(i);
-                        if !others {
-                            continue;
-                        }
-                        let how = worker
-                            .exit
-                            .map_or_else(|| "ended".into(), |e| describe(e.status));
-                        out.push(Action::Say(Notice::WorkerLost {
-                            round,
-                            rank: worker.rank,
-                            how,
-                        }));
-                    }
-                }
-            }
+        match (&mut self.phase, failed.first().copied()) {
+            (Phase::Running { .. }, Some(_)) if go_on => self.go_on_without(now, &failed, out),
             (Phase::Running { .. }, Some(first)) if peers => {
                 // It may only echo a failure on another machine; that
                 // machine's report, if it comes within the grace, is the
@@ -335,12 +355,46 @@ impl Supervision {
         self.timers(now, out);
     }
 
-    /// Records the exits seen; returns the worker that failed first, when
-    /// the round was running without a failure (the first non-zero exit in
+    /// Under `--on-failure continue`, workers `failed` ended in failure:
+    /// the others go on without them (said while there are others; the end
+    /// says the rest), and each is replaced while restarts are left.
+    fn go_on_without(&mut self, now: Instant, failed: &[usize], out: &mut Vec<Action>) {
+        let round = self.round;
+        let others = self.workers.iter().any(WorkerState::running);
+        for &i in failed {
+            let worker = &self.workers[i];
+            let rank = worker.rank;
+            self.lost.push(Lost {
+                worker: i,
+                rank,
+                at: now,
+                status: worker.exit.map(|e| e.status),
+            });
+            if !others {
+                continue;
+            }
+            let how = worker
+                .exit
+                .map_or_else(|| "ended".into(), |e| describe(e.status));
+            out.push(Action::Say(Notice::WorkerLost { round, rank, how }));
+            if self.may_replace() {
+                self.replaced += 1;
+                out.push(Action::Say(Notice::Replacing {
+                    rank,
+                    used: self.round + self.replaced,
+                    max_restarts: self.plan.max_restarts,
+                }));
+                out.push(Action::Replace { round, worker: i });
+            }
+        }
+    }
+
+    /// Records the exits seen; returns the workers that failed in it, when
+    /// the round was running without a failure (non-zero exits in
     /// local-rank order). Workers that end while being stopped (for the
     /// user or another machine) are not this machine's failure.
-    fn record(&mut self, now: Instant, exits: Vec<(usize, ExitStatus)>) -> Option<usize> {
-        let mut failed = None;
+    fn record(&mut self, now: Instant, exits: Vec<(usize, ExitStatus)>) -> Vec<usize> {
+        let mut failed = Vec::new();
         for (i, status) in exits {
             let Some(worker) = self.workers.get_mut(i).filter(|w| w.running()) else {
                 continue;
@@ -349,9 +403,8 @@ impl Supervision {
                 status,
                 after: now.saturating_duration_since(worker.started),
             });
-            if !status.success() && failed.is_none() && matches!(self.phase, Phase::Running { .. })
-            {
-                failed = Some(i);
+            if !status.success() && matches!(self.phase, Phase::Running { .. }) {
+                failed.push(i);
             }
         }
         failed
@@ -525,28 +578,27 @@ impl Supervision {
                 // A worker that finished after the last failure went on
                 // without the lost ones; one that finished before did not
                 // (the round's workers all started together).
-                let last_failure = (self.lost.iter())
-                    .filter_map(|&i| self.workers[i].exit.map(|e| e.after))
-                    .max()
-                    .unwrap_or_default();
+                let last_failure = self.lost.iter().map(|l| l.at).max();
                 let finished = self.workers.iter().any(|w| {
-                    w.exit
-                        .is_some_and(|e| e.status.success() && e.after >= last_failure)
+                    w.exit.is_some_and(|e| {
+                        e.status.success() && Some(w.started + e.after) >= last_failure
+                    })
                 });
-                let ranks = self.lost.iter().map(|&i| self.workers[i].rank).collect();
+                let mut ranks: Vec<usize> = self.lost.iter().map(|l| l.rank).collect();
+                ranks.dedup();
                 if finished {
-                    out.push(Action::Say(Notice::FinishedWithout { ranks }));
+                    let replaced = self.replaced;
+                    out.push(Action::Say(Notice::FinishedWithout { ranks, replaced }));
                     self.phase = Phase::Finished(Ok(0));
                     return;
                 }
                 let first = self.lost[0];
                 out.push(Action::PrintSummary {
                     round: self.round,
-                    first,
+                    first: first.worker,
                     numbered: self.plan.max_restarts > 0,
                 });
-                let status = self.workers[first].exit.map(|e| e.status);
-                (status.map_or(1, exit_code), false)
+                (first.status.map_or(1, exit_code), false)
             }
             _ => {
                 if self.round > 0 {
@@ -609,6 +661,14 @@ impl Supervision {
             });
         }
         self.phase = match verdict {
+            // Replacements spent the restarts a new round would need.
+            Verdict::Restart if self.replaced > 0 && !self.may_replace() => {
+                out.push(Action::Say(Notice::NoRestartsLeft {
+                    used: round + self.replaced,
+                    replaced: self.replaced,
+                }));
+                Phase::Finished(Ok(code))
+            }
             Verdict::Restart if round == max_restarts => {
                 Phase::Finished(Err(LaunchError::RestartsDiffer {
                     round: round + 1,

@@ -126,6 +126,34 @@ impl EpochHandle {
         Ok(())
     }
 
+    /// Where the shard stands: its epoch, and where in that epoch's order
+    /// over every rank its world began (0 unless the world changed in the
+    /// middle of the epoch). A replacement that joins takes a peer's
+    /// ([`place`](Self::place)).
+    pub fn position(&self) -> (usize, usize) {
+        let state = self.shard.state.read().unwrap();
+        (state.sampler.epoch(), state.start)
+    }
+
+    /// This rank becomes `rank` of `num_replicas` at `position` (an epoch
+    /// and a start, a peer's [`position`](Self::position)): its part of the
+    /// rest of that epoch, as every rank of the world takes it. Build a new
+    /// iterator over the data to go on.
+    pub fn place(
+        &self,
+        (epoch, start): (usize, usize),
+        num_replicas: usize,
+        rank: usize,
+    ) -> Result<(), crate::SamplerError> {
+        let mut state = self.shard.state.write().unwrap();
+        let mut next = state.sampler.regrouped(num_replicas, rank)?;
+        next.set_epoch(epoch);
+        state.indices = next.indices_after(start);
+        state.sampler = next;
+        state.start = start;
+        Ok(())
+    }
+
     /// The items of every rank's batch number `step` (counted from the
     /// epoch's start, or from the last [`regroup`](Self::regroup)) of
     /// `batch` items, rank after rank: the step's global batch, which one
@@ -161,6 +189,34 @@ impl EpochHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_placed_at_a_peers_position_takes_its_part_of_the_rest() {
+        // 3 ranks took 2 items each of epoch 1, then 2 ranks go on and a
+        // third (a replacement, elsewhere) joins at their position.
+        let shards: Vec<ShardIndices> = (0..2)
+            .map(|r| ShardIndices::new(DistributedSampler::new(20, 3, r).unwrap().seed(3)))
+            .collect();
+        for (rank, shard) in shards.iter().enumerate() {
+            let handle = shard.epoch_handle();
+            handle.set_epoch(1);
+            handle.regroup(3, rank, 2).unwrap();
+        }
+        let joiner = ShardIndices::new(DistributedSampler::new(20, 1, 0).unwrap().seed(3));
+        joiner
+            .epoch_handle()
+            .place(shards[0].epoch_handle().position(), 3, 2)
+            .unwrap();
+        assert_eq!(shards[0].epoch_handle().position(), (1, 6));
+        let peer = shards[0].epoch_handle();
+        for (rank, shard) in shards.iter().chain([&joiner]).enumerate() {
+            let ours = DistributedSampler::new(20, 3, rank).unwrap().seed(3);
+            let mut ours = ours;
+            ours.set_epoch(1);
+            assert_eq!(shard.epoch_handle().indices(), ours.indices_after(6));
+            assert_eq!(shard.epoch_handle().epoch(), peer.epoch());
+        }
+    }
 
     #[test]
     fn a_shard_regrouped_twice_in_an_epoch_sees_the_rest_of_it_once() {

@@ -300,6 +300,26 @@ impl Session {
         Ok(next)
     }
 
+    /// Replacement workers wait to join (`ProcessGroup::joiners_waiting`):
+    /// the default group's next generation with them appended
+    /// ([`ProcessGroup::admit`]), which becomes the default group; models
+    /// are wrapped again over it by the caller. Collective among the
+    /// members, at the same step boundary.
+    pub fn admit(&self, wait: std::time::Duration) -> Result<ProcessGroup> {
+        let current = self.current().ok_or(CommError::Destroyed)?;
+        let next = current.group.admit(wait)?;
+        if next.is_same(&current.group) {
+            return Ok(next);
+        }
+        let mut state = self.state();
+        state.replaced.push(current.group.clone());
+        state.default = Some(Arc::new(DefaultGroup {
+            reducer: Mutex::new(Reducer::new(&next, BucketConfig::default())),
+            group: next.clone(),
+        }));
+        Ok(next)
+    }
+
     /// Waits for every rank (bounded by the timeout), then forgets the
     /// default group and the models wrapped over it; its connections close
     /// once the last handle to it is dropped.

@@ -72,7 +72,9 @@ pub use burn_ddp_comm::{CommError, ProcessGroup, Result};
 pub use data::distributed_sampler;
 pub use shard::ShardedOptimizer;
 pub use shared::config::ShardConfig;
-pub use shared::session::{destroy_process_group, init_process_group, reform_process_group};
+pub use shared::session::{
+    admit_joiners, destroy_process_group, init_process_group, reform_process_group,
+};
 pub use sync::no_sync;
 pub use sync_batch_norm::{SyncBatchNorm, SyncBatchNormConfig};
 pub use wrap::wrap;

@@ -21,12 +21,23 @@ pub struct FrontEnd {
     /// `reform_process_group`: after a failure, the next generation of the
     /// default group among the ranks still there.
     pub reform_process_group: fn(std::time::Duration) -> Result<ProcessGroup>,
+    /// `admit_joiners`: replacements waiting, the next generation of the
+    /// default group with them appended.
+    pub admit_joiners: fn(std::time::Duration) -> Result<ProcessGroup>,
 }
 
 impl FrontEnd {
     /// The group, or the process ends naming why (no rank is known yet).
     pub fn init(&self) -> ProcessGroup {
-        (self.init_process_group)().unwrap_or_else(|e| fail(None, e))
+        match (self.init_process_group)() {
+            Ok(group) => group,
+            // A replacement the job no longer needs: it finished without it.
+            Err(err @ burn_ddp_comm::CommError::NothingToJoin { .. }) => {
+                println!("{err}");
+                std::process::exit(0)
+            }
+            Err(err) => fail(None, err),
+        }
     }
 
     /// Leaves the group, or the process ends naming `rank` and why.

@@ -278,18 +278,27 @@ pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
         .unwrap_or_else(|e| fail(Some(rank), e));
     let (loader, epoch_handle) = trainer.loader(data, sampler, batch_size);
 
-    // 2. Model and optimizer, resumed on every rank before wrapping.
+    // 2. Model and optimizer, resumed on every rank before wrapping; a
+    // replacement that joined the running job takes rank 0's instead.
     let dir = &args.checkpoint_dir;
-    let resume = match args.resume.as_deref() {
-        Some(path) if path == Path::new(RESUME_AUTO) => {
-            training::newest_snapshot(trainer, &group, dir, &config, CONFIG_FILE)
-        }
-        other => other.map(Path::to_path_buf),
+    let mut resume = None;
+    let (model, optimizer, first_epoch, joined_at) = if group.joined_running() {
+        let (model, optimizer, at) =
+            training::join_running(trainer, &group, args.seed, &[&epoch_handle]);
+        (model, optimizer, at.epoch, Some(at))
+    } else {
+        resume = match args.resume.as_deref() {
+            Some(path) if path == Path::new(RESUME_AUTO) => {
+                training::newest_snapshot(trainer, &group, dir, &config, CONFIG_FILE)
+            }
+            other => other.map(Path::to_path_buf),
+        };
+        let snapshot = resume.as_deref();
+        let files = (Some(dir.as_path()), CONFIG_FILE);
+        let (model, optimizer, first_epoch) =
+            training::start(trainer, &group, args.seed, snapshot, &config, files);
+        (model, optimizer, first_epoch, None)
     };
-    let snapshot = resume.as_deref();
-    let files = (Some(dir.as_path()), CONFIG_FILE);
-    let (model, optimizer, first_epoch) =
-        training::start(trainer, &group, args.seed, snapshot, &config, files);
 
     // 3. The epochs; Ctrl-C or SIGTERM: every rank stops before the same step.
     burn_ddp_training::stop::catch_stop_signals();
@@ -302,7 +311,7 @@ pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
         resume,
     };
     println!("Rank {rank} starting training...");
-    let end = run.epochs(&loader, &epoch_handle, model, optimizer);
+    let end = run.epochs(&loader, &epoch_handle, (model, optimizer), joined_at);
     run.finish(end);
 }
 
@@ -332,20 +341,26 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
     /// and saves a snapshot every `--save-interval` epochs. Under
     /// `burn-ddp-run --on-failure continue`, a rank that is gone costs one
     /// step: the others go on as the group's next generation with the rest
-    /// of the epoch dealt over them.
+    /// of the epoch dealt over them; a replacement the launcher starts is
+    /// admitted at the end of a step and given rank 0's state (`joined_at`:
+    /// this process is one, and the loop stands there).
     fn epochs(
         &mut self,
         loader: &T::Loader,
         epoch_handle: &EpochHandle,
-        mut model: T::Model,
-        mut optimizer: T::Optimizer,
+        (mut model, mut optimizer): (T::Model, T::Optimizer),
+        mut joined_at: Option<training::Position>,
     ) -> ToyEnd<T> {
         let (epochs, precision) = (self.args.epochs, self.args.loss_precision);
         let mut last_saved = None;
         for epoch in self.first_epoch..epochs {
-            epoch_handle.set_epoch(epoch); // important for shuffling
-                                           // The step losses summed over the ranks, and how many went in.
+            // The step losses summed over the ranks, and how many went in.
             let (mut loss, mut losses, mut steps) = (0.0, 0, 0);
+            match joined_at.take() {
+                // Joined in the middle of this epoch: its shard is placed.
+                Some(at) => (loss, losses, steps) = (at.loss, at.losses, at.steps),
+                None => epoch_handle.set_epoch(epoch), // important for shuffling
+            }
             loop {
                 let group = self.group.clone();
                 let batches = self.trainer.batches(loader);
@@ -387,9 +402,23 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
                         stopped,
                     };
                 }
+                let shards = [(epoch_handle, done.samples)];
+                if done.joiners {
+                    let at = training::Position {
+                        epoch,
+                        steps,
+                        loss,
+                        losses,
+                        shards: Vec::new(),
+                    };
+                    let state = (model, optimizer);
+                    let admitted =
+                        training::admit(self.trainer, state, &mut self.group, &shards, at);
+                    (model, optimizer, _) = admitted;
+                    continue;
+                }
                 let Some(error) = done.failed else { break };
                 let at = training::progress(epoch, steps);
-                let shards = [(epoch_handle, done.samples)];
                 model = training::go_on(self.trainer, (error, model), &mut self.group, &shards, at);
             }
             let (main, rank) = (self.group.is_main(), self.group.rank());

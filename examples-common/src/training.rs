@@ -71,6 +71,9 @@ pub trait BurnVersion<M, O> {
     fn fingerprint(&self, model: &M) -> u64;
     /// Every float parameter's values, in order (`replicas::parameter_values`).
     fn parameter_values(&self, model: &M) -> Vec<f32>;
+    /// Rank 0's model and optimizer state on every rank
+    /// (`replicas::share_training_state`).
+    fn share_state(&self, state: (M, O), group: &ProcessGroup) -> burn_ddp_comm::Result<(M, O)>;
 }
 
 /// What a hand-written training loop needs of a program: its model and
@@ -234,6 +237,10 @@ pub struct Epoch<M> {
     /// The last step was taken but its loss could not be summed (the
     /// failure came after the update).
     pub loss_lost: bool,
+    /// Replacement workers wait to join (`ProcessGroup::joiners_waiting`,
+    /// the same on every rank): the epoch stopped after its last step for
+    /// the caller to admit them ([`admit`]).
+    pub joiners: bool,
 }
 
 /// Epoch `epoch`'s steps over `batches`. Every rank asks before each step
@@ -261,7 +268,7 @@ pub fn train_epoch<T: Training>(
         Some(error)
     };
     let (mut loss, mut steps, mut samples) = (0.0, 0, 0);
-    let (mut stopped, mut failed, mut loss_lost) = (None, None, false);
+    let (mut stopped, mut failed, mut loss_lost, mut joiners) = (None, None, false, false);
     for batch in batches {
         match stop::stop_requested(group) {
             Ok(Some(signal)) => {
@@ -292,6 +299,11 @@ pub fn train_epoch<T: Training>(
                         break;
                     }
                 }
+                // Every rank learnt it in this step's gradient average.
+                if group.joiners_waiting() {
+                    joiners = true;
+                    break;
+                }
             }
             Err(Failed { model: kept, error }) => {
                 model = kept;
@@ -308,6 +320,7 @@ pub fn train_epoch<T: Training>(
         stopped,
         failed,
         loss_lost,
+        joiners,
     }
 }
 
@@ -353,6 +366,105 @@ pub fn go_on<T: Training>(
     );
     *group = next;
     model
+}
+
+/// Where a hand-written loop stands in its epoch: what a replacement that
+/// joins takes from rank 0 ([`hand_over`]).
+#[derive(Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Position {
+    /// The epoch under way.
+    pub epoch: usize,
+    /// Steps taken in it.
+    pub steps: usize,
+    /// The step losses summed over the ranks so far, and how many went in
+    /// (rank 0 reports their mean at the epoch's end).
+    pub loss: f64,
+    pub losses: usize,
+    /// Each shard's place in the epoch (`EpochHandle::position`).
+    pub shards: Vec<(usize, usize)>,
+}
+
+/// Replacement workers wait to join (the epoch stopped for them,
+/// [`Epoch::joiners`]): `group` becomes its next generation with them
+/// appended, each shard's rest of the epoch is dealt over it (`shards`:
+/// each one's handle and the items each rank had taken since the last
+/// deal), and they get the state from rank 0 ([`hand_over`]). Every member
+/// calls it at the same step boundary.
+pub fn admit<T: Training>(
+    trainer: &T,
+    (model, optimizer): (T::Model, T::Optimizer),
+    group: &mut ProcessGroup,
+    shards: &[(&burn_ddp_sampler::EpochHandle, usize)],
+    position: Position,
+) -> (T::Model, T::Optimizer, Position) {
+    let rank = group.rank();
+    let wait = group.timeout();
+    let next = (T::FRONT_END.admit_joiners)(wait).unwrap_or_else(|e| fail(Some(rank), e));
+    if next.is_same(group) {
+        return (model, optimizer, position); // nobody left to admit
+    }
+    for (shard, taken) in shards {
+        shard
+            .regroup(next.world_size(), rank, *taken)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+    }
+    let handles: Vec<_> = shards.iter().map(|(shard, _)| *shard).collect();
+    *group = next;
+    hand_over(trainer, group, (model, optimizer), &handles, position)
+}
+
+/// A replacement that joined the running job (`group.joined_running()`):
+/// a new model and optimizer holding rank 0's state, and where the loop
+/// stands (its shards placed there).
+pub fn join_running<T: Training>(
+    trainer: &T,
+    group: &ProcessGroup,
+    seed: u64,
+    shards: &[&burn_ddp_sampler::EpochHandle],
+) -> (T::Model, T::Optimizer, Position) {
+    trainer.burn().seed(seed);
+    let fresh = trainer.init();
+    hand_over(trainer, group, fresh, shards, Position::default())
+}
+
+/// After a group grew (a member, from [`admit`], or a replacement that
+/// joined, whose own state is a fresh start): rank 0's model and optimizer
+/// state (the model then wrapped over `group`), loop position and shards'
+/// places on every rank, over `group`; the time it took is printed. The same collectives
+/// in the same order on every rank.
+pub fn hand_over<T: Training>(
+    trainer: &T,
+    group: &ProcessGroup,
+    (model, optimizer): (T::Model, T::Optimizer),
+    shards: &[&burn_ddp_sampler::EpochHandle],
+    mut position: Position,
+) -> (T::Model, T::Optimizer, Position) {
+    let rank = group.rank();
+    let started = std::time::Instant::now();
+    let burn = trainer.burn();
+    let (model, optimizer) = burn
+        .share_state((model, optimizer), group)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    let model = burn
+        .wrap(model, group)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    position.shards = shards.iter().map(|shard| shard.position()).collect();
+    let position = burn_ddp_training::recovery::share(group, &position)
+        .unwrap_or_else(|e| fail(Some(rank), e));
+    for (shard, at) in shards.iter().zip(&position.shards) {
+        shard
+            .place(*at, group.world_size(), rank)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+    }
+    println!(
+        "Rank {rank} of {} has the state of rank 0 (generation {}, epoch {} step {}) after {} ms",
+        group.world_size(),
+        group.generation(),
+        position.epoch + 1,
+        position.steps,
+        started.elapsed().as_millis()
+    );
+    (model, optimizer, position)
 }
 
 /// Where a loop stands, for [`go_on`]'s agreement: the epoch and the steps

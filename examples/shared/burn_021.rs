@@ -52,6 +52,7 @@ pub(crate) const BURN_DDP: FrontEnd = FrontEnd {
     sync_stats: burn_ddp::sync::sync_stats,
     reset_sync_stats: burn_ddp::sync::reset_sync_stats,
     reform_process_group: burn_ddp::reform_process_group,
+    admit_joiners: burn_ddp::admit_joiners,
 };
 
 /// Burn 0.21 on backend `B` (on `device`): what the trainers do alike with
@@ -105,5 +106,13 @@ where
 
     fn parameter_values(&self, model: &M) -> Vec<f32> {
         burn_ddp::replicas::parameter_values(model)
+    }
+
+    fn share_state(
+        &self,
+        (model, optimizer): (M, O),
+        group: &ProcessGroup,
+    ) -> burn_ddp::Result<(M, O)> {
+        burn_ddp::replicas::share_training_state(model, optimizer, group, &self.device)
     }
 }

@@ -51,7 +51,7 @@ pub(super) fn host_store(host: &str, env: &LaunchEnv) -> Result<StoreServer> {
 /// Reaches the store at the master address: our own protocol, or c10d's when
 /// torchrun's agent hosts it. Also returns the local interface that reaches it,
 /// which is the one peers can reach us on.
-fn connect_store(host: &str, env: &LaunchEnv) -> Result<(Box<dyn Store>, IpAddr)> {
+pub(super) fn connect_store(host: &str, env: &LaunchEnv) -> Result<(Box<dyn Store>, IpAddr)> {
     let rank = Some(env.rank);
     if env.store_host == StoreHost::TorchrunAgent {
         let client = C10dStoreClient::connect(host, env.master_port, rank, env.timeout)

@@ -7,6 +7,7 @@
 //! transport), `device` (the NCCL decision and device collectives),
 //! `signature` (the debug check), `failure` (what an error is reported as).
 
+mod admit;
 mod bytes;
 mod device;
 mod failure;
@@ -84,6 +85,10 @@ struct GroupInner {
     /// Set once the survivors formed the next generation from this one
     /// ([`ProcessGroup::reform`]): every later collective here is refused.
     superseded: std::sync::atomic::AtomicBool,
+    /// The job's first keys and id, which every generation derives from.
+    lineage: admit::Lineage,
+    /// Replacements asking to join.
+    admissions: admit::Admissions,
     // Dropped last: peers may still be reading from it while we tear down.
     // A next generation takes it over.
     store_server: Mutex<Option<StoreServer>>,
@@ -108,7 +113,10 @@ impl ProcessGroup {
     pub fn from_env() -> Result<Self> {
         let env = LaunchEnv::from_env()?;
         let settings = Settings::from_lookup(env.rank, |name| std::env::var(name).ok())?;
-        Self::start_generation(env, settings, 0, None)
+        if std::env::var(crate::JOINING_VAR).is_ok_and(|v| v == "1") && env.world_size > 1 {
+            return Self::join_running(env, settings);
+        }
+        Self::start_generation(env, settings, 0, None, None)
     }
 
     /// Starts configuring a group by hand.
@@ -117,13 +125,16 @@ impl ProcessGroup {
     }
 
     /// Generation `generation` of a group (0: the first), with the store
-    /// rank 0 hosted for an earlier one (`inherited`).
+    /// rank 0 hosted for an earlier one (`inherited`), of the job that
+    /// `lineage` names (`None`: the one `env` names).
     fn start_generation(
         env: LaunchEnv,
         settings: Settings,
         generation: u64,
         inherited: Option<StoreServer>,
+        lineage: Option<admit::Lineage>,
     ) -> Result<Self> {
+        let lineage = lineage.unwrap_or_else(|| admit::Lineage::of(&env));
         check_place(&env)?;
         if env.world_size == 1 {
             // A last survivor keeps serving the store it hosted, so a rank
@@ -138,9 +149,10 @@ impl ProcessGroup {
                 false,
             );
             group.generation = generation;
+            group.lineage = lineage;
             return Ok(Self::from_inner(group));
         }
-        let group = Self::from_inner(Self::join(&env, settings, generation, inherited)?);
+        let group = Self::from_inner(Self::join(&env, settings, generation, inherited, lineage)?);
         if group.wire_compression() != WireCompression::None {
             log::debug!(
                 "rank {}: f32 all-reduces cross machines as {:?}",
@@ -167,6 +179,7 @@ impl ProcessGroup {
         settings: Settings,
         generation: u64,
         inherited: Option<StoreServer>,
+        lineage: admit::Lineage,
     ) -> Result<GroupInner> {
         let host = env.master_addr.clone().ok_or_else(|| {
             CommError::config(
@@ -227,6 +240,8 @@ impl ProcessGroup {
             return Err(err);
         }
         group.failures.duplicate_watch = join::watch_for_duplicates(&host, env, &keys);
+        group.admissions.watch = admit::watch_for_joiners(&host, env, &lineage.job);
+        group.lineage = lineage;
         Ok(group)
     }
 
@@ -474,6 +489,7 @@ impl ProcessGroup {
     /// Leaves the group after a final barrier, so no rank tears down the store
     /// while another still needs it. Dropping the group skips the barrier.
     pub fn destroy(self) -> Result<()> {
+        self.close_admissions();
         self.barrier()
     }
 }
@@ -506,6 +522,8 @@ impl GroupInner {
             env: (env.world_size > 1).then(|| env.clone()),
             generation: 0,
             superseded: std::sync::atomic::AtomicBool::new(false),
+            lineage: admit::Lineage::of(env),
+            admissions: admit::Admissions::default(),
             store_server: Mutex::new(server),
         }
     }

@@ -133,7 +133,7 @@ impl ProcessGroup {
             .filter(|&&r| machines[r] == *here)
             .count();
         next.local_world_size = members.iter().filter(|&&r| machines[r] == *here).count();
-        next.job_id = generation_job_id(&env.job_id, generation + 1);
+        next.job_id = inner.lineage.job_id_of(generation + 1);
         // Rank 0's store outlives its first group: the next one keeps it.
         let inherited = inner.store_server.lock().unwrap().take();
         if env.store_host == StoreHost::RankZero {
@@ -145,22 +145,15 @@ impl ProcessGroup {
             members.len(),
             list(&members)
         );
-        let group =
-            ProcessGroup::start_generation(next, inner.settings, generation + 1, inherited)?;
-        // Its connections are of no more use: let them go now (a handle may
-        // keep the group itself alive, to be told why it cannot go on). The
-        // flag is set under the transport's lock, where collectives read it.
-        match inner.transport.try_lock() {
-            Ok(mut transport) => {
-                inner
-                    .superseded
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                *transport = Box::new(crate::transport::SingleProcess);
-            }
-            Err(_) => inner
-                .superseded
-                .store(true, std::sync::atomic::Ordering::Relaxed),
-        }
+        let lineage = Some(inner.lineage.clone());
+        let group = ProcessGroup::start_generation(
+            next,
+            inner.settings,
+            generation + 1,
+            inherited,
+            lineage,
+        )?;
+        inner.retire();
         Ok(group)
     }
 
@@ -230,12 +223,24 @@ fn began_the_failure(
     blamed && !store.check(&[&keys.blame(rank)]).unwrap_or(false)
 }
 
-/// The job id of a generation's store keys: the job's, marked with the
-/// generation (within the 64 characters a job id may have).
-fn generation_job_id(job_id: &str, generation: u64) -> String {
-    let mark = format!(".g{generation}");
-    let kept: String = job_id.chars().take(64 - mark.len()).collect();
-    format!("{kept}{mark}")
+impl GroupInner {
+    /// A next generation replaced this one: its connections are of no more
+    /// use, so they go now (a handle may keep the group itself alive, to be
+    /// told why it cannot go on). The flag is set under the transport's
+    /// lock, where collectives read it.
+    pub(super) fn retire(&self) {
+        use std::sync::atomic::Ordering;
+        match self.transport.try_lock() {
+            Ok(mut transport) => {
+                self.superseded.store(true, Ordering::Relaxed);
+                *transport = Box::new(crate::transport::SingleProcess);
+            }
+            Err(_) => self.superseded.store(true, Ordering::Relaxed),
+        }
+        if let Some(watch) = &self.admissions.watch {
+            watch.stop();
+        }
+    }
 }
 
 fn list(ranks: &[usize]) -> String {

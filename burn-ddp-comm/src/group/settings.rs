@@ -214,7 +214,7 @@ impl ProcessGroupBuilder {
     /// Joins the group: starts or reaches the store, waits for every rank and
     /// connects the transport. Fails within the timeout if a rank never comes.
     pub fn build(self) -> Result<super::ProcessGroup> {
-        super::ProcessGroup::start_generation(self.env, self.settings, 0, None)
+        super::ProcessGroup::start_generation(self.env, self.settings, 0, None, None)
     }
 }
 

@@ -1,6 +1,7 @@
-//! A watch on one store key that, once set, means the group cannot stand (a
-//! rank claimed twice), so every collective fails with that reason even after
-//! the group has formed.
+//! Watches on the store, each on a thread and a connection of its own: one
+//! key that, once set, means the group cannot stand (a rank claimed twice),
+//! so every collective fails with that reason even after the group has
+//! formed; and two counters that say a replacement waits to join.
 
 use crate::store::Store;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +56,63 @@ impl KeyWatch {
 impl Drop for KeyWatch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// How often a [`CountWatch`] reads its counters.
+const COUNT_POLL: Duration = Duration::from_millis(250);
+
+/// Watches two counters of the store on a thread of its own (over a
+/// connection of its own): whether `asked` has run ahead of `answered` (a
+/// replacement asked to join and nobody admitted it yet). Off the critical
+/// path: a step never waits for it.
+pub(crate) struct CountWatch {
+    ahead: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl CountWatch {
+    /// Starts watching; the thread ends when the store goes away or the
+    /// watch is dropped (within [`COUNT_POLL`]).
+    pub(crate) fn start(store: Box<dyn Store>, asked: String, answered: String) -> Self {
+        let ahead = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (seen, stopped) = (Arc::clone(&ahead), Arc::clone(&stop));
+        let spawned = std::thread::Builder::new()
+            .name("burn-ddp-joiners".into())
+            .stack_size(128 << 10)
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    let counts = store
+                        .add(&asked, 0)
+                        .and_then(|a| Ok((a, store.add(&answered, 0)?)));
+                    match counts {
+                        Ok((asked, answered)) => seen.store(asked > answered, Ordering::Relaxed),
+                        Err(_) => return, // the store is gone: so is the job
+                    }
+                    std::thread::sleep(COUNT_POLL);
+                }
+            });
+        if let Err(err) = spawned {
+            log::warn!("cannot start the watch for replacements ({err}); none will be admitted");
+        }
+        Self { ahead, stop }
+    }
+
+    /// Ends the thread (within [`COUNT_POLL`]).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `asked` was ahead of `answered` when last read.
+    pub(crate) fn ahead(&self) -> bool {
+        self.ahead.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for CountWatch {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

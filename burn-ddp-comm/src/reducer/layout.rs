@@ -34,16 +34,25 @@ pub(crate) struct Agreement {
     pub any_gradients: bool,
 }
 
-/// One all-reduce of `[fingerprint, -fingerprint, has_gradients]` (max):
-/// equal to ours on every rank iff all fingerprints agree.
+/// One all-reduce of `[fingerprint, -fingerprint, has_gradients,
+/// joiner_seen]` (max): equal to ours on every rank iff all fingerprints
+/// agree. It also tells every rank at the same step whether any rank saw
+/// a replacement ask to join (`ProcessGroup::joiners_waiting`): no round
+/// trip of its own.
 pub(crate) fn agree<'a>(
     group: &ProcessGroup,
     layout: impl Iterator<Item = &'a ParamLayout>,
     has_gradients: bool,
 ) -> Result<Agreement> {
     let mine = fingerprint(layout);
-    let mut seen = [mine, mine.wrapping_neg(), has_gradients as i64];
+    let mut seen = [
+        mine,
+        mine.wrapping_neg(),
+        has_gradients as i64,
+        group.joiner_seen() as i64,
+    ];
     group.all_reduce(&mut seen, ReduceOp::Max)?;
+    group.agree_joiners(seen[3] > 0);
     Ok(Agreement {
         same_layout: seen[..2] == [mine, mine.wrapping_neg()],
         any_gradients: seen[2] > 0,

@@ -13,6 +13,11 @@
 //!                               launcher/failed              a round's first failure (several machines)
 //!                               launcher/verdict             node 0's launcher: restart or stop
 //!                               launcher/seen/<node>         that machine's launcher read the verdict
+//!                               joiners/count                replacements that asked to join (atomic add)
+//!                               joiners/<n>/machine          the n-th one's machine
+//!                               joiners/<n>/admitted         where it goes: generation, rank, world, local place
+//!                               joiners/admitted             how many were admitted or passed over
+//!                               joiners/closed               the job finished: nobody waits any more
 //! ```
 //!
 //! The attempt counts the launcher's restarts of the job
@@ -63,6 +68,33 @@ impl JobKeys {
     /// Set by machine `node`'s launcher once it has read the verdict.
     pub fn launcher_seen(&self, node: usize) -> String {
         format!("{}launcher/seen/{node}", self.prefix)
+    }
+
+    /// How many replacement workers asked to join the running job (an
+    /// atomic counter: each one's number).
+    pub fn joiners(&self) -> String {
+        format!("{}joiners/count", self.prefix)
+    }
+
+    /// The machine of the `nth` (from 1) replacement.
+    pub fn joiner_machine(&self, nth: i64) -> String {
+        format!("{}joiners/{nth}/machine", self.prefix)
+    }
+
+    /// Where the `nth` replacement was admitted (its generation and place).
+    pub fn joiner_admitted(&self, nth: i64) -> String {
+        format!("{}joiners/{nth}/admitted", self.prefix)
+    }
+
+    /// How many replacements were admitted (or passed over) so far.
+    pub fn joiners_admitted(&self) -> String {
+        format!("{}joiners/admitted", self.prefix)
+    }
+
+    /// Set once the job's training finished: a replacement still waiting
+    /// has nothing left to join.
+    pub fn joiners_closed(&self) -> String {
+        format!("{}joiners/closed", self.prefix)
     }
 
     /// `Some((generation, rank))` when `key` is a blame key of this job.

@@ -41,6 +41,23 @@ pub(crate) enum Event {
     Verdict(Verdict),
     /// No verdict could be had (answers [`Action::AwaitVerdict`]).
     NoVerdict(LaunchError),
+    /// A replacement for worker `worker` was started (answers
+    /// [`Action::Replace`]).
+    Replaced {
+        /// The worker's index.
+        worker: usize,
+        /// When it was started.
+        began: Instant,
+        /// Its process id.
+        pid: u32,
+    },
+    /// The replacement could not be started (answers [`Action::Replace`]).
+    ReplaceFailed {
+        /// The worker's index.
+        worker: usize,
+        /// Why.
+        error: String,
+    },
 }
 
 /// What the store says about a failed round.
@@ -135,6 +152,15 @@ pub(crate) enum Action {
         /// The round.
         round: u32,
     },
+    /// Start a replacement for worker `worker` of round `round`, which
+    /// joins the workers still running; answered by [`Event::Replaced`] or
+    /// [`Event::ReplaceFailed`].
+    Replace {
+        /// The round.
+        round: u32,
+        /// The worker's index.
+        worker: usize,
+    },
 }
 
 /// What the launcher says as it supervises (the words are the tests').
@@ -180,6 +206,32 @@ pub(crate) enum Notice {
     FinishedWithout {
         /// The ranks that failed on the way.
         ranks: Vec<usize>,
+        /// How many replacements were started for them.
+        replaced: u32,
+    },
+    /// Under `--on-failure continue` with restarts left: a replacement for
+    /// `rank` is started, to join the others at their next step.
+    Replacing {
+        /// The rank it replaces.
+        rank: usize,
+        /// Restarts used, this one included.
+        used: u32,
+        /// `--max-restarts`.
+        max_restarts: u32,
+    },
+    /// A failed round is not restarted: replacements used the restarts.
+    NoRestartsLeft {
+        /// Restarts used.
+        used: u32,
+        /// How many of them were replacements.
+        replaced: u32,
+    },
+    /// A replacement could not be started; the others go on without it.
+    ReplaceFailed {
+        /// The rank it was to replace.
+        rank: usize,
+        /// Why.
+        error: String,
     },
     /// Another machine reported the round's failure.
     PeerFailed {
@@ -194,7 +246,10 @@ impl Notice {
     /// The level it is logged at.
     pub fn level(&self) -> log::Level {
         match self {
-            Self::KillingNow { .. } | Self::WorkerLost { .. } => log::Level::Warn,
+            Self::KillingNow { .. } | Self::WorkerLost { .. } | Self::ReplaceFailed { .. } => {
+                log::Level::Warn
+            }
+            Self::NoRestartsLeft { .. } => log::Level::Error,
             _ => log::Level::Info,
         }
     }
@@ -239,15 +294,36 @@ impl fmt::Display for Notice {
                 "rank {rank} ended ({how}) in round {round}; the other workers go on without it \
                  (--on-failure continue)"
             ),
-            Self::FinishedWithout { ranks } => write!(
+            Self::FinishedWithout { ranks, replaced: 0 } => write!(
                 f,
                 "the job finished without rank(s) {}, which failed on the way (--on-failure \
                  continue)",
-                ranks
-                    .iter()
-                    .map(usize::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                list(ranks)
+            ),
+            Self::FinishedWithout { ranks, replaced } => write!(
+                f,
+                "the job finished; rank(s) {} failed on the way and {replaced} replacement(s) \
+                 joined the others (--on-failure continue)",
+                list(ranks)
+            ),
+            Self::Replacing {
+                rank,
+                used,
+                max_restarts,
+            } => write!(
+                f,
+                "starting a replacement for rank {rank} (restart {used} of {max_restarts}); it \
+                 joins the others at their next step and takes the state from one of them"
+            ),
+            Self::NoRestartsLeft { used, replaced } => write!(
+                f,
+                "no restarts left ({used} used, {replaced} of them replacements): the job failed \
+                 with the root cause above"
+            ),
+            Self::ReplaceFailed { rank, error } => write!(
+                f,
+                "the replacement for rank {rank} could not be started ({error}); the others go \
+                 on without it"
             ),
             Self::PeerFailed { round, report } => write!(
                 f,
@@ -256,4 +332,10 @@ impl fmt::Display for Notice {
             ),
         }
     }
+}
+
+/// `1, 3`.
+fn list(ranks: &[usize]) -> String {
+    let ranks: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    ranks.join(", ")
 }

@@ -223,9 +223,148 @@ fn going_on_a_failed_worker_is_said_and_the_others_finish_the_job() {
     assert!(machine.watching());
     assert!(look(&mut machine, t0 + ms(900), &[(0, code(0))]).is_empty());
     let end = look(&mut machine, t0 + ms(1000), &[(2, code(0))]);
-    let without = Notice::FinishedWithout { ranks: vec![4] };
+    let without = Notice::FinishedWithout {
+        ranks: vec![4],
+        replaced: 0,
+    };
     assert_eq!(end, [Action::CleanUp, say(without)]);
     assert!(matches!(machine.into_outcome(), Some(Ok(0))));
+}
+
+/// What a failed worker's look says and asks for when it is replaced.
+fn lost_and_replaced(rank: usize, worker: usize, used: u32, max_restarts: u32) -> Vec<Action> {
+    vec![
+        say(Notice::WorkerLost {
+            round: 0,
+            rank,
+            how: describe(killed(SIGKILL)),
+        }),
+        say(Notice::Replacing {
+            rank,
+            used,
+            max_restarts,
+        }),
+        Action::Replace { round: 0, worker },
+    ]
+}
+
+#[test]
+fn going_on_a_failed_worker_is_replaced_while_restarts_are_left() {
+    let (mut machine, t0) = going_on(2);
+    let lost = look(&mut machine, t0 + ms(100), &[(1, killed(SIGKILL))]);
+    assert_eq!(lost, lost_and_replaced(4, 1, 1, 2));
+    let began = t0 + ms(150);
+    let replaced = Event::Replaced {
+        worker: 1,
+        began,
+        pid: 200,
+    };
+    assert!(machine.step(began, replaced).is_empty());
+    let worker = &machine.workers()[1];
+    assert_eq!(
+        (worker.pid, worker.started, worker.running()),
+        (200, began, true)
+    );
+    // The replacement fails too: the last restart replaces it again.
+    let again = look(&mut machine, t0 + ms(400), &[(1, killed(SIGKILL))]);
+    assert_eq!(again, lost_and_replaced(4, 1, 2, 2));
+    let replaced = Event::Replaced {
+        worker: 1,
+        began: t0 + ms(450),
+        pid: 201,
+    };
+    machine.step(t0 + ms(450), replaced);
+    // None is left for a third.
+    let third = look(&mut machine, t0 + ms(600), &[(1, killed(SIGKILL))]);
+    assert_eq!(third[..], lost_and_replaced(4, 1, 3, 2)[..1]);
+    look(&mut machine, t0 + ms(900), &[(0, code(0))]);
+    let end = look(&mut machine, t0 + ms(1000), &[(2, code(0))]);
+    let finished = Notice::FinishedWithout {
+        ranks: vec![4],
+        replaced: 2,
+    };
+    assert_eq!(end, [Action::CleanUp, say(finished)]);
+    assert!(matches!(machine.into_outcome(), Some(Ok(0))));
+}
+
+#[test]
+fn going_on_a_replacement_that_finishes_counts_as_going_on() {
+    let (mut machine, t0) = going_on(1);
+    look(&mut machine, t0 + ms(100), &[(0, killed(SIGKILL))]);
+    let began = t0 + ms(150);
+    machine.step(
+        began,
+        Event::Replaced {
+            worker: 0,
+            began,
+            pid: 300,
+        },
+    );
+    // The others end (a failure after the replacement joined), and the
+    // replacement finishes: the job went on.
+    look(&mut machine, t0 + ms(500), &[(1, code(1)), (2, code(1))]);
+    let end = look(&mut machine, t0 + ms(900), &[(0, code(0))]);
+    let finished = Notice::FinishedWithout {
+        ranks: vec![3, 4, 5],
+        replaced: 1,
+    };
+    assert_eq!(end, [Action::CleanUp, say(finished)]);
+}
+
+#[test]
+fn going_on_replacements_spend_the_restarts_a_new_round_would_need() {
+    let (mut machine, t0) = going_on(1);
+    look(&mut machine, t0 + ms(100), &[(2, killed(SIGKILL))]);
+    machine.step(
+        t0 + ms(150),
+        Event::Replaced {
+            worker: 2,
+            began: t0 + ms(150),
+            pid: 400,
+        },
+    );
+    look(&mut machine, t0 + ms(200), &[(0, code(1)), (1, code(1))]);
+    let end = look(&mut machine, t0 + ms(300), &[(2, code(1))]);
+    assert_eq!(
+        end.last(),
+        Some(&Action::Assess {
+            round: 0,
+            ask_peers: false
+        })
+    );
+    let facts = RoundFacts {
+        formed: true,
+        ..RoundFacts::default()
+    };
+    let decide = machine.step(t0 + ms(310), Event::Assessed(facts));
+    assert!(
+        matches!(decide[..], [Action::Decide { round: 0, .. }]),
+        "{decide:?}"
+    );
+    let verdict = machine.step(t0 + ms(320), Event::Verdict(Verdict::Restart));
+    let none_left = Notice::NoRestartsLeft {
+        used: 1,
+        replaced: 1,
+    };
+    assert_eq!(verdict, [say(none_left)]);
+    assert!(matches!(machine.into_outcome(), Some(Ok(137))));
+}
+
+#[test]
+fn a_replacement_that_cannot_start_is_said_and_the_others_go_on() {
+    let (mut machine, t0) = going_on(1);
+    look(&mut machine, t0 + ms(100), &[(1, killed(SIGKILL))]);
+    let failed = Event::ReplaceFailed {
+        worker: 1,
+        error: "no such program".into(),
+    };
+    let said = machine.step(t0 + ms(110), failed);
+    let notice = Notice::ReplaceFailed {
+        rank: 4,
+        error: "no such program".into(),
+    };
+    assert_eq!(said, [say(notice)]);
+    assert!(machine.watching());
 }
 
 #[test]

@@ -90,20 +90,29 @@ pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
     let (test_loader, test_shard) =
         trainer.test_loader(test_set, test_sampler, args.test_batch_size);
 
-    // Where to go on from, chosen before the model draws its initial weights.
-    let resume = match (args.resume, snapshots) {
-        (Some(ResumeFrom::Auto), Some(dir)) => {
-            training::newest_snapshot(trainer, &group, dir, &config, SNAPSHOT_CONFIG_FILE)
-        }
-        (Some(ResumeFrom::Epoch(epoch)), Some(dir)) => {
-            Some(crate::resume::snapshot_path(dir, epoch))
-        }
-        _ => None,
+    // Where to go on from, chosen before the model draws its initial
+    // weights; a replacement that joined the running job takes rank 0's
+    // state instead.
+    let (model, optimizer, first_epoch, joined_at) = if group.joined_running() {
+        let shards = [&epoch_handle, &test_shard];
+        let (model, optimizer, at) = training::join_running(trainer, &group, args.seed, &shards);
+        (model, optimizer, at.epoch, Some(at))
+    } else {
+        let resume = match (args.resume, snapshots) {
+            (Some(ResumeFrom::Auto), Some(dir)) => {
+                training::newest_snapshot(trainer, &group, dir, &config, SNAPSHOT_CONFIG_FILE)
+            }
+            (Some(ResumeFrom::Epoch(epoch)), Some(dir)) => {
+                Some(crate::resume::snapshot_path(dir, epoch))
+            }
+            _ => None,
+        };
+        let snapshot = resume.as_deref();
+        let files = (snapshots, SNAPSHOT_CONFIG_FILE);
+        let (model, optimizer, first_epoch) =
+            training::start(trainer, &group, args.seed, snapshot, &config, files);
+        (model, optimizer, first_epoch, None)
     };
-    let snapshot = resume.as_deref();
-    let files = (snapshots, SNAPSHOT_CONFIG_FILE);
-    let (model, optimizer, first_epoch) =
-        training::start(trainer, &group, args.seed, snapshot, &config, files);
 
     // Ctrl-C or SIGTERM: every rank stops before the same step (asked each
     // step) and rank 0 saves the model trained so far.
@@ -116,7 +125,7 @@ pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
         batch_size,
     };
     let loaders = (&train_loader, &test_loader, (&epoch_handle, &test_shard));
-    let (model, stopped) = run.epochs(loaders, first_epoch, model, optimizer);
+    let (model, stopped) = run.epochs(loaders, first_epoch, (model, optimizer), joined_at);
     run.finish(&model, stopped, &config);
 }
 
@@ -154,20 +163,27 @@ impl<T: MnistTraining> MnistRun<'_, T> {
     /// every `--save-interval` epochs, a snapshot; where a stop came, if one
     /// did. Under `burn-ddp-run --on-failure continue`, a rank that is gone
     /// costs one step: the others go on as the group's next generation, the
-    /// rest of the epoch (and the test set) dealt over them.
+    /// rest of the epoch (and the test set) dealt over them; a replacement
+    /// the launcher starts is admitted at a step's end and given rank 0's
+    /// state (`joined_at`: this process is one, and the loop stands there).
     fn epochs(
         &mut self,
         (train_loader, test_loader, (epoch_handle, test_shard)): Loaders<'_, T>,
         first: usize,
-        mut model: T::Model,
-        mut optimizer: T::Optimizer,
+        (mut model, mut optimizer): (T::Model, T::Optimizer),
+        mut joined_at: Option<training::Position>,
     ) -> (T::Model, Option<Stopped>) {
         for epoch in first..self.args.epochs {
-            epoch_handle.set_epoch(epoch);
+            let mut taken = Taken::default();
+            match joined_at.take() {
+                // Joined in the middle of this epoch (its shards placed):
+                // rank 0's steps so far count as this rank's.
+                Some(at) => (taken.loss, taken.steps) = (at.loss, at.steps),
+                None => epoch_handle.set_epoch(epoch),
+            }
             let started = Instant::now();
             let steps = epoch_handle.indices().len().div_ceil(self.batch_size);
             let progress = progress_bar(self.group.is_main(), steps.min(self.max_steps), epoch);
-            let mut taken = Taken::default();
             loop {
                 let group = self.group.clone();
                 // The shard's batches (dealt again if the world changed),
@@ -208,9 +224,22 @@ impl<T: MnistTraining> MnistRun<'_, T> {
                     }
                     return (model, done.stopped);
                 }
+                let shards = [(epoch_handle, done.samples), (test_shard, 0)];
+                if done.joiners {
+                    let at = training::Position {
+                        epoch,
+                        steps: taken.steps,
+                        loss: taken.loss,
+                        ..Default::default()
+                    };
+                    let state = (model, optimizer);
+                    let admitted =
+                        training::admit(self.trainer, state, &mut self.group, &shards, at);
+                    (model, optimizer, _) = admitted;
+                    continue;
+                }
                 let Some(error) = done.failed else { break };
                 let at = training::progress(epoch, taken.steps);
-                let shards = [(epoch_handle, done.samples), (test_shard, 0)];
                 model = training::go_on(self.trainer, (error, model), &mut self.group, &shards, at);
             }
             if let Some(bar) = progress {
