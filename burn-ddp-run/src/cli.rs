@@ -66,7 +66,10 @@ If one worker fails, the others are stopped and the launcher exits with the firs
 failure's code; with --max-restarts N every worker is started again instead, up
 to N times, with TORCHELASTIC_RESTART_COUNT set to the round (0 first). With
 --on-failure continue the others go on without it instead (the program forms
-the next group with reform_process_group), and the job succeeds if they finish.
+the next group with reform_process_group), and the job succeeds if they finish;
+with restarts left, a replacement joins them (admit_joiners). On several
+machines, a machine whose workers all failed leaves the job to the others; its
+launcher started again with the same command joins the job again.
 RUST_LOG=burn_ddp_run=debug shows what the launcher does.
 
 Example:
@@ -223,14 +226,6 @@ impl LaunchOptions {
             }
             master_port.unwrap_or(DEFAULT_MASTER_PORT)
         };
-        if self.on_failure == OnFailure::Continue && self.nnodes > 1 {
-            return Err(
-                "--on-failure continue: one machine for now (the launcher that hosts the \
-                 store must outlive its own workers, and the machines do not agree on going on \
-                 yet); use --on-failure stop with --max-restarts N on several machines"
-                    .into(),
-            );
-        }
         Ok(LaunchConfig {
             standalone: self.standalone,
             nproc_per_node: self.nproc_per_node,
@@ -408,7 +403,7 @@ mod tests {
             "node0",
             "p",
         ];
-        assert!(error(&two).to_string().contains("one machine for now"));
+        assert_eq!(launch(&two).nnodes, 2);
         assert!(error(&["--on-failure", "ignore", "p"])
             .to_string()
             .contains("ignore"));

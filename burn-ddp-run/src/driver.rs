@@ -5,7 +5,7 @@
 //! policy) and tells it what it saw: every [`POLL`], one look at the running
 //! round (a stop signal, the workers that exited), and each answer.
 
-use crate::cli::LaunchConfig;
+use crate::cli::{LaunchConfig, OnFailure};
 use crate::error::LaunchError;
 use crate::job::{self, host_store, JobIdentity};
 use crate::peers::Peers;
@@ -36,7 +36,10 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
     // Several machines that restart agree on each round through the store
     // (reached before the signal handlers go in: a Ctrl-C while node 0 is
     // awaited simply ends the launcher).
-    let peers = if config.nnodes > 1 && config.max_restarts > 0 {
+    // Under `--on-failure continue` each machine's launcher supervises its
+    // own workers: a failure elsewhere is the workers' to go on from.
+    let restarts_together = config.on_failure == OnFailure::Stop && config.max_restarts > 0;
+    let peers = if config.nnodes > 1 && restarts_together {
         Some(Peers::connect(
             &config.master_addr,
             master_port,
@@ -49,6 +52,14 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
     } else {
         None
     };
+    let rejoining = job::running_without_us(config, &job, master_port);
+    if rejoining {
+        log::info!(
+            "job {} is running without this machine: its workers join it at its next step and \
+             take the state from a rank there (--on-failure continue)",
+            job.id
+        );
+    }
     signals::install();
     let driver = Driver {
         launch: Launch {
@@ -56,6 +67,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
             job: &job,
             master_port,
             thread_defaults: &thread_defaults,
+            rejoining,
         },
         store: store.as_ref(),
         peers: peers.as_ref(),
@@ -115,6 +127,7 @@ impl Driver<'_> {
             nproc_per_node: config.nproc_per_node,
             max_restarts: config.max_restarts,
             on_failure: config.on_failure,
+            machines: config.nnodes,
             shutdown_timeout: config.shutdown_timeout,
             role,
         }

@@ -44,6 +44,10 @@ pub(crate) struct Launch<'a> {
     pub master_port: u16,
     /// The thread-pool variables set to 1 (see [`thread_defaults`]).
     pub thread_defaults: &'a [&'static str],
+    /// The job already runs without this machine (its launcher started
+    /// again under `--on-failure continue`): the first round's workers join
+    /// it ([`JOINING_VAR`]).
+    pub rejoining: bool,
 }
 
 /// Where a worker stands in the job.
@@ -100,7 +104,7 @@ pub(crate) fn start_round(
             local_rank,
             world_size,
             round,
-            joining: false,
+            joining: launch.rejoining && round == 0,
         };
         match spawn(launch, &place) {
             Ok(worker) => workers.push(worker),

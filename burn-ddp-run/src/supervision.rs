@@ -76,6 +76,8 @@ pub(crate) struct Plan {
     pub max_restarts: u32,
     /// `--on-failure`: whether the others go on without a failed worker.
     pub on_failure: OnFailure,
+    /// `--nnodes`: machines in the job.
+    pub machines: usize,
     /// `--shutdown-timeout`: from SIGTERM (or the user's signal) to SIGKILL.
     pub shutdown_timeout: Duration,
     /// How this machine decides what follows a failed round.
@@ -598,7 +600,15 @@ impl Supervision {
                     first: first.worker,
                     numbered: self.plan.max_restarts > 0,
                 });
-                (first.status.map_or(1, exit_code), false)
+                let code = first.status.map_or(1, exit_code);
+                if self.plan.machines > 1 {
+                    // The job may go on elsewhere; a round here alone would
+                    // wait for a world that is not coming.
+                    out.push(Action::Say(Notice::MachineLeft));
+                    self.phase = Phase::Finished(Ok(code));
+                    return;
+                }
+                (code, false)
             }
             _ => {
                 if self.round > 0 {

@@ -101,6 +101,17 @@ impl ProcessGroup {
         self.inner.admissions.due.load(Ordering::Relaxed)
     }
 
+    /// A commit point for a loop that averages nothing through a reducer
+    /// (whose synchronisations carry it otherwise): one small all-reduce
+    /// after which [`joiners_waiting`](Self::joiners_waiting) says, the same
+    /// on every rank, whether replacements wait to join. Collective.
+    pub fn poll_joiners(&self) -> Result<bool> {
+        let mut seen = [self.joiner_seen() as i32];
+        self.all_reduce(&mut seen, crate::ReduceOp::Max)?;
+        self.agree_joiners(seen[0] > 0);
+        Ok(self.joiners_waiting())
+    }
+
     /// Whether this process joined the running job as a replacement: it
     /// takes the training state from a peer instead of starting afresh.
     pub fn joined_running(&self) -> bool {

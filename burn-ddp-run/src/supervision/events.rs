@@ -219,6 +219,9 @@ pub(crate) enum Notice {
         /// `--max-restarts`.
         max_restarts: u32,
     },
+    /// Under `--on-failure continue` on several machines: every worker here
+    /// failed; the job may go on on the others.
+    MachineLeft,
     /// A failed round is not restarted: replacements used the restarts.
     NoRestartsLeft {
         /// Restarts used.
@@ -249,7 +252,7 @@ impl Notice {
             Self::KillingNow { .. } | Self::WorkerLost { .. } | Self::ReplaceFailed { .. } => {
                 log::Level::Warn
             }
-            Self::NoRestartsLeft { .. } => log::Level::Error,
+            Self::NoRestartsLeft { .. } | Self::MachineLeft => log::Level::Error,
             _ => log::Level::Info,
         }
     }
@@ -314,6 +317,12 @@ impl fmt::Display for Notice {
                 f,
                 "starting a replacement for rank {rank} (restart {used} of {max_restarts}); it \
                  joins the others at their next step and takes the state from one of them"
+            ),
+            Self::MachineLeft => write!(
+                f,
+                "every worker on this machine failed; the job may go on on the other machines \
+                 (--on-failure continue): start this launcher again, with the same command, and \
+                 its workers join the job at its next step"
             ),
             Self::NoRestartsLeft { used, replaced } => write!(
                 f,

@@ -24,6 +24,7 @@ fn plan(role: Role, max_restarts: u32) -> Plan {
         nproc_per_node: 3,
         max_restarts,
         on_failure: OnFailure::Stop,
+        machines: 2,
         shutdown_timeout: TIMEOUT,
         role,
     }
@@ -200,6 +201,7 @@ fn a_round_whose_workers_all_exit_0_succeeds() {
 fn going_on(max_restarts: u32) -> (Supervision, Instant) {
     let (mut machine, start) = Supervision::new(Plan {
         on_failure: OnFailure::Continue,
+        machines: 1,
         ..plan(Role::Alone, max_restarts)
     });
     assert_eq!(start, [Action::StartRound { round: 0 }]);
@@ -348,6 +350,28 @@ fn going_on_replacements_spend_the_restarts_a_new_round_would_need() {
     };
     assert_eq!(verdict, [say(none_left)]);
     assert!(matches!(machine.into_outcome(), Some(Ok(137))));
+}
+
+#[test]
+fn going_on_on_several_machines_a_machine_whose_workers_all_failed_leaves() {
+    let (mut machine, start) = Supervision::new(Plan {
+        on_failure: OnFailure::Continue,
+        ..plan(Role::Alone, 3)
+    });
+    assert_eq!(start, [Action::StartRound { round: 0 }]);
+    let t0 = Instant::now();
+    let pids = vec![100, 101, 102];
+    machine.step(t0, Event::Started { began: t0, pids });
+    // The link is cut: every worker here fails; no replacement, no round.
+    let all = [(0, code(1)), (1, code(1)), (2, code(1))];
+    let end = look(&mut machine, t0 + ms(100), &all);
+    let summary = Action::PrintSummary {
+        round: 0,
+        first: 0,
+        numbered: true,
+    };
+    assert_eq!(end, [Action::CleanUp, summary, say(Notice::MachineLeft)]);
+    assert!(matches!(machine.into_outcome(), Some(Ok(1))));
 }
 
 #[test]

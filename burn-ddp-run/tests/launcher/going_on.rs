@@ -9,6 +9,9 @@ use std::time::Duration;
 
 /// Worker side of the scenarios below; `None` for another module's scenario.
 pub fn worker(name: &str) -> Option<i32> {
+    if name == "heal_all_reduce" {
+        return Some(heal_all_reduce());
+    }
     if name != "go_on_without_rank_1" {
         return None;
     }
@@ -77,4 +80,84 @@ pub fn the_others_go_on_without_a_killed_worker() -> Result<(), String> {
             && stderr.contains("the job finished without rank(s) 1"),
         || stderr.clone(),
     )
+}
+
+/// Steps of all-reduces (10 ms apart) that go on without ranks that are
+/// gone (`reform`) and admit replacements at a step's end (`poll_joiners`,
+/// `admit`); `ready` at the first step. It ends once 20 steps have run on
+/// the whole world again after it shrank (every rank counts from the same
+/// admission), printing where it ended; exit 3 if the world never healed
+/// within 3000 steps.
+fn heal_all_reduce() -> i32 {
+    let fail = |e: burn_ddp_comm::CommError| -> i32 {
+        eprintln!("{e}");
+        1
+    };
+    let whole: usize = std::env::var("WORLD_SIZE").map_or(1, |w| w.parse().unwrap_or(1));
+    let mut group = match ProcessGroup::from_env() {
+        Ok(group) => group,
+        Err(e) => return fail(e),
+    };
+    let launched = group.rank();
+    // A replacement joins a healed world: it counts from its admission.
+    let mut healed_steps: Option<usize> = group.joined_running().then_some(0);
+    println!("ready");
+    for step in 0..3000 {
+        std::thread::sleep(Duration::from_millis(10));
+        let world = group.world_size();
+        let mut data = vec![(group.rank() + 1) as f32; 1024];
+        let summed = group
+            .all_reduce(&mut data, ReduceOp::Sum)
+            .and_then(|()| group.poll_joiners());
+        match summed {
+            Ok(_) if data[0] != (world * (world + 1) / 2) as f32 => {
+                eprintln!("step {step}: {} in a world of {world}", data[0]);
+                return 2;
+            }
+            Ok(joiners) => {
+                if let Some(done) = healed_steps.as_mut() {
+                    *done += 1;
+                    if *done >= 20 {
+                        println!(
+                            "launched as rank {launched}: finished as rank {} of {}, generation {}",
+                            group.rank(),
+                            group.world_size(),
+                            group.generation()
+                        );
+                        return 0;
+                    }
+                }
+                if joiners {
+                    group = match group.admit(Duration::from_secs(10)) {
+                        Ok(next) => next,
+                        Err(e) => return fail(e),
+                    };
+                    println!(
+                        "admitted: generation {} rank {} of {}",
+                        group.generation(),
+                        group.rank(),
+                        group.world_size()
+                    );
+                    if group.world_size() == whole {
+                        healed_steps = Some(0);
+                    }
+                }
+            }
+            Err(err) => {
+                eprintln!("step {step}: {err}");
+                group = match group.reform(Duration::from_secs(10)) {
+                    Ok(next) => next,
+                    Err(e) => return fail(e),
+                };
+                println!(
+                    "went on: generation {} rank {} of {}",
+                    group.generation(),
+                    group.rank(),
+                    group.world_size()
+                );
+            }
+        }
+    }
+    eprintln!("the world never healed");
+    3
 }

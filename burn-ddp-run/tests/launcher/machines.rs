@@ -17,9 +17,21 @@ fn launcher_on(
     scenario: &str,
     timeout_secs: &str,
 ) -> Command {
+    launcher_with(machines, node, (nproc, &[]), scenario, timeout_secs)
+}
+
+/// [`launcher_on`] with the launcher's `flags` too.
+fn launcher_with(
+    machines: &Machines,
+    node: usize,
+    (nproc, flags): (usize, &[&str]),
+    scenario: &str,
+    timeout_secs: &str,
+) -> Command {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = machines.command(node, LAUNCHER);
-    cmd.args(["--nnodes", &machines.len().to_string()])
+    cmd.args(flags)
+        .args(["--nnodes", &machines.len().to_string()])
         .args(["--node-rank", &node.to_string()])
         .args(["--nproc-per-node", &nproc.to_string()])
         .args(["--master-addr", &machines.addr(0).to_string()])
@@ -472,4 +484,116 @@ fn judge_rank(
             more.len()
         )),
     }
+}
+
+/// `--on-failure continue` on 2 machines x 2 ranks (a 10 s timeout): machine
+/// 1's link is cut while they train. Machine 0's ranks go on as the two
+/// ranks of generation 1; machine 1's ranks cannot reach the store and
+/// end, and its launcher leaves (exit non-zero, saying how to rejoin). The
+/// link is restored and machine 1's launcher started again with the same
+/// command: it finds the job running, its workers join it as ranks 2 and 3
+/// of generation 2 at a step's end, and the job finishes on 4 ranks, both
+/// launchers exiting 0.
+pub fn a_machine_cut_off_leaves_and_rejoins_under_on_failure_continue() -> Result<(), String> {
+    const TIMEOUT: &str = "10";
+    let Some(machines) = Machines::create(2)? else {
+        return Ok(());
+    };
+    let flags: &[&str] = &["--on-failure", "continue"];
+    let start = |node| {
+        launcher_with(&machines, node, (2, flags), "heal_all_reduce", TIMEOUT)
+            .spawn()
+            .map_err(|e| e.to_string())
+    };
+    let mut first = start(0)?;
+    let mut second = start(1)?;
+    let mut out0 = first.stdout.take().unwrap();
+    let mut out1 = second.stdout.take().unwrap();
+    let stop = |children: &mut [&mut std::process::Child]| {
+        for child in children.iter_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    };
+    if let Err(err) = read_until(&mut out1, "ready", 2, Duration::from_secs(60))
+        .and_then(|_| read_until(&mut out0, "ready", 2, Duration::from_secs(60)))
+    {
+        stop(&mut [&mut first, &mut second]);
+        return Err(err);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    machines.cut(1)?;
+    let cut = Instant::now();
+    // Machine 1 leaves within the timeout and the store's bound after it.
+    let left = wait_bounded(&mut second, Duration::from_secs(40));
+    let went_on = read_until(
+        &mut out0,
+        "went on: generation 1",
+        2,
+        Duration::from_secs(40),
+    );
+    let left_after = cut.elapsed();
+    machines.restore(1)?;
+    let (Some(left), Ok(_)) = (left, &went_on) else {
+        stop(&mut [&mut first, &mut second]);
+        return Err(format!(
+            "machine 1 did not leave, or machine 0 did not go on: {went_on:?}"
+        ));
+    };
+    let mut said = String::new();
+    let _ = std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut said);
+    check(
+        !left.success() && said.contains("start this launcher again"),
+        || format!("machine 1's launcher: {left:?}\n{said}"),
+    )?;
+    // Machine 1 comes back: the same command.
+    let again = launcher_with(&machines, 1, (2, flags), "heal_all_reduce", TIMEOUT);
+    let outputs = run_all(vec![again], Duration::from_secs(90));
+    let ended = wait_bounded(&mut first, Duration::from_secs(90));
+    let mut out0_rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut out0, &mut out0_rest);
+    let mut err0 = String::new();
+    let _ = std::io::Read::read_to_string(&mut first.stderr.take().unwrap(), &mut err0);
+    stop(&mut [&mut first]);
+    let (back, _) = outputs?.pop().ok_or("no run")?;
+    let (back_out, back_err) = (text(&back.stdout), text(&back.stderr));
+    let context = format!(
+        "machine 1 left {:.1}s after the cut\nmachine 0:\n{out0_rest}\n{err0}\nmachine 1 again:\n{back_out}\n{back_err}",
+        left_after.as_secs_f64()
+    );
+    println!("{context}");
+    check(
+        ended.is_some_and(|s| s.success()) && back.status.success(),
+        || format!("a launcher failed: {ended:?} {:?}\n{context}", back.status),
+    )?;
+    for rank in [0, 1] {
+        let line = format!("launched as rank {rank}: finished as rank {rank} of 4, generation 2");
+        check(out0_rest.contains(&line), || {
+            format!("no {line:?}\n{context}")
+        })?;
+    }
+    for rank in [2, 3] {
+        let line = format!("finished as rank {rank} of 4, generation 2");
+        check(back_out.contains(&line), || {
+            format!("no {line:?}\n{context}")
+        })?;
+    }
+    check(back_err.contains("is running without this machine"), || {
+        context.clone()
+    })
+}
+
+/// Waits for `child` to exit, at most `limit`.
+fn wait_bounded(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
