@@ -346,7 +346,7 @@ fn toy_heals_a_killed_rank_with_a_replacement_from_a_peer() {
             text.contains("[rank 0 round 0] Replicas identical: 3 ranks")
                 && text.contains("[rank 0 round 0] Epoch 6/6")
                 && stderr.contains("starting a replacement for rank 1 (restart 1 of 1)")
-                && stderr.contains("rank(s) 1 failed on the way and 1 replacement(s) joined"),
+                && stderr.contains("rank(s) 1 failed on the way and 1 replacement(s) started"),
             "{context}"
         );
         // The log: 3 ranks, 2 from the failure, 3 again once the replacement joined.
@@ -371,6 +371,46 @@ fn toy_heals_a_killed_rank_with_a_replacement_from_a_peer() {
             gap <= 1e-5,
             "{program}: the replay ended {gap:e} away\n{context}"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The same on 2 ranks: rank 1 SIGKILLed, rank 0 goes on alone (a group of
+/// one, which keeps the launcher's store and its watch), admits the
+/// replacement as rank 1 of generation 2, and both end identical.
+#[test]
+fn toy_heals_the_last_survivor_of_two() {
+    for program in ["toy", "toy22"] {
+        let dir = scratch(&format!("{program}-heal-two"));
+        let mut cmd = Command::new(launcher());
+        cmd.args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+        ])
+        .args(["--on-failure", "continue", "--prefix-output"])
+        .arg(example(program))
+        .args(["--epochs", "30", "--batch-size", "2"]);
+        let mut job = Interactive::start(cmd, &dir);
+        job.wait_for("[rank 0 round 0] Epoch 1/30", Duration::from_secs(120));
+        let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(victim, libc::SIGKILL) };
+        let (out, _) = job.wait(Duration::from_secs(120));
+        let text = stdout(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let context = format!("{program}\n{text}\n{stderr}");
+        assert_eq!(out.status.code(), Some(0), "{context}");
+        for line in [
+            "[rank 0 round 0] Rank 0 goes on as rank 0 of 1 (generation 1)",
+            "[rank 1 round 0] Rank 1 of 2 has the state of rank 0 (generation 2",
+            "[rank 0 round 0] Replicas identical: 2 ranks",
+            "[rank 0 round 0] Epoch 30/30",
+        ] {
+            assert!(text.contains(line), "no {line:?}\n{context}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
@@ -453,7 +493,7 @@ fn mnist_heals_a_killed_rank_with_a_replacement_from_a_peer() {
         }
         assert!(
             text.contains("[rank 0 round 0] replicas identical: 3 ranks")
-                && stderr.contains("rank(s) 1 failed on the way and 1 replacement(s) joined"),
+                && stderr.contains("rank(s) 1 failed on the way and 1 replacement(s) started"),
             "{context}"
         );
         let mut replay = Command::new(example(program));

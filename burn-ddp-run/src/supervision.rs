@@ -179,7 +179,7 @@ pub(crate) struct Supervision {
     /// Under `--on-failure continue`: the workers that failed while the
     /// others went on, in the order they failed.
     lost: Vec<Lost>,
-    /// Replacements started for them this round (each counts against
+    /// Replacements started so far, every round (each counts against
     /// `--max-restarts`, as a restart of the round does).
     replaced: u32,
     phase: Phase,
@@ -298,8 +298,8 @@ impl Supervision {
                 exit: None,
             })
             .collect();
+        // Replacements count against --max-restarts across rounds.
         self.lost.clear();
-        self.replaced = 0;
         self.phase = Phase::Running {
             next_peer_poll: now + PEER_POLL,
         };

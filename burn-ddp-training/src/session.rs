@@ -327,6 +327,8 @@ impl Session {
         self.state().replaced.clear();
         let state = self.state().default.take().ok_or(CommError::Destroyed)?;
         self.forget_group(&state.group);
+        // The training is over: a replacement still waiting leaves.
+        state.group.close_admissions();
         state.group.barrier()
     }
 

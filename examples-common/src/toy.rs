@@ -262,7 +262,14 @@ pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
     }
     let group = T::FRONT_END.init();
     let (rank, world_size) = (group.rank(), group.world_size());
-    let batch_size = training::batch_size(&group, args.batch_size, args.global_batch_size);
+    // A replacement that joined the running job takes rank 0's state and
+    // place (and batch) first, as the others hand them over.
+    let joined =
+        (group.joined_running()).then(|| training::join_running(trainer, &group, args.seed));
+    let batch_size = match &joined {
+        Some((_, _, at)) => at.batch_size,
+        None => training::batch_size(&group, args.batch_size, args.global_batch_size),
+    };
     let config = ToyTrainingConfig::new(
         args.epochs,
         batch_size,
@@ -282,9 +289,8 @@ pub fn train<T: ToyTraining, P: ToyProgram>(trainer: &T, args: &ToyArgs<P>) {
     // replacement that joined the running job takes rank 0's instead.
     let dir = &args.checkpoint_dir;
     let mut resume = None;
-    let (model, optimizer, first_epoch, joined_at) = if group.joined_running() {
-        let (model, optimizer, at) =
-            training::join_running(trainer, &group, args.seed, &[&epoch_handle]);
+    let (model, optimizer, first_epoch, joined_at) = if let Some((model, optimizer, at)) = joined {
+        training::place_shards(&at, &[&epoch_handle], &group);
         (model, optimizer, at.epoch, Some(at))
     } else {
         resume = match args.resume.as_deref() {
@@ -410,6 +416,7 @@ impl<T: ToyTraining, P: ToyProgram> ToyRun<'_, T, P> {
                         loss,
                         losses,
                         shards: Vec::new(),
+                        batch_size: self.batch_size,
                     };
                     let state = (model, optimizer);
                     let admitted =

@@ -382,6 +382,8 @@ pub struct Position {
     pub losses: usize,
     /// Each shard's place in the epoch (`EpochHandle::position`).
     pub shards: Vec<(usize, usize)>,
+    /// Each rank's batch (a replacement's loader takes the others').
+    pub batch_size: usize,
 }
 
 /// Replacement workers wait to join (the epoch stopped for them,
@@ -410,28 +412,31 @@ pub fn admit<T: Training>(
     }
     let handles: Vec<_> = shards.iter().map(|(shard, _)| *shard).collect();
     *group = next;
-    hand_over(trainer, group, (model, optimizer), &handles, position)
+    let (model, optimizer, position) =
+        hand_over(trainer, group, (model, optimizer), &handles, position);
+    place_shards(&position, &handles, group);
+    (model, optimizer, position)
 }
 
 /// A replacement that joined the running job (`group.joined_running()`):
 /// a new model and optimizer holding rank 0's state, and where the loop
-/// stands (its shards placed there).
+/// stands; build the loaders with its batch size, then
+/// [`place_shards`].
 pub fn join_running<T: Training>(
     trainer: &T,
     group: &ProcessGroup,
     seed: u64,
-    shards: &[&burn_ddp_sampler::EpochHandle],
 ) -> (T::Model, T::Optimizer, Position) {
     trainer.burn().seed(seed);
     let fresh = trainer.init();
-    hand_over(trainer, group, fresh, shards, Position::default())
+    hand_over(trainer, group, fresh, &[], Position::default())
 }
 
 /// After a group grew (a member, from [`admit`], or a replacement that
 /// joined, whose own state is a fresh start): rank 0's model and optimizer
-/// state (the model then wrapped over `group`), loop position and shards'
-/// places on every rank, over `group`; the time it took is printed. The same collectives
-/// in the same order on every rank.
+/// state (the model then wrapped over `group`) and loop position (`shards`'
+/// places filled in first) on every rank, over `group`; the time it took
+/// is printed. The same collectives in the same order on every rank.
 pub fn hand_over<T: Training>(
     trainer: &T,
     group: &ProcessGroup,
@@ -451,11 +456,6 @@ pub fn hand_over<T: Training>(
     position.shards = shards.iter().map(|shard| shard.position()).collect();
     let position = burn_ddp_training::recovery::share(group, &position)
         .unwrap_or_else(|e| fail(Some(rank), e));
-    for (shard, at) in shards.iter().zip(&position.shards) {
-        shard
-            .place(*at, group.world_size(), rank)
-            .unwrap_or_else(|e| fail(Some(rank), e));
-    }
     println!(
         "Rank {rank} of {} has the state of rank 0 (generation {}, epoch {} step {}) after {} ms",
         group.world_size(),
@@ -465,6 +465,21 @@ pub fn hand_over<T: Training>(
         started.elapsed().as_millis()
     );
     (model, optimizer, position)
+}
+
+/// Each of `shards` becomes this rank's part of the rest of its epoch at
+/// rank 0's place (`position.shards`, in the same order).
+pub fn place_shards(
+    position: &Position,
+    shards: &[&burn_ddp_sampler::EpochHandle],
+    group: &ProcessGroup,
+) {
+    let rank = group.rank();
+    for (shard, at) in shards.iter().zip(&position.shards) {
+        shard
+            .place(*at, group.world_size(), rank)
+            .unwrap_or_else(|e| fail(Some(rank), e));
+    }
 }
 
 /// Where a loop stands, for [`go_on`]'s agreement: the epoch and the steps

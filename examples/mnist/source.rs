@@ -25,6 +25,11 @@ pub fn load(
     let local_rank = burn_ddp::group::LaunchEnv::from_env()
         .map(|env| env.local_rank)
         .unwrap_or(0);
+    // A replacement joining the running job finds the files there already,
+    // and the others are not waiting at this barrier.
+    if group.joined_running() {
+        return from_burn_dataset(download_limit);
+    }
     let first = if local_rank == 0 {
         Some(from_burn_dataset(download_limit)?)
     } else {

@@ -13,14 +13,25 @@
 
 use super::join;
 use super::watch::CountWatch;
-use super::ProcessGroup;
+use super::{GroupInner, ProcessGroup};
 use crate::env::{machine_id, LaunchEnv, StoreHost};
 use crate::error::{CommError, Result};
 use crate::group::settings::Settings;
 use crate::job::keys::JobKeys;
 use crate::store::Store;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Set once this process joined a running job as a replacement: a later
+/// group it starts from the environment is an ordinary one.
+static JOINED_ONCE: AtomicBool = AtomicBool::new(false);
+
+/// Whether [`ProcessGroup::from_env`] is to join a running job: a
+/// replacement's first group.
+pub(super) fn joins_running_job() -> bool {
+    std::env::var(crate::JOINING_VAR).is_ok_and(|v| v == "1")
+        && !JOINED_ONCE.swap(true, Ordering::Relaxed)
+}
 
 /// How long the deciding member waits for a replacement that took its
 /// number to name its machine (it does so right after).
@@ -48,14 +59,18 @@ impl Lineage {
         }
     }
 
-    /// The job id of generation `generation` (its store keys' own).
-    pub fn job_id_of(&self, generation: u64) -> String {
-        if generation == 0 {
-            return self.job_id.clone();
-        }
-        let mark = format!(".g{generation}");
+    /// The job id of the `formed`-th group formed on the way (a number
+    /// from the job's [`JobKeys::generations`] counter, unique in the job):
+    /// its store keys' own.
+    pub fn job_id_of(&self, formed: i64) -> String {
+        let mark = format!(".g{formed}");
         let kept: String = self.job_id.chars().take(64 - mark.len()).collect();
         format!("{kept}{mark}")
+    }
+
+    /// A number for the next group formed on the way, unique in the job.
+    pub fn next_formed(&self, store: &dyn Store) -> Result<i64> {
+        Ok(store.add(&self.job.generations(), 1)?)
     }
 }
 
@@ -67,6 +82,9 @@ pub(super) struct Admissions {
     pub watch: Option<CountWatch>,
     /// Set once a synchronisation's agreement said a member saw one ask.
     due: AtomicBool,
+    /// Admissions this generation decided so far: each decision has keys
+    /// of its own (one that admitted nobody leaves the generation as it was).
+    decided: AtomicU64,
     /// Whether this process joined the running job as a replacement.
     pub joined: AtomicBool,
 }
@@ -91,6 +109,32 @@ pub(super) fn watch_for_joiners(host: &str, env: &LaunchEnv, job: &JobKeys) -> O
     }
 }
 
+/// A last survivor (a generation of one, after the others were lost) under
+/// a launcher that may start replacements: it keeps a connection to the
+/// launcher's store and the watch, so it can admit them.
+pub(super) fn keep_store_for_joiners(group: &mut GroupInner, env: &LaunchEnv, lineage: &Lineage) {
+    let Some(host) = env.master_addr.as_deref() else {
+        return;
+    };
+    let Some(watch) = watch_for_joiners(host, env, &lineage.job) else {
+        log::debug!("rank {}: alone, and no replacement can come", env.rank);
+        return;
+    };
+    log::debug!("rank {}: alone, watching for replacements", env.rank);
+    match join::connect_store(host, env) {
+        Ok((store, _)) => {
+            group.store = store;
+            group.failures.keys = Some(join::next_group_keys(env));
+            group.env = Some(env.clone());
+            group.admissions.watch = Some(watch);
+        }
+        Err(err) => log::warn!(
+            "rank {}: cannot reach the store to admit replacements: {err}",
+            env.rank
+        ),
+    }
+}
+
 impl ProcessGroup {
     /// Whether replacement workers wait to join: the same on every rank
     /// after each gradient synchronisation (its agreement carries what each
@@ -98,7 +142,9 @@ impl ProcessGroup {
     /// [`admit`](Self::admit) on every rank, then hand the replacements the
     /// training state over the group it returns.
     pub fn joiners_waiting(&self) -> bool {
-        self.inner.admissions.due.load(Ordering::Relaxed)
+        // A rank alone needs no agreement (and averages nothing to carry it).
+        let alone = self.inner.world_size == 1 && self.joiner_seen();
+        alone || self.inner.admissions.due.load(Ordering::Relaxed)
     }
 
     /// A commit point for a loop that averages nothing through a reducer
@@ -142,18 +188,21 @@ impl ProcessGroup {
         let inner = &self.inner;
         inner.admissions.due.store(false, Ordering::Relaxed);
         let (Some(env), Some(keys)) = (inner.env.as_ref(), inner.failures.keys.as_ref()) else {
-            return Ok(self.clone()); // a world of one has no store to be asked through
+            return Ok(self.clone()); // no store to be asked through
         };
         let store = &*inner.store;
-        let prefix = format!("{}admit/", keys.prefix());
+        let decision = inner.admissions.decided.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("{}admit/{decision}/", keys.prefix());
         let decision_key = format!("{prefix}decision");
         let next_generation = inner.generation + 1;
         let members = join::machine_ids(store, env, keys)?;
         if store.add(&format!("{prefix}order"), 1)? == 1 {
-            let joiners = take_joiners(store, &inner.lineage.job)?;
+            let job = &inner.lineage.job;
+            let joiners = take_joiners(store, job)?;
+            let formed = inner.lineage.next_formed(store)?;
             let mut machines = members.clone();
             machines.extend(joiners.iter().map(|(_, machine)| machine.clone()));
-            let job_id = inner.lineage.job_id_of(next_generation);
+            let job_id = inner.lineage.job_id_of(formed);
             for (i, (nth, _)) in joiners.iter().enumerate() {
                 let rank = members.len() + i;
                 let (local_rank, local_world) = place(&machines, rank);
@@ -161,26 +210,25 @@ impl ProcessGroup {
                     "{next_generation} {rank} {} {local_rank} {local_world} {job_id}",
                     machines.len()
                 );
-                store.set(
-                    &inner.lineage.job.joiner_admitted(*nth),
-                    admission.as_bytes(),
-                )?;
+                store.set(&job.joiner_admitted(*nth), admission.as_bytes())?;
             }
-            let decision: Vec<&str> = joiners.iter().map(|(_, m)| m.as_str()).collect();
+            let mut decision = vec![formed.to_string()];
+            decision.extend(joiners.into_iter().map(|(_, machine)| machine));
             store.set(&decision_key, decision.join("\n").as_bytes())?;
         }
         let decided = store.get(&decision_key, wait + inner.timeout)?;
         let decided = String::from_utf8_lossy(&decided);
+        let mut lines = decided.lines();
+        let formed: i64 = lines.next().and_then(|n| n.parse().ok()).unwrap_or(0);
         let mut machines = members;
-        machines.extend(decided.lines().filter(|l| !l.is_empty()).map(str::to_owned));
+        machines.extend(lines.filter(|l| !l.is_empty()).map(str::to_owned));
         if machines.len() == inner.world_size {
             return Ok(self.clone());
         }
         let mut next = env.clone();
         next.world_size = machines.len();
         (next.local_rank, next.local_world_size) = place(&machines, inner.rank);
-        next.job_id = inner.lineage.job_id_of(next_generation);
-        let inherited = inner.store_server.lock().unwrap().take();
+        next.job_id = inner.lineage.job_id_of(formed);
         if env.store_host == StoreHost::RankZero {
             next.store_host = StoreHost::Launcher;
         }
@@ -191,16 +239,29 @@ impl ProcessGroup {
             inner.world_size,
             machines.len() - 1
         );
-        let lineage = inner.lineage.clone();
-        let group = ProcessGroup::start_generation(
-            next,
-            inner.settings,
-            next_generation,
-            inherited,
-            Some(lineage),
-        )?;
-        inner.retire();
-        Ok(group)
+        let lineage = Some(inner.lineage.clone());
+        // The store rank 0 hosts stays with this generation unless the next
+        // one stands: a replacement that died before joining leaves the
+        // members where they were, after the timeout.
+        let started =
+            ProcessGroup::start_generation(next, inner.settings, next_generation, None, lineage);
+        match started {
+            Ok(group) => {
+                let server = inner.store_server.lock().unwrap().take();
+                *group.inner.store_server.lock().unwrap() = server;
+                inner.retire();
+                Ok(group)
+            }
+            Err(err) => {
+                log::warn!(
+                    "rank {}: the replacement(s) did not join ({err}); going on as generation {} \
+                     without them",
+                    inner.rank,
+                    inner.generation
+                );
+                Ok(self.clone())
+            }
+        }
     }
 
     /// A replacement worker: asks the running job to admit it and waits
@@ -235,13 +296,19 @@ impl ProcessGroup {
                 message: format!("a replacement's admission could not be read: {admission:?}"),
             });
         };
+        let Some(job_id) = parts.next() else {
+            return Err(CommError::InvalidArgument {
+                rank: env.rank,
+                message: format!("a replacement's admission names no job: {admission:?}"),
+            });
+        };
         let mut next = env;
         let replaced = next.rank;
         next.rank = rank as usize;
         next.world_size = world as usize;
         next.local_rank = local_rank as usize;
         next.local_world_size = local_world as usize;
-        next.job_id = lineage.job_id_of(generation);
+        next.job_id = job_id.to_string();
         log::warn!(
             "replacement for rank {replaced}: joining as rank {rank} of {world} (generation \
              {generation})"
@@ -253,8 +320,8 @@ impl ProcessGroup {
 
     /// Says the job's training is over: a replacement still waiting to join
     /// leaves ([`CommError::NothingToJoin`]). Rank 0 does it when the group
-    /// is destroyed.
-    pub(super) fn close_admissions(&self) {
+    /// is destroyed (`destroy`, `destroy_process_group`).
+    pub fn close_admissions(&self) {
         if self.inner.admissions.watch.is_some() && self.inner.rank == 0 {
             let _ = (self.inner.store).set(&self.inner.lineage.job.joiners_closed(), b"1");
         }
@@ -269,6 +336,10 @@ fn take_joiners(store: &dyn Store, job: &JobKeys) -> Result<Vec<(i64, String)>> 
     let answered = store.add(&job.joiners_admitted(), 0)?;
     let mut joiners = Vec::new();
     for nth in answered + 1..=asked {
+        // One that gave up waiting withdrew first: it is not coming.
+        if store.add(&job.joiner_claim(nth), 1)? != 1 {
+            continue;
+        }
         match store.get(&job.joiner_machine(nth), MACHINE_WAIT) {
             Ok(machine) => joiners.push((nth, String::from_utf8_lossy(&machine).into_owned())),
             Err(err) if err.is_timeout() => {
@@ -303,10 +374,18 @@ fn wait_for_admission(
         match store.get(&job.joiner_admitted(nth), left.min(ADMISSION_POLL)) {
             Ok(admission) => return Ok(String::from_utf8_lossy(&admission).into_owned()),
             Err(err) if err.is_timeout() => {
-                if store.check(&[&job.joiners_closed()])? {
+                let closed = store.check(&[&job.joiners_closed()])?;
+                let over = left <= ADMISSION_POLL;
+                // Withdraw, unless a decider admitted it meanwhile: then its
+                // place is on the way.
+                if (closed || over) && store.add(&job.joiner_claim(nth), 1)? != 1 {
+                    let admission = store.get(&job.joiner_admitted(nth), env.timeout)?;
+                    return Ok(String::from_utf8_lossy(&admission).into_owned());
+                }
+                if closed {
                     return Err(CommError::NothingToJoin { rank: env.rank });
                 }
-                if left <= ADMISSION_POLL {
+                if over {
                     return Err(CommError::Timeout {
                         rank: Some(env.rank),
                         what: "the running job to admit this replacement at a step boundary \

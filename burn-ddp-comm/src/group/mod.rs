@@ -113,7 +113,7 @@ impl ProcessGroup {
     pub fn from_env() -> Result<Self> {
         let env = LaunchEnv::from_env()?;
         let settings = Settings::from_lookup(env.rank, |name| std::env::var(name).ok())?;
-        if std::env::var(crate::JOINING_VAR).is_ok_and(|v| v == "1") && env.world_size > 1 {
+        if env.world_size > 1 && admit::joins_running_job() {
             return Self::join_running(env, settings);
         }
         Self::start_generation(env, settings, 0, None, None)
@@ -149,6 +149,9 @@ impl ProcessGroup {
                 false,
             );
             group.generation = generation;
+            if generation > 0 {
+                admit::keep_store_for_joiners(&mut group, &env, &lineage);
+            }
             group.lineage = lineage;
             return Ok(Self::from_inner(group));
         }

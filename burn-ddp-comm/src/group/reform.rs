@@ -81,9 +81,13 @@ impl ProcessGroup {
                 .map_err(on_request)?;
             crash_while_deciding();
             let members = decide(store, inner, &prefix, wait).map_err(on_store)?;
+            let formed = inner.lineage.next_formed(store).map_err(on_store)?;
             let text: Vec<String> = members.iter().map(usize::to_string).collect();
             store
-                .set(&members_key, text.join(",").as_bytes())
+                .set(
+                    &members_key,
+                    format!("{formed}:{}", text.join(",")).as_bytes(),
+                )
                 .map_err(on_request)?;
         }
         let decided = match store.get(&members_key, wait + inner.timeout) {
@@ -106,10 +110,10 @@ impl ProcessGroup {
             }
             Err(err) => return Err(on_request(err)),
         };
-        let members: Vec<usize> = String::from_utf8_lossy(&decided)
-            .split(',')
-            .filter_map(|r| r.parse().ok())
-            .collect();
+        let decided = String::from_utf8_lossy(&decided);
+        let (formed, members) = decided.split_once(':').unwrap_or(("0", &decided));
+        let formed: i64 = formed.parse().unwrap_or(0);
+        let members: Vec<usize> = members.split(',').filter_map(|r| r.parse().ok()).collect();
         let Some(new_rank) = members.iter().position(|&r| r == rank) else {
             return Err(CommError::InvalidArgument {
                 rank,
@@ -133,7 +137,7 @@ impl ProcessGroup {
             .filter(|&&r| machines[r] == *here)
             .count();
         next.local_world_size = members.iter().filter(|&&r| machines[r] == *here).count();
-        next.job_id = inner.lineage.job_id_of(generation + 1);
+        next.job_id = inner.lineage.job_id_of(formed);
         // Rank 0's store outlives its first group: the next one keeps it.
         let inherited = inner.store_server.lock().unwrap().take();
         if env.store_host == StoreHost::RankZero {

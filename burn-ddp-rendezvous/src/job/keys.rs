@@ -13,7 +13,9 @@
 //!                               launcher/failed              a round's first failure (several machines)
 //!                               launcher/verdict             node 0's launcher: restart or stop
 //!                               launcher/seen/<node>         that machine's launcher read the verdict
+//!                               generations                  groups formed on the way (atomic add: each one's id)
 //!                               joiners/count                replacements that asked to join (atomic add)
+//!                               joiners/<n>/claim            admitted or withdrawn, whichever adds first
 //!                               joiners/<n>/machine          the n-th one's machine
 //!                               joiners/<n>/admitted         where it goes: generation, rank, world, local place
 //!                               joiners/admitted             how many were admitted or passed over
@@ -74,6 +76,19 @@ impl JobKeys {
     /// atomic counter: each one's number).
     pub fn joiners(&self) -> String {
         format!("{}joiners/count", self.prefix)
+    }
+
+    /// A counter of the generations formed after the first (by going on
+    /// without ranks or admitting replacements): each one's number, unique
+    /// in the job, so two decisions never share keys.
+    pub fn generations(&self) -> String {
+        format!("{}generations", self.prefix)
+    }
+
+    /// Settles the `nth` replacement: the decider admitting it and the
+    /// replacement withdrawing both add 1, and the first to get 1 wins.
+    pub fn joiner_claim(&self, nth: i64) -> String {
+        format!("{}joiners/{nth}/claim", self.prefix)
     }
 
     /// The machine of the `nth` (from 1) replacement.

@@ -306,7 +306,7 @@ impl fmt::Display for Notice {
             Self::FinishedWithout { ranks, replaced } => write!(
                 f,
                 "the job finished; rank(s) {} failed on the way and {replaced} replacement(s) \
-                 joined the others (--on-failure continue)",
+                 started (--on-failure continue)",
                 list(ranks)
             ),
             Self::Replacing {

@@ -22,6 +22,12 @@ pub fn worker(name: &str) -> Option<i32> {
     };
     let mut group = match ProcessGroup::from_env() {
         Ok(group) => group,
+        // A replacement the others never admit (this loop admits nobody):
+        // their end closes the admissions, and it leaves.
+        Err(e @ burn_ddp_comm::CommError::NothingToJoin { .. }) => {
+            println!("replacement: {e}");
+            return Some(0);
+        }
         Err(e) => return Some(fail(e)),
     };
     let mut step = 0;
@@ -50,7 +56,38 @@ pub fn worker(name: &str) -> Option<i32> {
         group.rank(),
         group.world_size()
     );
-    Some(0)
+    match group.destroy() {
+        Ok(()) => Some(0),
+        Err(e) => Some(fail(e)),
+    }
+}
+
+/// The same with `--max-restarts 1`: the launcher starts a replacement for
+/// rank 1, which this loop never admits; when ranks 0 and 2 finish (and
+/// destroy their group, which closes the admissions) it leaves with exit 0
+/// saying there is nothing left to do, and the job succeeds.
+pub fn a_replacement_nobody_admits_leaves_when_the_job_ends() -> Result<(), String> {
+    let flags = [
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--on-failure",
+        "continue",
+        "--max-restarts",
+        "1",
+    ];
+    let (out, took) = run_scenario("go_on_without_rank_1", &flags, Duration::from_secs(60))?;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    check(out.status.code() == Some(0), || format!("{out:?}"))?;
+    check(
+        stdout.contains("finished 12 steps as rank 1 of 2")
+            && stdout.contains("finished before this replacement could join it")
+            && stderr.contains("starting a replacement for rank 1 (restart 1 of 1)")
+            && stderr.contains("1 replacement(s) started"),
+        || format!("{stdout}\n{stderr}"),
+    )?;
+    // The replacement leaves within a poll of the others' end, not a timeout.
+    check(took < Duration::from_secs(20), || format!("took {took:?}"))
 }
 
 /// 3 workers, rank 1 SIGKILLs itself at step 5: with `--on-failure

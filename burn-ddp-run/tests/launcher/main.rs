@@ -127,6 +127,10 @@ const CASES: &[Case] = &[
         going_on::the_others_go_on_without_a_killed_worker,
     ),
     (
+        "on_failure_continue_a_replacement_nobody_admits_leaves_when_the_job_ends",
+        going_on::a_replacement_nobody_admits_leaves_when_the_job_ends,
+    ),
+    (
         "on_failure_continue_a_machine_cut_off_leaves_and_rejoins",
         machines::a_machine_cut_off_leaves_and_rejoins_under_on_failure_continue,
     ),

@@ -57,7 +57,14 @@ pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
     }
     let group = T::FRONT_END.init();
     let (rank, world_size) = (group.rank(), group.world_size());
-    let batch_size = training::batch_size(&group, args.batch_size, args.global_batch_size);
+    // A replacement that joined the running job takes rank 0's state and
+    // place (and batch) first, as the others hand them over.
+    let joined =
+        (group.joined_running()).then(|| training::join_running(trainer, &group, args.seed));
+    let batch_size = match &joined {
+        Some((_, _, at)) => at.batch_size,
+        None => training::batch_size(&group, args.batch_size, args.global_batch_size),
+    };
     let (train_set, test_set) = splits(trainer, args, &group);
     let config = MnistTrainingConfig::new(
         args.epochs,
@@ -93,9 +100,8 @@ pub fn train<T: MnistTraining>(trainer: &T, args: &MnistArgs) {
     // Where to go on from, chosen before the model draws its initial
     // weights; a replacement that joined the running job takes rank 0's
     // state instead.
-    let (model, optimizer, first_epoch, joined_at) = if group.joined_running() {
-        let shards = [&epoch_handle, &test_shard];
-        let (model, optimizer, at) = training::join_running(trainer, &group, args.seed, &shards);
+    let (model, optimizer, first_epoch, joined_at) = if let Some((model, optimizer, at)) = joined {
+        training::place_shards(&at, &[&epoch_handle, &test_shard], &group);
         (model, optimizer, at.epoch, Some(at))
     } else {
         let resume = match (args.resume, snapshots) {
@@ -230,6 +236,7 @@ impl<T: MnistTraining> MnistRun<'_, T> {
                         epoch,
                         steps: taken.steps,
                         loss: taken.loss,
+                        batch_size: self.batch_size,
                         ..Default::default()
                     };
                     let state = (model, optimizer);
