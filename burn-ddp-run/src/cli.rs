@@ -19,8 +19,14 @@ pub struct LaunchConfig {
     pub standalone: bool,
     /// Worker processes on this machine.
     pub nproc_per_node: usize,
-    /// Machines in the job.
+    /// Machines in the job (the most it takes, with a range).
     pub nnodes: usize,
+    /// The fewest machines it starts with (`--nnodes MIN:MAX`; `nnodes`
+    /// when fixed).
+    pub min_nodes: usize,
+    /// With a range of machines: how long node 0 waits for more once the
+    /// fewest are there.
+    pub last_call: Duration,
     /// This machine's index.
     pub node_rank: usize,
     /// Host of the rendezvous store (node 0).
@@ -85,9 +91,17 @@ pub struct LaunchOptions {
     #[arg(long = "nproc-per-node", visible_alias = "nproc_per_node", value_name = "N",
           default_value_t = 1, value_parser = positive)]
     pub nproc_per_node: usize,
-    /// Machines in the job.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = node_count)]
-    pub nnodes: usize,
+    /// Machines in the job: N, or MIN:MAX (torchrun's elastic range, with
+    /// --on-failure continue): the job starts with the machines there once
+    /// MIN are (after --last-call, or at once with MAX), and machines that
+    /// come later join it while it runs.
+    #[arg(long, value_name = "N|MIN:MAX", default_value = "1", value_parser = node_count)]
+    pub nnodes: NodeCount,
+    /// With --nnodes MIN:MAX: how long node 0 waits for more machines once
+    /// MIN are there (torchrun's last_call_timeout).
+    #[arg(long = "last-call", visible_alias = "last_call", value_name = "SECS",
+          default_value = "30", value_parser = seconds)]
+    pub last_call: Duration,
     /// This machine's index, 0..nnodes.
     #[arg(
         long = "node-rank",
@@ -179,10 +193,19 @@ where
         .map_err(|message| LauncherArgs::command().error(ErrorKind::ArgumentConflict, message))
 }
 
+/// `--nnodes`: a count, or a range of machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeCount {
+    /// The fewest.
+    pub min: usize,
+    /// The most.
+    pub max: usize,
+}
+
 impl LaunchOptions {
     /// Whether any flag that only a multi-machine job needs was given.
     pub fn names_a_rendezvous(&self) -> bool {
-        self.nnodes > 1
+        self.nnodes.max > 1
             || self.master_addr.is_some()
             || self.master_port.is_some()
             || self.rdzv_endpoint.is_some()
@@ -194,12 +217,18 @@ impl LaunchOptions {
         if program.is_empty() {
             return Err("no program to launch".into());
         }
-        if self.node_rank >= self.nnodes {
+        let NodeCount { min, max } = self.nnodes;
+        if self.node_rank >= max {
             return Err(format!(
-                "--node-rank {} but --nnodes {}: node ranks run from 0 to {}",
+                "--node-rank {} but --nnodes {max}: node ranks run from 0 to {}",
                 self.node_rank,
-                self.nnodes,
-                self.nnodes - 1
+                max - 1
+            ));
+        }
+        if min < max && self.on_failure != OnFailure::Continue {
+            return Err(format!(
+                "--nnodes {min}:{max} needs --on-failure continue: machines that come later \
+                 join the running job, and the others go on without a machine that leaves"
             ));
         }
         let (master_addr, master_port) = match &self.rdzv_endpoint {
@@ -207,7 +236,7 @@ impl LaunchOptions {
             None => (self.master_addr.clone(), self.master_port),
         };
         let master_port = if self.standalone {
-            if self.nnodes != 1 {
+            if max != 1 {
                 return Err("--standalone runs on one machine; drop --nnodes".into());
             }
             if master_addr.is_some() || master_port.is_some() {
@@ -217,7 +246,7 @@ impl LaunchOptions {
             }
             0
         } else {
-            if self.nnodes > 1 && master_addr.is_none() {
+            if max > 1 && master_addr.is_none() {
                 return Err(
                     "--nnodes > 1 needs --master-addr (the host of node 0), the same \
                             on every node"
@@ -229,7 +258,9 @@ impl LaunchOptions {
         Ok(LaunchConfig {
             standalone: self.standalone,
             nproc_per_node: self.nproc_per_node,
-            nnodes: self.nnodes,
+            nnodes: max,
+            min_nodes: min,
+            last_call: self.last_call,
             node_rank: self.node_rank,
             master_addr: master_addr.unwrap_or_else(|| "127.0.0.1".into()),
             master_port,
@@ -263,13 +294,16 @@ fn positive(value: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{value:?} is not a positive integer"))
 }
 
-fn node_count(value: &str) -> Result<usize, String> {
-    if value.contains(':') {
-        return Err(format!(
-            "{value}: elastic ranges are not supported; give a fixed count"
-        ));
+fn node_count(value: &str) -> Result<NodeCount, String> {
+    let Some((min, max)) = value.split_once(':') else {
+        let n = positive(value)?;
+        return Ok(NodeCount { min: n, max: n });
+    };
+    let (min, max) = (positive(min)?, positive(max)?);
+    if min > max {
+        return Err(format!("{value}: MIN:MAX with MIN above MAX"));
     }
-    positive(value)
+    Ok(NodeCount { min, max })
 }
 
 fn port(value: &str) -> Result<u16, String> {
@@ -384,7 +418,24 @@ mod tests {
         assert!(message(&["--standalone"]).contains("<PROGRAM>"));
         assert!(message(&["--nnodes", "2", "--node-rank", "2", "p"]).contains("0 to 1"));
         assert!(message(&["--nnodes", "2", "p"]).contains("--master-addr"));
-        assert!(message(&["--nnodes", "1:4", "p"]).contains("elastic"));
+        assert!(message(&["--nnodes", "1:4", "--master-addr", "n", "p"]).contains("continue"));
+        assert!(message(&["--nnodes", "3:2", "p"]).contains("MIN above MAX"));
+        let elastic = [
+            "--nnodes",
+            "1:4",
+            "--master-addr",
+            "n",
+            "--on-failure",
+            "continue",
+            "--last-call",
+            "2",
+            "p",
+        ];
+        let c = launch(&elastic);
+        assert_eq!(
+            (c.min_nodes, c.nnodes, c.last_call),
+            (1, 4, Duration::from_secs(2))
+        );
         assert!(message(&["--master-port", "70000", "p"]).contains("port"));
         assert!(message(&["--standalone", "--master-port", "1234", "p"]).contains("drop"));
         assert!(message(&["--max-restarts", "-1", "p"]).contains("-1"));

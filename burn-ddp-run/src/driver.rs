@@ -8,6 +8,7 @@
 use crate::cli::{LaunchConfig, OnFailure};
 use crate::error::LaunchError;
 use crate::job::{self, host_store, JobIdentity};
+use crate::membership;
 use crate::peers::Peers;
 use crate::processes::{self, Launch, Worker, POLL};
 use crate::rounds::Policy;
@@ -52,8 +53,8 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
     } else {
         None
     };
-    let rejoining = job::running_without_us(config, &job, master_port);
-    if rejoining {
+    let membership = membership::find(config, &job, master_port)?;
+    if membership.rejoining {
         log::info!(
             "job {} is running without this machine: its workers join it at its next step and \
              take the state from a rank there (--on-failure continue)",
@@ -67,7 +68,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
             job: &job,
             master_port,
             thread_defaults: &thread_defaults,
-            rejoining,
+            membership,
         },
         store: store.as_ref(),
         peers: peers.as_ref(),
@@ -123,7 +124,7 @@ impl Driver<'_> {
             (Some(_), _) => Role::Follower,
         };
         Plan {
-            node_rank: config.node_rank,
+            node_rank: self.launch.membership.index,
             nproc_per_node: config.nproc_per_node,
             max_restarts: config.max_restarts,
             on_failure: config.on_failure,
@@ -259,7 +260,11 @@ impl Driver<'_> {
         let config = self.launch.config;
         let keys = self.keys(round);
         Event::Assessed(RoundFacts {
-            formed: job::formed(self.store, &keys, config.nnodes * config.nproc_per_node),
+            formed: job::formed(
+                self.store,
+                &keys,
+                self.launch.membership.machines * config.nproc_per_node,
+            ),
             duplicate: job::duplicate(self.store, &keys),
             interrupted_elsewhere: ask_peers
                 && self.peers.is_some_and(|peers| peers.interrupted(round)),

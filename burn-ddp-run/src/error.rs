@@ -70,6 +70,18 @@ pub enum LaunchError {
         /// The store's error.
         source: RendezvousError,
     },
+    /// The machines could not agree through node 0's store which of them
+    /// start the job (`--on-failure continue` on several machines).
+    Membership(RendezvousError),
+    /// `--nnodes MIN:MAX`: fewer than MIN machines came within the wait.
+    TooFewMachines {
+        /// Machines there.
+        present: usize,
+        /// `MIN`.
+        min: usize,
+        /// How long node 0 waited.
+        waited: Duration,
+    },
     /// Node 0's verdict on a round was there but could not be read.
     VerdictUnread {
         /// The failed round.
@@ -130,6 +142,21 @@ impl fmt::Display for LaunchError {
             Self::ReachPeers(err) => {
                 write!(f, "cannot reach the store to agree on restarts: {err}")
             }
+            Self::Membership(err) => write!(
+                f,
+                "cannot reach node 0's store to learn which machines start the job: {err}"
+            ),
+            Self::TooFewMachines {
+                present,
+                min,
+                waited,
+            } => write!(
+                f,
+                "only {present} machine(s) came within {:.0}s, and --nnodes asks for at least \
+                 {min}: start the others' launchers (same --master-addr, --master-port and \
+                 job token), or lower MIN",
+                waited.as_secs_f64()
+            ),
             Self::Spawn {
                 program,
                 rank,
@@ -188,6 +215,7 @@ impl std::error::Error for LaunchError {
             Self::Token(err)
             | Self::HostStore(err)
             | Self::ReachPeers(err)
+            | Self::Membership(err)
             | Self::StoreGone { source: err, .. }
             | Self::VerdictUnread { source: err, .. } => Some(err),
             Self::MakeToken(err)
@@ -196,6 +224,7 @@ impl std::error::Error for LaunchError {
             | Self::LogFile { source: err, .. }
             | Self::Cargo { source: err, .. } => Some(err),
             Self::JobId { .. }
+            | Self::TooFewMachines { .. }
             | Self::RestartsDiffer { .. }
             | Self::NoVerdict { .. }
             | Self::VerdictGarbled { .. }

@@ -69,29 +69,6 @@ pub(crate) fn host_store(
     Ok(server)
 }
 
-/// Whether this machine's launcher was started again for a job that runs
-/// on without it (`--on-failure continue`, a machine other than node 0):
-/// node 0's store holds the job's first group. A store not reached within a
-/// few seconds is a job not started yet (node 0's launcher may come later).
-pub(crate) fn running_without_us(config: &LaunchConfig, job: &JobIdentity, port: u16) -> bool {
-    use burn_ddp_rendezvous::store::{Store, TcpStoreClient};
-    if config.on_failure != crate::cli::OnFailure::Continue || config.node_rank == 0 {
-        return false;
-    }
-    let reach = std::time::Duration::from_secs(3);
-    let Ok(store) = TcpStoreClient::connect_with_token(
-        &config.master_addr,
-        port,
-        None,
-        reach,
-        job.token.as_ref(),
-    ) else {
-        return false;
-    };
-    let first_group = JobKeys::new(&job.id, 0).group(0);
-    store.check(&[&first_group.join(0)]).unwrap_or(false)
-}
-
 /// Whether every rank joined the attempt's first group (`keys`: the round's).
 pub(crate) fn formed(store: Option<&StoreServer>, keys: &JobKeys, world_size: usize) -> bool {
     let Some(store) = store else {

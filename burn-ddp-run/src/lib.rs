@@ -23,6 +23,7 @@ pub mod cli;
 mod driver;
 mod error;
 mod job;
+mod membership;
 mod output;
 mod peers;
 mod processes;

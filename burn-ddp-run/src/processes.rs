@@ -5,6 +5,7 @@
 use crate::cli::{LaunchConfig, OnFailure};
 use crate::error::LaunchError;
 use crate::job::JobIdentity;
+use crate::membership::Membership;
 use crate::output::LineSink;
 use crate::signals;
 use burn_ddp_rendezvous::env::{JOINING_VAR, LAUNCHER_STORE_VAR, ON_FAILURE_VAR};
@@ -44,10 +45,9 @@ pub(crate) struct Launch<'a> {
     pub master_port: u16,
     /// The thread-pool variables set to 1 (see [`thread_defaults`]).
     pub thread_defaults: &'a [&'static str],
-    /// The job already runs without this machine (its launcher started
-    /// again under `--on-failure continue`): the first round's workers join
-    /// it ([`JOINING_VAR`]).
-    pub rejoining: bool,
+    /// This machine's place among those the job started with; rejoining,
+    /// the first round's workers join the running job ([`JOINING_VAR`]).
+    pub membership: Membership,
 }
 
 /// Where a worker stands in the job.
@@ -94,17 +94,17 @@ pub(crate) fn start_round(
     launch: &Launch<'_>,
     round: u32,
 ) -> Result<(Instant, Vec<Worker>), LaunchError> {
-    let config = launch.config;
-    let world_size = config.nnodes * config.nproc_per_node;
+    let (config, member) = (launch.config, launch.membership);
+    let world_size = member.machines * config.nproc_per_node;
     let began = Instant::now();
     let mut workers = Vec::with_capacity(config.nproc_per_node);
     for local_rank in 0..config.nproc_per_node {
         let place = Place {
-            rank: config.node_rank * config.nproc_per_node + local_rank,
+            rank: member.index * config.nproc_per_node + local_rank,
             local_rank,
             world_size,
             round,
-            joining: launch.rejoining && round == 0,
+            joining: member.rejoining && round == 0,
         };
         match spawn(launch, &place) {
             Ok(worker) => workers.push(worker),
@@ -124,11 +124,11 @@ pub(crate) fn start_replacement(
     round: u32,
     local_rank: usize,
 ) -> Result<(Instant, Worker), LaunchError> {
-    let config = launch.config;
+    let (config, member) = (launch.config, launch.membership);
     let place = Place {
-        rank: config.node_rank * config.nproc_per_node + local_rank,
+        rank: member.index * config.nproc_per_node + local_rank,
         local_rank,
-        world_size: config.nnodes * config.nproc_per_node,
+        world_size: member.machines * config.nproc_per_node,
         round,
         joining: true,
     };
@@ -146,8 +146,8 @@ fn command(launch: &Launch<'_>, place: &Place) -> Command {
         .env("LOCAL_RANK", place.local_rank.to_string())
         .env("WORLD_SIZE", place.world_size.to_string())
         .env("LOCAL_WORLD_SIZE", config.nproc_per_node.to_string())
-        .env("GROUP_RANK", config.node_rank.to_string())
-        .env("GROUP_WORLD_SIZE", config.nnodes.to_string())
+        .env("GROUP_RANK", launch.membership.index.to_string())
+        .env("GROUP_WORLD_SIZE", launch.membership.machines.to_string())
         .env("ROLE_RANK", place.rank.to_string())
         .env("ROLE_WORLD_SIZE", place.world_size.to_string())
         .env("MASTER_ADDR", &config.master_addr)

@@ -13,6 +13,8 @@
 //!                               launcher/failed              a round's first failure (several machines)
 //!                               launcher/verdict             node 0's launcher: restart or stop
 //!                               launcher/seen/<node>         that machine's launcher read the verdict
+//!                               launcher/present/<node>      that machine's launcher is there (--nnodes MIN:MAX)
+//!                               launcher/machines            node 0's list of the machines the job starts with
 //!                               generations                  groups formed on the way (atomic add: each one's id)
 //!                               joiners/count                replacements that asked to join (atomic add)
 //!                               joiners/<n>/claim            admitted or withdrawn, whichever adds first
@@ -110,6 +112,17 @@ impl JobKeys {
     /// has nothing left to join.
     pub fn joiners_closed(&self) -> String {
         format!("{}joiners/closed", self.prefix)
+    }
+
+    /// Set by machine `node`'s launcher when it is there to start the job
+    /// (`--nnodes MIN:MAX`).
+    pub fn launcher_present(&self, node: usize) -> String {
+        format!("{}launcher/present/{node}", self.prefix)
+    }
+
+    /// Node 0's list of the machines the job starts with (`0,1,3`).
+    pub fn launcher_machines(&self) -> String {
+        format!("{}launcher/machines", self.prefix)
     }
 
     /// `Some((generation, rank))` when `key` is a blame key of this job.

@@ -17,21 +17,28 @@ fn launcher_on(
     scenario: &str,
     timeout_secs: &str,
 ) -> Command {
-    launcher_with(machines, node, (nproc, &[]), scenario, timeout_secs)
+    let nnodes = machines.len().to_string();
+    launcher_with(
+        machines,
+        node,
+        (&nnodes, nproc, &[]),
+        scenario,
+        timeout_secs,
+    )
 }
 
-/// [`launcher_on`] with the launcher's `flags` too.
+/// [`launcher_on`] with `--nnodes` as given and the launcher's `flags` too.
 fn launcher_with(
     machines: &Machines,
     node: usize,
-    (nproc, flags): (usize, &[&str]),
+    (nnodes, nproc, flags): (&str, usize, &[&str]),
     scenario: &str,
     timeout_secs: &str,
 ) -> Command {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = machines.command(node, LAUNCHER);
     cmd.args(flags)
-        .args(["--nnodes", &machines.len().to_string()])
+        .args(["--nnodes", nnodes])
         .args(["--node-rank", &node.to_string()])
         .args(["--nproc-per-node", &nproc.to_string()])
         .args(["--master-addr", &machines.addr(0).to_string()])
@@ -501,7 +508,7 @@ pub fn a_machine_cut_off_leaves_and_rejoins_under_on_failure_continue() -> Resul
     };
     let flags: &[&str] = &["--on-failure", "continue"];
     let start = |node| {
-        launcher_with(&machines, node, (2, flags), "heal_all_reduce", TIMEOUT)
+        launcher_with(&machines, node, ("2", 2, flags), "heal_all_reduce", TIMEOUT)
             .spawn()
             .map_err(|e| e.to_string())
     };
@@ -547,7 +554,7 @@ pub fn a_machine_cut_off_leaves_and_rejoins_under_on_failure_continue() -> Resul
         || format!("machine 1's launcher: {left:?}\n{said}"),
     )?;
     // Machine 1 comes back: the same command.
-    let again = launcher_with(&machines, 1, (2, flags), "heal_all_reduce", TIMEOUT);
+    let again = launcher_with(&machines, 1, ("2", 2, flags), "heal_all_reduce", TIMEOUT);
     let outputs = run_all(vec![again], Duration::from_secs(90));
     let ended = wait_bounded(&mut first, Duration::from_secs(90));
     let mut out0_rest = String::new();
@@ -596,4 +603,63 @@ fn wait_bounded(
         std::thread::sleep(Duration::from_millis(20));
     }
     None
+}
+
+/// `--nnodes 1:2 --last-call 2`: machine 0's launcher starts alone; after
+/// the last call its 2 ranks train as the whole job. Machine 1's launcher,
+/// started later with the same command, finds the job running and its ranks
+/// join as ranks 2 and 3 of generation 1; the job finishes on 4 ranks and
+/// both launchers exit 0.
+pub fn a_range_of_machines_starts_with_one_and_takes_the_second() -> Result<(), String> {
+    let Some(machines) = Machines::create(2)? else {
+        return Ok(());
+    };
+    let flags: &[&str] = &["--on-failure", "continue", "--last-call", "2"];
+    let launch = |node| {
+        let mut cmd = launcher_with(&machines, node, ("1:2", 2, flags), "heal_all_reduce", "20");
+        cmd.env("HEAL_TARGET_WORLD", "4");
+        cmd
+    };
+    let mut first = launch(0).spawn().map_err(|e| e.to_string())?;
+    let mut out0 = first.stdout.take().unwrap();
+    if let Err(err) = read_until(&mut out0, "ready", 2, Duration::from_secs(60)) {
+        let _ = first.kill();
+        let _ = first.wait();
+        return Err(err);
+    }
+    let outputs = run_all(vec![launch(1)], Duration::from_secs(90));
+    let ended = wait_bounded(&mut first, Duration::from_secs(90));
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut out0, &mut rest);
+    let mut err0 = String::new();
+    let _ = std::io::Read::read_to_string(&mut first.stderr.take().unwrap(), &mut err0);
+    let _ = first.kill();
+    let _ = first.wait();
+    let (second, _) = outputs?.pop().ok_or("no run")?;
+    let (out1, err1) = (text(&second.stdout), text(&second.stderr));
+    let context = format!("machine 0:\n{rest}\n{err0}\nmachine 1:\n{out1}\n{err1}");
+    check(
+        ended.is_some_and(|s| s.success()) && second.status.success(),
+        || {
+            format!(
+                "a launcher failed: {ended:?} {:?}\n{context}",
+                second.status
+            )
+        },
+    )?;
+    check(
+        err0.contains("starting the job on 1 of up to 2 machines"),
+        || context.clone(),
+    )?;
+    for rank in [0, 1] {
+        let line = format!("launched as rank {rank}: finished as rank {rank} of 4, generation 1");
+        check(rest.contains(&line), || format!("no {line:?}\n{context}"))?;
+    }
+    for rank in [2, 3] {
+        let line = format!("finished as rank {rank} of 4, generation 1");
+        check(out1.contains(&line), || format!("no {line:?}\n{context}"))?;
+    }
+    check(err1.contains("is running without this machine"), || {
+        context.clone()
+    })
 }

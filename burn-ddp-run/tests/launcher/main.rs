@@ -131,6 +131,10 @@ const CASES: &[Case] = &[
         going_on::a_replacement_nobody_admits_leaves_when_the_job_ends,
     ),
     (
+        "nnodes_1_2_starts_with_one_machine_and_takes_the_second",
+        machines::a_range_of_machines_starts_with_one_and_takes_the_second,
+    ),
+    (
         "on_failure_continue_a_machine_cut_off_leaves_and_rejoins",
         machines::a_machine_cut_off_leaves_and_rejoins_under_on_failure_continue,
     ),
