@@ -126,6 +126,19 @@ impl EpochHandle {
         Ok(())
     }
 
+    /// From the next [`set_epoch`](Self::set_epoch) on, this rank is `rank`
+    /// of `num_replicas` (the world changed); the epoch under way keeps its
+    /// indices, which a loader may be iterating.
+    pub fn regroup_from_next_epoch(
+        &self,
+        num_replicas: usize,
+        rank: usize,
+    ) -> Result<(), crate::SamplerError> {
+        let mut state = self.shard.state.write().unwrap();
+        state.sampler = state.sampler.regrouped(num_replicas, rank)?;
+        Ok(())
+    }
+
     /// Where the shard stands: its epoch, and where in that epoch's order
     /// over every rank its world began (0 unless the world changed in the
     /// middle of the epoch). A replacement that joins takes a peer's
@@ -189,6 +202,20 @@ impl EpochHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_regrouped_from_the_next_epoch_keeps_the_one_under_way() {
+        let shard = ShardIndices::new(DistributedSampler::new(12, 3, 2).unwrap().seed(1));
+        let handle = shard.epoch_handle();
+        handle.set_epoch(4);
+        let under_way = handle.indices();
+        handle.regroup_from_next_epoch(2, 1).unwrap();
+        assert_eq!(handle.indices(), under_way);
+        handle.set_epoch(5);
+        let mut two = DistributedSampler::new(12, 2, 1).unwrap().seed(1);
+        two.set_epoch(5);
+        assert_eq!(handle.indices(), two.indices());
+    }
 
     #[test]
     fn a_shard_placed_at_a_peers_position_takes_its_part_of_the_rest() {

@@ -65,7 +65,15 @@ impl LearnerTraining for MnistCnn {
     type Model = Net;
 
     fn ddp(&self, group: &ProcessGroup, directory: &Path) -> DdpTraining {
-        DdpTraining::new(group, directory).on_epoch_end(print_epoch)
+        // burn-ddp: under `burn-ddp-run --on-failure continue`, a rank that
+        // is gone costs a step, not the run.
+        DdpTraining::new(group, directory)
+            .on_epoch_end(print_epoch)
+            .with_recovery()
+    }
+
+    fn group(&self, ddp: &DdpTraining) -> ProcessGroup {
+        ddp.group()
     }
 
     fn create_artifact_dir(&self, ddp: &DdpTraining) -> burn_ddp_22::Result<()> {
@@ -93,7 +101,7 @@ impl LearnerTraining for MnistCnn {
         let train_shard = ddp // burn-ddp
             .shard_with(
                 train_set.clone(),
-                burn_ddp_22::distributed_sampler(ddp.group(), train_set.len())
+                burn_ddp_22::distributed_sampler(&ddp.group(), train_set.len())
                     .unwrap_or_else(|e| fail(Some(rank), e))
                     .seed(args.seed),
             );

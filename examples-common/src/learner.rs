@@ -43,6 +43,9 @@ pub trait LearnerTraining: MnistFiles {
         splits: (Arc<idx::Split>, Arc<idx::Split>),
         resume: Option<usize>,
     ) -> Self::Model;
+    /// `ddp.group()`: the group after training (its next generation if the
+    /// run went on without a rank).
+    fn group(&self, ddp: &Self::Ddp) -> ProcessGroup;
     /// `replicas::check_replicas`: every rank holds rank 0's parameters.
     fn check_replicas(&self, model: &Self::Model, group: &ProcessGroup) -> Result<usize>;
     /// `replicas::parameters_fingerprint`.
@@ -86,6 +89,10 @@ pub fn train<T: LearnerTraining>(trainer: &T, args: &MnistArgs) {
             .unwrap_or_else(|e| fail(Some(rank), e));
     }
     let model = trainer.fit(&ddp, args, batch_size, (train_set, test_set), resume);
+    // burn-ddp: the ranks that finished (the group's next generation if some
+    // were gone on from).
+    let group = trainer.group(&ddp);
+    let rank = group.rank();
     // burn-ddp: a Ctrl-C or SIGTERM on any rank stopped every rank at the same
     // iteration (unless it came after the last one: then the run is complete).
     // Stop here: the model in hand is half-trained, and must not replace a

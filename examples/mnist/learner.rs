@@ -69,7 +69,15 @@ impl<B: AutodiffBackend> LearnerTraining for MnistCnn<B> {
     type Model = Net<B::InnerBackend>;
 
     fn ddp(&self, group: &ProcessGroup, directory: &Path) -> DdpTraining {
-        DdpTraining::new(group, directory).on_epoch_end(print_epoch)
+        // burn-ddp: under `burn-ddp-run --on-failure continue`, a rank that
+        // is gone costs a step, not the run.
+        DdpTraining::new(group, directory)
+            .on_epoch_end(print_epoch)
+            .with_recovery()
+    }
+
+    fn group(&self, ddp: &DdpTraining) -> ProcessGroup {
+        ddp.group()
     }
 
     fn create_artifact_dir(&self, ddp: &DdpTraining) -> burn_ddp::Result<()> {
@@ -97,7 +105,7 @@ impl<B: AutodiffBackend> LearnerTraining for MnistCnn<B> {
         let train_shard = ddp // burn-ddp
             .shard_with(
                 train_set.clone(),
-                burn_ddp::distributed_sampler(ddp.group(), train_set.len())
+                burn_ddp::distributed_sampler(&ddp.group(), train_set.len())
                     .unwrap_or_else(|e| fail(Some(rank), e))
                     .seed(args.seed),
             );

@@ -14,7 +14,7 @@ use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
 use burn_ddp_sampler::{
     batch_size_per_rank, distributed_sampler, evaluation_sampler, DistributedSampler,
 };
-use burn_ddp_training::learner::{EpochReport, LearnerJob};
+use burn_ddp_training::learner::{EpochReport, LearnerJob, ShardChange};
 use std::path::Path;
 use std::time::Duration;
 
@@ -32,6 +32,8 @@ pub struct DdpTraining {
     pub(crate) gradient_checkpointing: bool,
     /// Shards the Learner's optimizer state across the ranks (ZeRO stage 1).
     pub(crate) sharded: Option<ShardConfig>,
+    /// Goes on without a rank that is gone ([`with_recovery`](Self::with_recovery)).
+    pub(crate) recovery: bool,
 }
 
 impl DdpTraining {
@@ -40,11 +42,40 @@ impl DdpTraining {
     /// given to `SupervisedTraining::new`. Buckets are PyTorch's defaults;
     /// see [`with_buckets`](Self::with_buckets).
     pub fn new(group: &ProcessGroup, directory: impl AsRef<Path>) -> Self {
+        let mut job = LearnerJob::new(group, directory);
+        // The default group's next generation stays the session's default.
+        if crate::shared::session::default_group().is_some_and(|default| default.is_same(group)) {
+            job = job.with_reform(crate::shared::session::reform_process_group);
+        }
         Self {
-            job: LearnerJob::new(group, directory),
+            job,
             gradient_checkpointing: false,
             sharded: None,
+            recovery: false,
         }
+    }
+
+    /// Under `burn-ddp-run --on-failure continue`, a rank that is gone
+    /// (killed, stalled past the timeout, cut off) costs the step it broke,
+    /// not the run: the others form the group's next generation in their
+    /// own processes, drop that step, finish the epoch on their own shards
+    /// (the lost rank's rest of the epoch is not trained on) and deal the
+    /// next epochs over themselves; rank 0 keeps writing the one set of
+    /// checkpoints. Without the launcher's `continue` it changes nothing.
+    /// Not with a sharded optimizer (the lost rank's part of the state is
+    /// gone: the run stops, and `--max-restarts` resumes it from the last
+    /// checkpoint).
+    pub fn with_recovery(self) -> Self {
+        Self {
+            recovery: true,
+            ..self
+        }
+    }
+
+    /// Whether the run goes on without ranks that are gone: the option and
+    /// the launcher's `--on-failure continue`.
+    pub(crate) fn goes_on(&self) -> bool {
+        self.recovery && burn_ddp_training::recovery::goes_on_after_failure()
     }
 
     /// Shards the Learner's optimizer state across the ranks (ZeRO stage 1,
@@ -71,8 +102,8 @@ impl DdpTraining {
         &self.job
     }
 
-    /// The group gradients are averaged over.
-    pub fn group(&self) -> &ProcessGroup {
+    /// The group gradients are averaged over (its latest generation).
+    pub fn group(&self) -> ProcessGroup {
         self.job.group()
     }
 
@@ -140,14 +171,14 @@ impl DdpTraining {
     /// This rank's shard of a training set: PyTorch's `DistributedSampler`
     /// (shuffled with seed 0, padded to equal lengths), advanced every epoch.
     pub fn shard<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
-        let sampler = distributed_sampler(self.group(), dataset.len())?;
+        let sampler = distributed_sampler(&self.group(), dataset.len())?;
         Ok(self.shard_with(dataset, sampler))
     }
 
     /// This rank's shard of an evaluation set: every item on exactly one rank,
     /// unshuffled, so summed figures are exact.
     pub fn shard_eval<D: Dataset<I>, I>(&self, dataset: D) -> Result<DistributedDataset<D, I>> {
-        let sampler = evaluation_sampler(self.group(), dataset.len())?;
+        let sampler = evaluation_sampler(&self.group(), dataset.len())?;
         Ok(self.shard_with(dataset, sampler))
     }
 
@@ -159,8 +190,12 @@ impl DdpTraining {
     ) -> DistributedDataset<D, I> {
         let shard = DistributedDataset::new(dataset, sampler);
         let epochs = shard.epoch_handle();
-        self.job
-            .register_shard(move |epoch| epochs.set_epoch(epoch));
+        self.job.register_shard(move |change| match change {
+            ShardChange::Epoch(epoch) => epochs.set_epoch(epoch),
+            ShardChange::Regroup { num_replicas, rank } => epochs
+                .regroup_from_next_epoch(num_replicas, rank)
+                .expect("a rank of its world"),
+        });
         shard
     }
 
@@ -191,6 +226,6 @@ impl DdpTraining {
     /// ranks trains with 128. A global batch the world size does not divide is
     /// an error naming the nearest multiples.
     pub fn batch_size_per_rank(&self, global_batch: usize) -> Result<usize> {
-        batch_size_per_rank(self.group(), global_batch)
+        batch_size_per_rank(&self.group(), global_batch)
     }
 }

@@ -377,7 +377,7 @@ fn artifact_dir() -> Res<()> {
     run.ddp.group().barrier().map_err(e)?;
     run.ddp.create_artifact_dir().map_err(e)?;
     println!("fresh_kept {}", run.dir.join("fresh.txt").exists());
-    let impossible = DdpTraining::new(run.ddp.group(), run.dir.join("fresh.txt").join("sub"));
+    let impossible = DdpTraining::new(&run.ddp.group(), run.dir.join("fresh.txt").join("sub"));
     match impossible.recreate_artifact_dir() {
         Ok(()) => return Err("a folder under a file was created".into()),
         Err(err) => println!("prepare_error {err}"),
@@ -481,7 +481,7 @@ fn single_device_parity() -> Res<()> {
                 .unwrap()
                 .shuffle(false)
         };
-        let ddp = DdpTraining::new(run.ddp.group(), &dir);
+        let ddp = DdpTraining::new(&run.ddp.group(), &dir);
         let train = ddp.shard_with(points(0, TRAIN_ITEMS), sampler());
         let valid = ddp.shard_eval(points(1000, VALID_ITEMS)).unwrap();
         let (train, valid) = loaders_of::<shim::Model>(train, valid, BATCH);

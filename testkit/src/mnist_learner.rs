@@ -315,3 +315,84 @@ pub fn killed_mid_epoch_resumes_by_itself(trainer: &MnistLearner) {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&reference_dir);
 }
+
+/// `mnist --learner` (which turns on `DdpTraining::with_recovery`) on 3
+/// ranks under `--on-failure continue`, rank 1 SIGKILLed in the middle of
+/// epoch 2: ranks 0 and 2 go on in their own processes as generation 1 of 2
+/// ranks (no restart: one round), finish every epoch and end with identical
+/// replicas, rank 0 writing the one experiment (epoch 3's checkpoint); the
+/// launcher exits 0; the test accuracy is the uninterrupted run's within
+/// run-to-run noise (3 points on 300 images: the survivors skip the lost
+/// rank's rest of epoch 2 and train epoch 3 on 2 ranks).
+pub fn goes_on_without_a_rank_killed_mid_epoch(trainer: &MnistLearner) {
+    let learner = |on_failure: &[&str]| {
+        let mut cmd = Command::new(launcher());
+        cmd.args(["--standalone", "--nproc-per-node", "3", "--prefix-output"])
+            .args(on_failure)
+            .arg(&trainer.program)
+            .arg("--learner")
+            .arg("--data-dir")
+            .arg(&trainer.data)
+            .args(["--train-samples", "1536", "--test-samples", "300"])
+            .args([
+                "--batch-size",
+                "8",
+                "--epochs",
+                "3",
+                "--artifact-dir",
+                "art",
+            ]);
+        cmd
+    };
+    let accuracy = |text: &str| -> Option<f64> {
+        let last = text.lines().rfind(|l| l.starts_with("[rank 0] epoch=3 "))?;
+        let (_, rest) = last.split_once("test_acc=")?;
+        rest.split('%').next()?.parse().ok()
+    };
+    let reference_dir = scratch(&format!("{}-learner-go-on-reference", trainer.name()));
+    let reference = run(learner(&[]), &reference_dir, Duration::from_secs(300));
+    assert_success(&reference);
+    let expected = accuracy(&stdout(&reference)).expect("the reference's accuracy");
+
+    let dir = scratch(&format!("{}-learner-go-on", trainer.name()));
+    let mut job = Interactive::start(learner(&["--on-failure", "continue"]), &dir);
+    job.wait_for("[rank 0] epoch=1 ", Duration::from_secs(300));
+    std::thread::sleep(Duration::from_millis(500));
+    let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let (out, _) = job.wait(Duration::from_secs(300));
+    let text = stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let context = format!("{text}\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{context}");
+    for needle in [
+        "going on as rank 1 of 2 (generation 1)",
+        "rank 1 ended (killed by SIGKILL)",
+        "the job finished without rank(s) 1",
+    ] {
+        assert!(stderr.contains(needle), "no {needle:?}\n{context}");
+    }
+    assert!(
+        text.contains("[rank 0] replicas identical: 8 parameter tensors on 2 ranks"),
+        "{context}"
+    );
+    let got = accuracy(&text).unwrap_or_else(|| panic!("no epoch 3\n{context}"));
+    assert!(
+        (got - expected).abs() <= 3.0,
+        "accuracy {got}% against the uninterrupted run's {expected}%\n{context}"
+    );
+    let checkpoint = |epoch: usize| {
+        dir.join(format!(
+            "art/checkpoint/model-{epoch}.{}",
+            trainer.checkpoint_extension
+        ))
+    };
+    assert!(checkpoint(3).is_file(), "no epoch 3 checkpoint\n{context}");
+    assert!(
+        dir.join("art").join(&trainer.model_file).is_file(),
+        "{context}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&reference_dir);
+}

@@ -56,6 +56,7 @@ macro_rules! trainer_tests {
             mnist_learner_on_two_ranks_writes_one_experiment,
             mnist_learner_ctrl_c_stops_cleanly_and_resumes,
             mnist_learner_killed_mid_epoch_resumes_by_itself_and_ends_as_uninterrupted,
+            mnist_learner_goes_on_without_a_rank_killed_mid_epoch,
         );
     };
     (@each $trainers:expr; $($scenario:ident),* $(,)?) => {
@@ -642,4 +643,9 @@ pub fn mnist_learner_ctrl_c_stops_cleanly_and_resumes(t: &Trainers) {
 /// [`mnist_learner::killed_mid_epoch_resumes_by_itself`].
 pub fn mnist_learner_killed_mid_epoch_resumes_by_itself_and_ends_as_uninterrupted(t: &Trainers) {
     mnist_learner::killed_mid_epoch_resumes_by_itself(&t.learner());
+}
+
+/// [`mnist_learner::goes_on_without_a_rank_killed_mid_epoch`].
+pub fn mnist_learner_goes_on_without_a_rank_killed_mid_epoch(t: &Trainers) {
+    mnist_learner::goes_on_without_a_rank_killed_mid_epoch(&t.learner());
 }

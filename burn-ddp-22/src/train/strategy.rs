@@ -68,7 +68,7 @@ impl DdpLearningStrategy {
 
     /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
     fn broadcast_parameters<M: LearnerModel>(&self, learner: &mut Learner<M>) {
-        let model = crate::wrap::broadcast_module(learner.model(), self.ddp.group(), true)
+        let model = crate::wrap::broadcast_module(learner.model(), &self.ddp.group(), true)
             .unwrap_or_else(|error| {
                 self.fail(FitError {
                     what: "broadcasting rank 0's parameters",
@@ -95,12 +95,12 @@ impl DdpLearningStrategy {
                 let in_parts = job.folder_is_shared().map(|shared| shared && checkpoints);
                 in_parts.and_then(|in_parts| {
                     let store = &components.event_store;
-                    let (group, parts) = (self.ddp.group(), parts.as_deref());
+                    let (group, parts) = (&self.ddp.group(), parts.as_deref());
                     ShardedLearning::start(config, group, learner, store, parts, in_parts).map(Some)
                 })
             }
             None => match &parts {
-                Some(dir) => load_whole_state(self.ddp.group(), learner, dir).map(|()| None),
+                Some(dir) => load_whole_state(&self.ddp.group(), learner, dir).map(|()| None),
                 None => Ok(None),
             },
         };
@@ -205,7 +205,7 @@ impl<'a, M: LearnerModel> Learning for Epochs<'a, M> {
             return sharded.step(&mut self.learner, grads);
         }
         let model = self.learner.model();
-        let grads = crate::sync::sync_module(self.job.reducer(), self.job.group(), &model, grads)?;
+        let grads = crate::sync::sync_module(self.job.reducer(), &self.job.group(), &model, grads)?;
         // burn-train 0.22 steps the scheduler with the optimizer.
         self.learner.lr_step();
         self.learner.optimizer_step(grads);
@@ -421,6 +421,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             num_epochs: components.num_epochs,
             grad_accumulation: components.grad_accumulation,
             step_leftover: true,
+            go_on: self.ddp.goes_on(),
         };
         let mut epochs = Epochs {
             job: self.ddp.job(),

@@ -42,7 +42,7 @@ impl LearnerJob {
     /// starts. Returns every rank's length.
     pub fn check_lengths(&self, what: &str, items: usize) -> Result<Vec<usize>> {
         let lengths: Vec<usize> = self
-            .group
+            .group()
             .all_gather(&[items as i64])?
             .into_iter()
             .map(|n| n as usize)
@@ -76,7 +76,7 @@ impl LearnerJob {
         let signal = stop::stop_signal();
         let (with_batch, stopped) = self.ballots(has_batch, interrupted || signal.is_some())?;
         let with_batch = with_batch.len();
-        let world = self.group.world_size();
+        let world = self.group().world_size();
         if !stopped.is_empty() {
             let reason = match (interrupted, signal) {
                 (true, _) => None,
@@ -144,7 +144,7 @@ impl LearnerJob {
 
     /// Which ranks say yes to each of two questions (one small all-gather).
     fn ballots(&self, first: bool, second: bool) -> Result<(Vec<usize>, Vec<usize>)> {
-        let votes = self.group.all_gather(&[first as i64, second as i64])?;
+        let votes = self.group().all_gather(&[first as i64, second as i64])?;
         let yes = |question: usize| -> Vec<usize> {
             votes
                 .chunks(2)

@@ -38,7 +38,7 @@ impl LearnerJob {
                 problem = Some(err);
             }
         }
-        self.group.broadcast(&mut failed, 0)?;
+        self.group().broadcast(&mut failed, 0)?;
         if failed[0] == 0 {
             return Ok(());
         }

@@ -40,7 +40,7 @@ impl LearnerJob {
                 }
             }
         }
-        self.group.broadcast(&mut chosen, 0)?;
+        self.group().broadcast(&mut chosen, 0)?;
         match chosen[0] {
             -1 => Ok(None),
             -2 => Err(problem.unwrap_or_else(|| {
@@ -116,7 +116,7 @@ impl LearnerJob {
                 .err()
                 .map(|why| why.to_string()),
         };
-        let states = self.group.all_gather(&[problem.is_some() as i64])?;
+        let states = self.group().all_gather(&[problem.is_some() as i64])?;
         let failing: Vec<usize> = states
             .iter()
             .enumerate()

@@ -66,6 +66,11 @@ pub struct Plan {
     /// `grad_accumulation` at its end) make one more step, as Burn 0.22's own
     /// strategy does; Burn 0.21's drops them.
     pub step_leftover: bool,
+    /// Whether a rank that is gone is gone on from (`burn-ddp-run
+    /// --on-failure continue` and the strategy's option): the others form
+    /// the group's next generation, drop the step it broke and finish the
+    /// epoch on their own shards; later epochs are dealt over them.
+    pub go_on: bool,
 }
 
 /// Why the loop could not go on in step with the other ranks: what it was
@@ -112,6 +117,42 @@ impl<T> Doing<T> for Result<T> {
 }
 
 impl LearnerJob {
+    /// `collective`, and under `plan.go_on`, again on the group's next
+    /// generation for as long as it fails because ranks are gone (each time
+    /// the survivors first agree that they took `steps` optimizer steps).
+    fn going_on<T>(
+        &self,
+        plan: Plan,
+        what: &'static str,
+        steps: u64,
+        mut collective: impl FnMut() -> Result<T>,
+    ) -> std::result::Result<T, FitError> {
+        loop {
+            match collective() {
+                Ok(value) => return Ok(value),
+                Err(error) if plan.go_on && error.is_peer_failure() => {
+                    self.go_on_after(error, steps).doing(what)?;
+                }
+                Err(error) => return Err(FitError { what, error }),
+            }
+        }
+    }
+
+    /// The survivors' next generation after `error`, agreed to stand at
+    /// `steps` optimizer steps.
+    fn go_on_after(&self, error: CommError, steps: u64) -> Result<()> {
+        log::warn!("{error}; going on without the ranks that are gone");
+        self.go_on_without_the_lost()?;
+        crate::recovery::agree_on_progress(&self.group(), steps)?;
+        log::warn!(
+            "going on as rank {} of {} (generation {})",
+            self.rank(),
+            self.group().world_size(),
+            self.group().generation()
+        );
+        Ok(())
+    }
+
     /// Runs the epochs of `plan` with `learning`, in step with every other
     /// rank; returns once every rank is done (a closing barrier), so nobody
     /// leaves while another rank may still need it.
@@ -120,10 +161,12 @@ impl LearnerJob {
         learning: &mut L,
         plan: Plan,
     ) -> std::result::Result<(), FitError> {
+        // Optimizer steps taken, for the survivors' agreement.
+        let mut steps = 0u64;
         for epoch in plan.starting_epoch..=plan.num_epochs {
             self.set_epoch(epoch);
             let started = Instant::now();
-            if !self.train_epoch(learning, epoch, plan)? {
+            if !self.train_epoch(learning, epoch, plan, &mut steps)? {
                 let reason = learning.stop_reason();
                 log::info!(
                     "Training interrupted: {}",
@@ -135,16 +178,17 @@ impl LearnerJob {
             let started = Instant::now();
             learning.validate(epoch);
             let valid_time = started.elapsed();
-            self.end_epoch(epoch, plan.num_epochs, train_time, valid_time)
-                .doing("summing the epoch's metrics")?;
+            self.going_on(plan, "summing the epoch's metrics", steps, || {
+                self.end_epoch(epoch, plan.num_epochs, train_time, valid_time)
+            })?;
             let early_stop =
                 self.is_main() && !learning.interrupted() && learning.early_stop(epoch);
             // Agreed before the checkpoint: an epoch interrupted on any rank
             // (its validation cut short) is not saved; an epoch early
             // stopping ends on is.
-            let after = self
-                .after_epoch(epoch, early_stop, learning.interrupted())
-                .doing("agreeing on early stopping")?;
+            let after = self.going_on(plan, "agreeing on early stopping", steps, || {
+                self.after_epoch(epoch, early_stop, learning.interrupted())
+            })?;
             if after == AfterEpoch::Interrupted {
                 if !learning.interrupted() {
                     learning.interrupt("interrupted on another rank");
@@ -156,7 +200,9 @@ impl LearnerJob {
                 break;
             }
         }
-        self.group().barrier().doing("the closing barrier")
+        self.going_on(plan, "the closing barrier", steps, || {
+            self.group().barrier()
+        })
     }
 
     /// One epoch's training split; whether it completed (every rank's loader
@@ -166,12 +212,13 @@ impl LearnerJob {
         learning: &mut L,
         epoch: usize,
         plan: Plan,
+        steps: &mut u64,
     ) -> std::result::Result<bool, FitError> {
         log::info!("Executing training step for epoch {epoch}");
         let items = learning.start_training(epoch);
-        let lengths = self
-            .check_lengths("training", items)
-            .doing("comparing loader lengths")?;
+        let lengths = self.going_on(plan, "comparing loader lengths", *steps, || {
+            self.check_lengths("training", items)
+        })?;
         let per_step = plan.grad_accumulation.unwrap_or(1).max(1);
         let mut iteration = 0;
         let mut pending = 0;
@@ -184,15 +231,15 @@ impl LearnerJob {
             let interrupted = learning.interrupted();
             // An interrupted rank votes as if it had a batch: a failed
             // loader is a stop, not a shorter epoch.
-            let next = self
-                .next_iteration(
+            let next = self.going_on(plan, "agreeing on the next iteration", *steps, || {
+                self.next_iteration(
                     epoch,
                     iteration,
                     item.is_some() || interrupted,
                     interrupted,
                     &lengths,
                 )
-                .doing("agreeing on the next iteration")?;
+            })?;
             let item = match (next, item) {
                 (NextIteration::Train, Some(item)) => item,
                 (NextIteration::Stop { reason }, _) => {
@@ -208,17 +255,43 @@ impl LearnerJob {
             pending += 1;
             if pending == per_step {
                 pending = 0;
-                learning.optimizer_step().doing("averaging gradients")?;
+                self.step(learning, plan, steps)?;
             }
             learning.report(output, iteration);
         };
         // Every rank's shard has the same length, so every rank has the same
         // leftover (none after an agreed stop).
         if completed && pending > 0 && plan.step_leftover {
-            learning.optimizer_step().doing("averaging gradients")?;
+            self.step(learning, plan, steps)?;
         }
         learning.end_training(epoch, completed);
         Ok(completed)
+    }
+}
+
+impl LearnerJob {
+    /// One optimizer step on the gradients averaged over the ranks; under
+    /// `plan.go_on`, a step that fails because ranks are gone is dropped
+    /// (its gradients were this rank's alone) and the survivors go on.
+    fn step<L: Learning>(
+        &self,
+        learning: &mut L,
+        plan: Plan,
+        steps: &mut u64,
+    ) -> std::result::Result<(), FitError> {
+        match learning.optimizer_step() {
+            Ok(()) => {
+                *steps += 1;
+                Ok(())
+            }
+            Err(error) if plan.go_on && error.is_peer_failure() => {
+                self.go_on_after(error, *steps).doing("averaging gradients")
+            }
+            Err(error) => Err(FitError {
+                what: "averaging gradients",
+                error,
+            }),
+        }
     }
 }
 
@@ -318,6 +391,7 @@ mod tests {
             num_epochs: 2,
             grad_accumulation: accumulation,
             step_leftover: leftover,
+            go_on: false,
         }
     }
 

@@ -31,24 +31,47 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Sets one shard's epoch (its sampler's, 0-based).
-type EpochSetter = Box<dyn Fn(usize) + Send>;
+/// What happens to a shard as the run goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardChange {
+    /// The next pass is the sampler's (0-based) epoch.
+    Epoch(usize),
+    /// The ranks that are gone were gone on from: from the next epoch on,
+    /// this rank is `rank` of `num_replicas` (the epoch under way keeps its
+    /// items: its loader is iterating them).
+    Regroup {
+        /// Ranks in the new world.
+        num_replicas: usize,
+        /// This rank's place in it.
+        rank: usize,
+    },
+}
+
+/// Applies a [`ShardChange`] to one shard.
+type ShardSetter = Box<dyn Fn(ShardChange) + Send>;
 
 /// Called on rank 0 with each epoch's figures.
 type EpochCallback = dyn Fn(&EpochReport) + Send + Sync;
+
+/// Forms the next generation of the job's group after a failure (the
+/// front-end's session, where the group is its default one).
+type Reform = dyn Fn(Duration) -> Result<ProcessGroup> + Send + Sync;
 
 /// One rank's part in a Learner run: the group, the model's gradient reducer
 /// (its own, over that group), the experiment folder, the shards whose epochs
 /// the strategy advances and the epoch figures. Cloning shares all of it.
 #[derive(Clone)]
 pub struct LearnerJob {
-    group: ProcessGroup,
+    /// The group, replaced by its next generation when the run goes on
+    /// without a rank that is gone ([`fit`](Self::fit) with `Plan::go_on`).
+    group: Arc<Mutex<ProcessGroup>>,
     reducer: Arc<Mutex<Reducer>>,
     directory: PathBuf,
-    shards: Arc<Mutex<Vec<EpochSetter>>>,
+    shards: Arc<Mutex<Vec<ShardSetter>>>,
     figures: Arc<EpochFigures>,
     metrics_wait: Duration,
     on_epoch_end: Option<Arc<EpochCallback>>,
+    reform: Option<Arc<Reform>>,
 }
 
 /// What rank 0 knows at the end of an epoch, for `on_epoch_end`.
@@ -82,14 +105,26 @@ impl LearnerJob {
     /// `SupervisedTraining::new`; buckets are PyTorch's defaults.
     pub fn new(group: &ProcessGroup, directory: impl AsRef<Path>) -> Self {
         Self {
-            group: group.clone(),
+            group: Arc::new(Mutex::new(group.clone())),
             reducer: Arc::new(Mutex::new(Reducer::new(group, BucketConfig::default()))),
             directory: directory.as_ref().to_path_buf(),
             shards: Arc::default(),
             figures: Arc::default(),
             metrics_wait: Duration::from_secs(120),
             on_epoch_end: None,
+            reform: None,
         }
+    }
+
+    /// Forms the group's next generation with `reform` when the run goes on
+    /// without ranks that are gone (a front-end's `reform_process_group`,
+    /// so its default group follows), instead of `ProcessGroup::reform`.
+    pub fn with_reform(
+        mut self,
+        reform: impl Fn(Duration) -> Result<ProcessGroup> + Send + Sync + 'static,
+    ) -> Self {
+        self.reform = Some(Arc::new(reform));
+        self
     }
 
     /// Calls `report` on rank 0 after each epoch's figures are summed.
@@ -121,19 +156,19 @@ impl LearnerJob {
         &self.reducer
     }
 
-    /// The group.
-    pub fn group(&self) -> &ProcessGroup {
-        &self.group
+    /// The group (its latest generation).
+    pub fn group(&self) -> ProcessGroup {
+        self.group.lock().unwrap().clone()
     }
 
     /// This rank.
     pub fn rank(&self) -> usize {
-        self.group.rank()
+        self.group().rank()
     }
 
     /// Whether this is rank 0, the rank that writes files and reports.
     pub fn is_main(&self) -> bool {
-        self.group.rank() == 0
+        self.rank() == 0
     }
 
     /// The experiment folder.
@@ -146,18 +181,43 @@ impl LearnerJob {
         &self.figures
     }
 
-    /// Registers a shard: `set_epoch` is called with the sampler's 0-based
-    /// epoch before each of Burn's (1-based) epochs.
-    pub fn register_shard(&self, set_epoch: impl Fn(usize) + Send + 'static) {
-        self.shards.lock().unwrap().push(Box::new(set_epoch));
+    /// Registers a shard: `change` is called with the sampler's 0-based
+    /// epoch before each of Burn's (1-based) epochs, and with its new place
+    /// when the run goes on without ranks that are gone.
+    pub fn register_shard(&self, change: impl Fn(ShardChange) + Send + 'static) {
+        self.shards.lock().unwrap().push(Box::new(change));
     }
 
     /// Sets every registered shard to Burn's 1-based `epoch` (the sampler
     /// sees `epoch - 1`, as a PyTorch loop calls `set_epoch(0)` first).
     pub fn set_epoch(&self, epoch: usize) {
-        for set_epoch in self.shards.lock().unwrap().iter() {
-            set_epoch(epoch.saturating_sub(1));
+        self.change_shards(ShardChange::Epoch(epoch.saturating_sub(1)));
+    }
+
+    fn change_shards(&self, change: ShardChange) {
+        for shard in self.shards.lock().unwrap().iter() {
+            shard(change);
         }
+    }
+
+    /// After a collective failed because ranks are gone: the group's next
+    /// generation among the ranks still there (waiting for each other up to
+    /// the group's timeout), a reducer over it, and the shards dealt over it
+    /// from the next epoch. Collective among the survivors.
+    pub(crate) fn go_on_without_the_lost(&self) -> Result<()> {
+        let group = self.group();
+        let next = match &self.reform {
+            Some(reform) => reform(group.timeout())?,
+            None => group.reform(group.timeout())?,
+        };
+        let config = self.reducer.lock().unwrap().config();
+        *self.reducer.lock().unwrap() = Reducer::new(&next, config);
+        self.change_shards(ShardChange::Regroup {
+            num_replicas: next.world_size(),
+            rank: next.rank(),
+        });
+        *self.group.lock().unwrap() = next;
+        Ok(())
     }
 
     /// Sums this rank's figures of `epoch` with every other rank's (a
@@ -172,7 +232,7 @@ impl LearnerJob {
     ) -> Result<Vec<GlobalMetric>> {
         let figures =
             self.figures
-                .reduce_epoch(&self.group, epoch, self.metrics_wait, &self.directory)?;
+                .reduce_epoch(&self.group(), epoch, self.metrics_wait, &self.directory)?;
         if let (true, Some(report)) = (self.is_main(), &self.on_epoch_end) {
             report(&EpochReport {
                 epoch,

@@ -70,12 +70,12 @@ impl LearnerJob {
                 }
             };
         }
-        self.group.broadcast(&mut nonce, 0)?;
+        self.group().broadcast(&mut nonce, 0)?;
         let token = nonce[0];
         let seen = token >= 0
             && std::fs::read_to_string(token_file(&folder, token))
                 .is_ok_and(|text| text == token.to_string());
-        let seen_by = self.group.all_gather(&[seen as i64])?;
+        let seen_by = self.group().all_gather(&[seen as i64])?;
         if self.is_main() && token >= 0 {
             let _ = std::fs::remove_file(token_file(&folder, token));
         }

@@ -51,7 +51,7 @@ impl DdpLearningStrategy {
 
     /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
     fn broadcast_parameters<LC: LearningComponentsTypes>(&self, learner: &mut Learner<LC>) {
-        let model = crate::wrap::broadcast_module(learner.model(), self.ddp.group(), true)
+        let model = crate::wrap::broadcast_module(learner.model(), &self.ddp.group(), true)
             .unwrap_or_else(|error| {
                 self.fail(FitError {
                     what: "broadcasting rank 0's parameters",
@@ -80,12 +80,12 @@ impl DdpLearningStrategy {
                 let in_parts = job.folder_is_shared().map(|shared| shared && checkpoints);
                 in_parts.and_then(|in_parts| {
                     let store = &components.event_store;
-                    let (group, parts) = (self.ddp.group(), parts.as_deref());
+                    let (group, parts) = (&self.ddp.group(), parts.as_deref());
                     ShardedLearning::start(config, group, learner, store, parts, in_parts).map(Some)
                 })
             }
             None => match &parts {
-                Some(dir) => load_whole_state(self.ddp.group(), learner, dir).map(|()| None),
+                Some(dir) => load_whole_state(&self.ddp.group(), learner, dir).map(|()| None),
                 None => Ok(None),
             },
         };
@@ -171,7 +171,7 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
             return sharded.step(&mut self.learner, grads);
         }
         let model = self.learner.model();
-        let grads = crate::sync::sync_module(self.job.reducer(), self.job.group(), &model, grads)?;
+        let grads = crate::sync::sync_module(self.job.reducer(), &self.job.group(), &model, grads)?;
         self.learner.optimizer_step(grads);
         Ok(())
     }
@@ -359,6 +359,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             num_epochs: components.num_epochs,
             grad_accumulation: components.grad_accumulation,
             step_leftover: false,
+            go_on: self.ddp.goes_on(),
         };
         let mut epochs = Epochs {
             job: self.ddp.job(),
