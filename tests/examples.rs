@@ -215,33 +215,11 @@ fn parameters(text: &str) -> Vec<f32> {
 /// those batches ends within 1e-5 of the ranks.
 #[test]
 fn toy_goes_on_without_a_killed_rank_under_on_failure_continue() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as usize;
     for (i, program) in ["toy", "toy22"].into_iter().enumerate() {
         let dir = scratch(&format!("{program}-go-on"));
-        let log = dir.join("batches.log");
-        let mut cmd = Command::new(launcher());
-        cmd.args(["--standalone", "--nproc-per-node", "3"])
-            .args(["--on-failure", "continue", "--prefix-output"])
-            .arg(example(program))
-            .args(["--epochs", "6", "--batch-size", "2", "--print-params"])
-            .arg("--log-batches")
-            .arg(&log);
-        let mut job = Interactive::start(cmd, &dir);
-        let epoch = 1 + (seed >> (2 * i)) % 3;
-        job.wait_for(
-            &format!("[rank 0] Epoch {epoch}/6"),
-            Duration::from_secs(120),
-        );
-        let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(victim, libc::SIGKILL) };
-        let (out, _) = job.wait(Duration::from_secs(120));
-        let text = stdout(&out);
+        let epoch = 1 + (seed() >> (2 * i)) % 3;
+        let (out, text, context) = toy_with_rank_1_killed(program, &dir, &[], ("[rank 0]", epoch));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let context = format!("{program} killed after epoch {epoch}\n{text}\n{stderr}");
         assert_eq!(out.status.code(), Some(0), "{context}");
         for (rank, now) in [(0, 0), (2, 1)] {
             let line =
@@ -264,20 +242,68 @@ fn toy_goes_on_without_a_killed_rank_under_on_failure_continue() {
         );
         // One process trained on the global batches the ranks logged ends
         // where the ranks did (to rounding: 3 then 2 ranks sum in another order).
-        let mut replay = Command::new(example(program));
-        replay
-            .args(["--epochs", "6", "--batch-size", "2", "--print-params"])
-            .arg("--replay")
-            .arg(&log);
-        let replayed = run(replay, &dir, Duration::from_secs(300));
-        assert_success(&replayed);
-        let gap = max_relative_difference(&parameters(&text), &parameters(&stdout(&replayed)));
+        let gap = toy_replay_gap(program, &dir, &text);
         assert!(
             gap <= 1e-5,
             "{program}: the replay ended {gap:e} away\n{context}"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A seed for the tests' random choices, from the clock.
+fn seed() -> usize {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as usize
+}
+
+/// The toy (3 ranks, 6 epochs, batch 2, `--print-params`, rank 0 logging
+/// the global batches to `dir/batches.log`) through the launcher with
+/// `--on-failure continue --prefix-output` and `flags`, rank 1 SIGKILLed
+/// once `prefix`'s rank 0 reported epoch `epoch`: its output, stdout, and
+/// both for a failure's message.
+fn toy_with_rank_1_killed(
+    program: &str,
+    dir: &Path,
+    flags: &[&str],
+    (prefix, epoch): (&str, usize),
+) -> (Output, String, String) {
+    let mut cmd = Command::new(launcher());
+    cmd.args(["--standalone", "--nproc-per-node", "3"])
+        .args(["--on-failure", "continue", "--prefix-output"])
+        .args(flags)
+        .arg(example(program))
+        .args(["--epochs", "6", "--batch-size", "2", "--print-params"])
+        .arg("--log-batches")
+        .arg(dir.join("batches.log"));
+    let mut job = Interactive::start(cmd, dir);
+    job.wait_for(
+        &format!("{prefix} Epoch {epoch}/6"),
+        Duration::from_secs(120),
+    );
+    let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let (out, _) = job.wait(Duration::from_secs(120));
+    let text = stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let context = format!("{program} killed after epoch {epoch}\n{text}\n{stderr}");
+    (out, text, context)
+}
+
+/// One process trained on the global batches `dir/batches.log` lists: how
+/// far (the largest relative difference) its parameters end from `text`'s.
+fn toy_replay_gap(program: &str, dir: &Path, text: &str) -> f32 {
+    let mut replay = Command::new(example(program));
+    replay
+        .args(["--epochs", "6", "--batch-size", "2", "--print-params"])
+        .arg("--replay")
+        .arg(dir.join("batches.log"));
+    let replayed = run(replay, dir, Duration::from_secs(300));
+    assert_success(&replayed);
+    max_relative_difference(&parameters(text), &parameters(&stdout(&replayed)))
 }
 
 /// `--on-failure continue --max-restarts 1`: the toy trainer (both Burns)
@@ -290,39 +316,13 @@ fn toy_goes_on_without_a_killed_rank_under_on_failure_continue() {
 /// process trained on the global batches rank 0 logged ends within 1e-5.
 #[test]
 fn toy_heals_a_killed_rank_with_a_replacement_from_a_peer() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as usize;
     for (i, program) in ["toy", "toy22"].into_iter().enumerate() {
         let dir = scratch(&format!("{program}-heal"));
-        let log = dir.join("batches.log");
-        let mut cmd = Command::new(launcher());
-        cmd.args([
-            "--standalone",
-            "--nproc-per-node",
-            "3",
-            "--max-restarts",
-            "1",
-        ])
-        .args(["--on-failure", "continue", "--prefix-output"])
-        .arg(example(program))
-        .args(["--epochs", "6", "--batch-size", "2", "--print-params"])
-        .arg("--log-batches")
-        .arg(&log);
-        let mut job = Interactive::start(cmd, &dir);
-        let epoch = 1 + (seed >> (2 * i)) % 3;
-        job.wait_for(
-            &format!("[rank 0 round 0] Epoch {epoch}/6"),
-            Duration::from_secs(120),
-        );
-        let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(victim, libc::SIGKILL) };
-        let (out, _) = job.wait(Duration::from_secs(120));
-        let text = stdout(&out);
+        let epoch = 1 + (seed() >> (2 * i)) % 3;
+        let flags = ["--max-restarts", "1"];
+        let (out, text, context) =
+            toy_with_rank_1_killed(program, &dir, &flags, ("[rank 0 round 0]", epoch));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let context = format!("{program} killed after epoch {epoch}\n{text}\n{stderr}");
         assert_eq!(out.status.code(), Some(0), "{context}");
         for (rank, now) in [(0, 0), (2, 1)] {
             let line = format!(
@@ -350,7 +350,7 @@ fn toy_heals_a_killed_rank_with_a_replacement_from_a_peer() {
             "{context}"
         );
         // The log: 3 ranks, 2 from the failure, 3 again once the replacement joined.
-        let logged = std::fs::read_to_string(&log).unwrap();
+        let logged = std::fs::read_to_string(dir.join("batches.log")).unwrap();
         let worlds: Vec<&str> = logged
             .lines()
             .filter_map(|l| l.split(':').next()?.split(' ').nth(2))
@@ -359,14 +359,7 @@ fn toy_heals_a_killed_rank_with_a_replacement_from_a_peer() {
         let first_two = first_two.unwrap_or_else(|| panic!("no step on 2 ranks\n{context}"));
         let back = worlds[first_two..].iter().position(|w| *w == "3");
         assert!(back.is_some(), "never back to 3 ranks\n{context}");
-        let mut replay = Command::new(example(program));
-        replay
-            .args(["--epochs", "6", "--batch-size", "2", "--print-params"])
-            .arg("--replay")
-            .arg(&log);
-        let replayed = run(replay, &dir, Duration::from_secs(300));
-        assert_success(&replayed);
-        let gap = max_relative_difference(&parameters(&text), &parameters(&stdout(&replayed)));
+        let gap = toy_replay_gap(program, &dir, &text);
         assert!(
             gap <= 1e-5,
             "{program}: the replay ended {gap:e} away\n{context}"
@@ -448,36 +441,12 @@ fn assert_adamw_replay_close(program: &str, ranks: &str, replayed: &str, context
 /// the ranks did.
 #[test]
 fn mnist_heals_a_killed_rank_with_a_replacement_from_a_peer() {
-    let data = mnist_data(env!("CARGO_MANIFEST_DIR"));
     for program in ["mnist", "mnist22"] {
         let dir = scratch(&format!("{program}-heal"));
-        let log = dir.join("batches.log");
-        let flags = ["--train-samples", "960", "--test-samples", "300"];
-        let mut cmd = Command::new(launcher());
-        cmd.args([
-            "--standalone",
-            "--nproc-per-node",
-            "3",
-            "--max-restarts",
-            "1",
-        ])
-        .args(["--on-failure", "continue", "--prefix-output"])
-        .arg(example(program))
-        .arg("--data-dir")
-        .arg(&data)
-        .args(flags)
-        .args(["--epochs", "4", "--batch-size", "16", "--print-params"])
-        .arg("--log-batches")
-        .arg(&log);
-        let mut job = Interactive::start(cmd, &dir);
-        job.wait_for("[rank 0 round 0] epoch=0 ", Duration::from_secs(300));
-        let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(victim, libc::SIGKILL) };
-        let (out, _) = job.wait(Duration::from_secs(300));
-        let text = stdout(&out);
+        let flags = ["--max-restarts", "1"];
+        let (out, text, context) =
+            mnist_with_rank_1_killed(program, &dir, &flags, ("[rank 0 round 0]", 4));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let context = format!("{program}\n{text}\n{stderr}");
         assert_eq!(out.status.code(), Some(0), "{context}");
         for (rank, now) in [(0, 0), (2, 1)] {
             let line = format!(
@@ -496,23 +465,7 @@ fn mnist_heals_a_killed_rank_with_a_replacement_from_a_peer() {
                 && stderr.contains("rank(s) 1 failed on the way and 1 replacement(s) started"),
             "{context}"
         );
-        let mut replay = Command::new(example(program));
-        replay
-            .arg("--data-dir")
-            .arg(&data)
-            .args(flags)
-            .args([
-                "--epochs",
-                "4",
-                "--batch-size",
-                "16",
-                "--print-params",
-                "--replay",
-            ])
-            .arg(&log);
-        let replayed = run(replay, &dir, Duration::from_secs(300));
-        assert_success(&replayed);
-        assert_adamw_replay_close(program, &text, &stdout(&replayed), &context);
+        mnist_replay_close(program, &dir, (4, &text), &context);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
@@ -526,30 +479,10 @@ fn mnist_heals_a_killed_rank_with_a_replacement_from_a_peer() {
 /// median parameter within 1e-6, 99% within 1e-4, every one within 1e-2).
 #[test]
 fn mnist_goes_on_without_a_killed_rank_under_on_failure_continue() {
-    let data = mnist_data(env!("CARGO_MANIFEST_DIR"));
     for program in ["mnist", "mnist22"] {
         let dir = scratch(&format!("{program}-go-on"));
-        let log = dir.join("batches.log");
-        let flags = ["--train-samples", "960", "--test-samples", "300"];
-        let mut cmd = Command::new(launcher());
-        cmd.args(["--standalone", "--nproc-per-node", "3"])
-            .args(["--on-failure", "continue", "--prefix-output"])
-            .arg(example(program))
-            .arg("--data-dir")
-            .arg(&data)
-            .args(flags)
-            .args(["--epochs", "3", "--batch-size", "16", "--print-params"])
-            .arg("--log-batches")
-            .arg(&log);
-        let mut job = Interactive::start(cmd, &dir);
-        job.wait_for("[rank 0] epoch=0 ", Duration::from_secs(300));
-        let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(victim, libc::SIGKILL) };
-        let (out, _) = job.wait(Duration::from_secs(300));
-        let text = stdout(&out);
+        let (out, text, context) = mnist_with_rank_1_killed(program, &dir, &[], ("[rank 0]", 3));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let context = format!("{program}\n{text}\n{stderr}");
         assert_eq!(out.status.code(), Some(0), "{context}");
         for (rank, now) in [(0, 0), (2, 1)] {
             let line =
@@ -569,18 +502,65 @@ fn mnist_goes_on_without_a_killed_rank_under_on_failure_continue() {
             "{context}"
         );
         // One process on the global batches rank 0 logged ends where the ranks did.
-        let mut replay = Command::new(example(program));
-        replay
-            .arg("--data-dir")
-            .arg(&data)
-            .args(flags)
-            .args(["--print-params", "--replay"])
-            .arg(&log);
-        let replayed = run(replay, &dir, Duration::from_secs(300));
-        assert_success(&replayed);
-        assert_adamw_replay_close(program, &text, &stdout(&replayed), &context);
+        mnist_replay_close(program, &dir, (3, &text), &context);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// The MNIST subset the go-on tests train on.
+const MNIST_SUBSET: [&str; 4] = ["--train-samples", "960", "--test-samples", "300"];
+
+/// The MNIST trainer (3 ranks, `epochs` epochs of batch 16,
+/// `--print-params`, rank 0 logging the global batches to
+/// `dir/batches.log`) through the launcher with `--on-failure continue
+/// --prefix-output` and `flags`, rank 1 SIGKILLed once `prefix`'s rank 0
+/// reported the first epoch: its output, stdout, and both for a failure's
+/// message.
+fn mnist_with_rank_1_killed(
+    program: &str,
+    dir: &Path,
+    flags: &[&str],
+    (prefix, epochs): (&str, usize),
+) -> (Output, String, String) {
+    let mut cmd = Command::new(launcher());
+    cmd.args(["--standalone", "--nproc-per-node", "3"])
+        .args(["--on-failure", "continue", "--prefix-output"])
+        .args(flags)
+        .arg(example(program))
+        .arg("--data-dir")
+        .arg(mnist_data(env!("CARGO_MANIFEST_DIR")))
+        .args(MNIST_SUBSET)
+        .args(["--epochs", &epochs.to_string(), "--batch-size", "16"])
+        .arg("--print-params")
+        .arg("--log-batches")
+        .arg(dir.join("batches.log"));
+    let mut job = Interactive::start(cmd, dir);
+    job.wait_for(&format!("{prefix} epoch=0 "), Duration::from_secs(300));
+    let victim = worker_pid(job.pid(), 1).expect("rank 1 runs");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let (out, _) = job.wait(Duration::from_secs(300));
+    let text = stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let context = format!("{program}\n{text}\n{stderr}");
+    (out, text, context)
+}
+
+/// One process trained on the global batches `dir/batches.log` lists ends
+/// where the ranks did (`text`'s parameters, after `epochs`), to AdamW's
+/// tolerances.
+fn mnist_replay_close(program: &str, dir: &Path, (epochs, text): (usize, &str), context: &str) {
+    let mut replay = Command::new(example(program));
+    replay
+        .arg("--data-dir")
+        .arg(mnist_data(env!("CARGO_MANIFEST_DIR")))
+        .args(MNIST_SUBSET)
+        .args(["--epochs", &epochs.to_string(), "--batch-size", "16"])
+        .args(["--print-params", "--replay"])
+        .arg(dir.join("batches.log"));
+    let replayed = run(replay, dir, Duration::from_secs(300));
+    assert_success(&replayed);
+    assert_adamw_replay_close(program, text, &stdout(&replayed), context);
 }
 
 /// `--max-restarts 3`, `--resume auto` and rank 1 SIGKILLed in three rounds,
