@@ -168,8 +168,9 @@ pub fn run() -> Res<()> {
     let (mut opt_g, mut opt_d) = (SgdConfig::new().init(), SgdConfig::new().init());
     let (mut opt_g_ref, mut opt_d_ref) = (SgdConfig::new().init(), SgdConfig::new().init());
     let (g_bytes, d_bytes) = (f32_bytes(&trainable(&g)), f32_bytes(&trainable(&d)));
-    // Each model's reducer agrees on the layout in one 3 x i64 all-reduce.
-    let agreement = 24;
+    // Each model's reducer agrees on the layout (and on whether replacements
+    // wait to join) in one 4 x i64 all-reduce.
+    let agreement = 32;
     let b = 3;
     for step in 0..6 {
         let items = |r: usize| (0..b).map(|i| 1000 * step + 10 * r + i).collect::<Vec<_>>();
