@@ -134,19 +134,27 @@ impl Driver<'_> {
         }
     }
 
-    /// A stop signal, then the workers that have exited since the last look.
+    /// A stop signal, then the workers that have exited since the last look,
+    /// and those found stopped (SIGSTOP).
     fn look(&mut self, machine: &Supervision) -> Event {
         let signal = signals::take();
         let mut exits = Vec::new();
+        let mut stopped = Vec::new();
         for (i, (worker, state)) in self.workers.iter_mut().zip(machine.workers()).enumerate() {
             if !state.running() {
                 continue;
             }
-            if let Ok(Some(status)) = worker.child.try_wait() {
-                exits.push((i, status));
+            match worker.child.try_wait() {
+                Ok(Some(status)) => exits.push((i, status)),
+                _ if processes::is_stopped(worker.pid) => stopped.push(i),
+                _ => {}
             }
         }
-        Event::Look { signal, exits }
+        Event::Look {
+            signal,
+            exits,
+            stopped,
+        }
     }
 
     /// Does `actions` in order; an answer goes back to the machine at once,

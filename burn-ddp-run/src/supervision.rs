@@ -182,6 +182,11 @@ pub(crate) struct Supervision {
     /// Replacements started so far, every round (each counts against
     /// `--max-restarts`, as a restart of the round does).
     replaced: u32,
+    /// Since when each worker has been seen stopped (SIGSTOP), if it is.
+    stopped_since: Vec<Option<Instant>>,
+    /// Workers killed for staying stopped after the others finished: not
+    /// failures of the job.
+    left_behind: Vec<usize>,
     phase: Phase,
 }
 
@@ -207,6 +212,8 @@ impl Supervision {
             workers: Vec::new(),
             lost: Vec::new(),
             replaced: 0,
+            stopped_since: Vec::new(),
+            left_behind: Vec::new(),
             phase: Phase::Starting,
         };
         (machine, vec![Action::StartRound { round: 0 }])
@@ -247,7 +254,14 @@ impl Supervision {
             Event::StartFailed(err) if matches!(self.phase, Phase::Starting) => {
                 self.phase = Phase::Finished(Err(err));
             }
-            Event::Look { signal, exits } => self.look(now, signal, exits, &mut out),
+            Event::Look {
+                signal,
+                exits,
+                stopped,
+            } => {
+                self.note_stopped(now, &stopped);
+                self.look(now, signal, exits, &mut out);
+            }
             Event::PeerReport(report) => self.peer_report(now, report, &mut out),
             Event::Assessed(facts) => self.assessed(facts, &mut out),
             Event::Verdict(verdict) => self.verdict(verdict, &mut out),
@@ -277,6 +291,47 @@ impl Supervision {
         }
     }
 
+    /// Keeps since when each worker has been seen stopped.
+    fn note_stopped(&mut self, now: Instant, stopped: &[usize]) {
+        for (i, since) in self.stopped_since.iter_mut().enumerate() {
+            if !stopped.contains(&i) {
+                *since = None;
+            } else if since.is_none() {
+                *since = Some(now);
+            }
+        }
+    }
+
+    /// Under `--on-failure continue`, once a worker finished after the last
+    /// failure (the others went on and are done), a worker that stayed
+    /// stopped (SIGSTOP) for the shutdown timeout is killed: nobody will
+    /// continue it, and the launcher would wait for it forever.
+    fn kill_the_left_behind(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let last_failure = self.lost.iter().map(|l| l.at).max();
+        let finished = self.workers.iter().any(|w| {
+            w.exit
+                .is_some_and(|e| e.status.success() && Some(w.started + e.after) >= last_failure)
+        });
+        if !finished {
+            return;
+        }
+        let timeout = self.plan.shutdown_timeout;
+        for (i, worker) in self.workers.iter().enumerate() {
+            let Some(since) = self.stopped_since.get(i).copied().flatten() else {
+                continue;
+            };
+            let stopped_for = now.saturating_duration_since(since);
+            if worker.running() && stopped_for >= timeout && !self.left_behind.contains(&i) {
+                self.left_behind.push(i);
+                out.push(Action::Say(Notice::StoppedLeftBehind {
+                    rank: worker.rank,
+                    stopped_for,
+                }));
+                out.push(Action::Kill { worker: i });
+            }
+        }
+    }
+
     /// Whether a restart is left for a replacement.
     fn may_replace(&self) -> bool {
         self.round + self.replaced < self.plan.max_restarts
@@ -300,6 +355,8 @@ impl Supervision {
             .collect();
         // Replacements count against --max-restarts across rounds.
         self.lost.clear();
+        self.stopped_since = vec![None; self.workers.len()];
+        self.left_behind.clear();
         self.phase = Phase::Running {
             next_peer_poll: now + PEER_POLL,
         };
@@ -324,6 +381,13 @@ impl Supervision {
         let round = self.round;
         let peers = self.plan.role.has_peers();
         let go_on = self.plan.on_failure == OnFailure::Continue;
+        let failed: Vec<usize> = failed
+            .into_iter()
+            .filter(|i| !self.left_behind.contains(i))
+            .collect();
+        if go_on && matches!(self.phase, Phase::Running { .. }) {
+            self.kill_the_left_behind(now, out);
+        }
         match (&mut self.phase, failed.first().copied()) {
             (Phase::Running { .. }, Some(_)) if go_on => self.go_on_without(now, &failed, out),
             (Phase::Running { .. }, Some(first)) if peers => {

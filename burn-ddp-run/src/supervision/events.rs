@@ -30,6 +30,8 @@ pub(crate) enum Event {
         signal: Option<i32>,
         /// Workers that ended since the last look.
         exits: Vec<(usize, ExitStatus)>,
+        /// Workers found stopped (SIGSTOP), not running.
+        stopped: Vec<usize>,
     },
     /// Another machine's report of the round, or none (answers
     /// [`Action::PollPeers`]).
@@ -222,6 +224,14 @@ pub(crate) enum Notice {
     /// Under `--on-failure continue` on several machines: every worker here
     /// failed; the job may go on on the others.
     MachineLeft,
+    /// Under `--on-failure continue`: the others finished, and this worker
+    /// stayed stopped (SIGSTOP) for the shutdown timeout: it is killed.
+    StoppedLeftBehind {
+        /// Its rank.
+        rank: usize,
+        /// How long it has been stopped.
+        stopped_for: std::time::Duration,
+    },
     /// A failed round is not restarted: replacements used the restarts.
     NoRestartsLeft {
         /// Restarts used.
@@ -249,9 +259,10 @@ impl Notice {
     /// The level it is logged at.
     pub fn level(&self) -> log::Level {
         match self {
-            Self::KillingNow { .. } | Self::WorkerLost { .. } | Self::ReplaceFailed { .. } => {
-                log::Level::Warn
-            }
+            Self::KillingNow { .. }
+            | Self::WorkerLost { .. }
+            | Self::ReplaceFailed { .. }
+            | Self::StoppedLeftBehind { .. } => log::Level::Warn,
             Self::NoRestartsLeft { .. } | Self::MachineLeft => log::Level::Error,
             _ => log::Level::Info,
         }
@@ -317,6 +328,12 @@ impl fmt::Display for Notice {
                 f,
                 "starting a replacement for rank {rank} (restart {used} of {max_restarts}); it \
                  joins the others at their next step and takes the state from one of them"
+            ),
+            Self::StoppedLeftBehind { rank, stopped_for } => write!(
+                f,
+                "rank {rank} has been stopped (SIGSTOP) for {:.0}s and the others finished \
+                 without it: killing it (--on-failure continue)",
+                stopped_for.as_secs_f64()
             ),
             Self::MachineLeft => write!(
                 f,

@@ -50,6 +50,7 @@ fn look(machine: &mut Supervision, at: Instant, exits: &[(usize, ExitStatus)]) -
         Event::Look {
             signal: None,
             exits,
+            stopped: Vec::new(),
         },
     )
 }
@@ -58,6 +59,7 @@ fn signal(machine: &mut Supervision, at: Instant, signal: i32) -> Vec<Action> {
     let event = Event::Look {
         signal: Some(signal),
         exits: Vec::new(),
+        stopped: Vec::new(),
     };
     machine.step(at, event)
 }
@@ -372,6 +374,42 @@ fn going_on_on_several_machines_a_machine_whose_workers_all_failed_leaves() {
     };
     assert_eq!(end, [Action::CleanUp, summary, say(Notice::MachineLeft)]);
     assert!(matches!(machine.into_outcome(), Some(Ok(1))));
+}
+
+#[test]
+fn going_on_a_worker_stopped_forever_is_killed_once_the_others_finished() {
+    let (mut machine, t0) = going_on(0);
+    let stopped = |machine: &mut Supervision, at, exits: &[(usize, ExitStatus)]| {
+        let look = Event::Look {
+            signal: None,
+            exits: exits.to_vec(),
+            stopped: vec![1],
+        };
+        machine.step(at, look)
+    };
+    // Rank 4 is stopped; the others time out on it and go on without it
+    // (a failure of theirs here would be a restart: they reform instead).
+    assert!(stopped(&mut machine, t0 + ms(100), &[]).is_empty());
+    // Nobody finished yet: a stopped worker is left alone, however long (it
+    // may be continued).
+    assert!(stopped(&mut machine, t0 + ms(100) + 2 * TIMEOUT, &[]).is_empty());
+    // The others finish: it has been stopped past the shutdown timeout, so
+    // it is killed at once.
+    let t1 = t0 + ms(200) + 2 * TIMEOUT;
+    let killed = stopped(&mut machine, t1, &[(0, code(0)), (2, code(0))]);
+    let notice = Notice::StoppedLeftBehind {
+        rank: 4,
+        stopped_for: ms(100) + 2 * TIMEOUT,
+    };
+    assert_eq!(killed, [say(notice), Action::Kill { worker: 1 }]);
+    // Its end is not the job's failure.
+    let end = look(&mut machine, t1 + ms(20), &[(1, killed_status())]);
+    assert_eq!(end, [Action::CleanUp]);
+    assert!(matches!(machine.into_outcome(), Some(Ok(0))));
+}
+
+fn killed_status() -> ExitStatus {
+    killed(SIGKILL)
 }
 
 #[test]

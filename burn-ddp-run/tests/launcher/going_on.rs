@@ -2,7 +2,7 @@
 //! program that forms the next generation of its group goes on without the
 //! worker, and the job succeeds when the others finish.
 
-use super::{run_scenario, text};
+use super::{bounded, launcher, run_scenario, text, SCENARIO_VAR};
 use burn_ddp_comm::{ProcessGroup, ReduceOp};
 use burn_ddp_testkit::check;
 use std::time::Duration;
@@ -33,8 +33,13 @@ pub fn worker(name: &str) -> Option<i32> {
     let mut step = 0;
     while step < 12 {
         if step == 5 && rank == 1 {
+            // SIGKILL, or SIGSTOP with GO_ON_STOP set (never continued).
+            let signal = match std::env::var_os("GO_ON_STOP") {
+                Some(_) => libc::SIGSTOP,
+                None => libc::SIGKILL,
+            };
             // SAFETY: signalling this process.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            unsafe { libc::kill(libc::getpid(), signal) };
         }
         let world = group.world_size();
         let mut data = vec![(group.rank() + 1) as f32; 1024];
@@ -205,4 +210,37 @@ fn heal_all_reduce() -> i32 {
     }
     eprintln!("the world never healed");
     3
+}
+
+/// 3 workers, rank 1 SIGSTOPs itself at step 5 and is never continued: ranks
+/// 0 and 2 time out on it (3 s), go on as ranks 0 and 1 of 2 and finish;
+/// the launcher, which would otherwise wait for rank 1 forever, kills it once
+/// it has been stopped for the shutdown timeout (2 s) after they finished,
+/// and exits 0.
+pub fn a_worker_stopped_forever_is_killed_once_the_others_finished() -> Result<(), String> {
+    let exe = std::env::current_exe().unwrap();
+    let flags = [
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--on-failure",
+        "continue",
+        "--shutdown-timeout",
+        "2",
+        exe.to_str().unwrap(),
+    ];
+    let mut cmd = launcher(&flags);
+    cmd.env(SCENARIO_VAR, "go_on_without_rank_1")
+        .env("GO_ON_STOP", "1")
+        .env("BURN_DDP_TIMEOUT_SECS", "3");
+    let (out, took) = bounded(cmd, Duration::from_secs(60))?;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    check(out.status.code() == Some(0), || format!("{out:?}"))?;
+    check(
+        stdout.contains("finished 12 steps as rank 1 of 2")
+            && stderr.contains("rank 1 has been stopped (SIGSTOP)")
+            && stderr.contains("killing it"),
+        || format!("{stdout}\n{stderr}"),
+    )?;
+    check(took < Duration::from_secs(20), || format!("took {took:?}"))
 }

@@ -493,8 +493,9 @@ fn judge_rank(
     }
 }
 
-/// `--on-failure continue` on 2 machines x 2 ranks (a 10 s timeout): machine
-/// 1's link is cut while they train. Machine 0's ranks go on as the two
+/// `--nnodes 1:2 --on-failure continue`, both machines there from the start
+/// (2 x 2 ranks, a 10 s timeout): machine 1's link is cut while they train.
+/// Machine 0's ranks go on as the two
 /// ranks of generation 1; machine 1's ranks cannot reach the store and
 /// end, and its launcher leaves (exit non-zero, saying how to rejoin). The
 /// link is restored and machine 1's launcher started again with the same
@@ -508,9 +509,15 @@ pub fn a_machine_cut_off_leaves_and_rejoins_under_on_failure_continue() -> Resul
     };
     let flags: &[&str] = &["--on-failure", "continue"];
     let start = |node| {
-        launcher_with(&machines, node, ("2", 2, flags), "heal_all_reduce", TIMEOUT)
-            .spawn()
-            .map_err(|e| e.to_string())
+        launcher_with(
+            &machines,
+            node,
+            ("1:2", 2, flags),
+            "heal_all_reduce",
+            TIMEOUT,
+        )
+        .spawn()
+        .map_err(|e| e.to_string())
     };
     let mut first = start(0)?;
     let mut second = start(1)?;
@@ -554,7 +561,7 @@ pub fn a_machine_cut_off_leaves_and_rejoins_under_on_failure_continue() -> Resul
         || format!("machine 1's launcher: {left:?}\n{said}"),
     )?;
     // Machine 1 comes back: the same command.
-    let again = launcher_with(&machines, 1, ("2", 2, flags), "heal_all_reduce", TIMEOUT);
+    let again = launcher_with(&machines, 1, ("1:2", 2, flags), "heal_all_reduce", TIMEOUT);
     let outputs = run_all(vec![again], Duration::from_secs(90));
     let ended = wait_bounded(&mut first, Duration::from_secs(90));
     let mut out0_rest = String::new();

@@ -127,6 +127,10 @@ const CASES: &[Case] = &[
         going_on::the_others_go_on_without_a_killed_worker,
     ),
     (
+        "on_failure_continue_a_worker_stopped_forever_is_killed_once_the_others_finished",
+        going_on::a_worker_stopped_forever_is_killed_once_the_others_finished,
+    ),
+    (
         "on_failure_continue_a_replacement_nobody_admits_leaves_when_the_job_ends",
         going_on::a_replacement_nobody_admits_leaves_when_the_job_ends,
     ),
