@@ -255,7 +255,7 @@ fn stop_with_parent(_command: &mut Command) {}
 pub(crate) fn is_stopped(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().chars().next()?))
+        .and_then(|stat| stat.rsplit_once(')')?.1.trim_start().chars().next())
         .is_some_and(|state| state == 'T' || state == 't')
 }
 
