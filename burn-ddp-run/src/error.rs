@@ -144,7 +144,7 @@ impl fmt::Display for LaunchError {
             }
             Self::Membership(err) => write!(
                 f,
-                "cannot reach node 0's store to learn which machines start the job: {err}"
+                "cannot agree with node 0 through its store which machines start the job: {err}"
             ),
             Self::TooFewMachines {
                 present,
@@ -152,9 +152,9 @@ impl fmt::Display for LaunchError {
                 waited,
             } => write!(
                 f,
-                "only {present} machine(s) came within {:.0}s, and --nnodes asks for at least \
-                 {min}: start the others' launchers (same --master-addr, --master-port and \
-                 job token), or lower MIN",
+                "only {present} machine(s) came within {:.0}s (BURN_DDP_TIMEOUT_SECS), and \
+                 --nnodes asks for at least {min}: start the others' launchers (same \
+                 --master-addr, --master-port and job token), or lower MIN",
                 waited.as_secs_f64()
             ),
             Self::Spawn {

@@ -106,10 +106,11 @@ pub(crate) fn find(
             machines: machines.len(),
             rejoining: false,
         },
-        // Came after the decision: it joins the job as it runs.
+        // Came after the decision: it joins the job as it runs (its ranks
+        // are placeholders the job replaces, within the most machines).
         None => Membership {
             index: node,
-            machines: machines.len(),
+            machines: config.nnodes,
             rejoining: true,
         },
     })

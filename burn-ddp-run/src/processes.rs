@@ -250,13 +250,14 @@ fn stop_with_parent(command: &mut Command) {
 #[cfg(not(target_os = "linux"))]
 fn stop_with_parent(_command: &mut Command) {}
 
-/// Whether process `pid` is stopped (SIGSTOP, or traced): its state in
-/// `/proc/<pid>/stat`, after the command name's closing parenthesis.
+/// Whether process `pid` is stopped by a signal (SIGSTOP; not one a
+/// debugger holds): its state in `/proc/<pid>/stat`, after the command
+/// name's closing parenthesis.
 pub(crate) fn is_stopped(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| stat.rsplit_once(')')?.1.trim_start().chars().next())
-        .is_some_and(|state| state == 'T' || state == 't')
+        .is_some_and(|state| state == 'T')
 }
 
 /// After every worker of the round has ended: the rest of their output, and

@@ -307,6 +307,9 @@ impl Supervision {
     /// stopped (SIGSTOP) for the shutdown timeout is killed: nobody will
     /// continue it, and the launcher would wait for it forever.
     fn kill_the_left_behind(&mut self, now: Instant, out: &mut Vec<Action>) {
+        // The others go on without a stopped rank by themselves (it fails
+        // nothing the launcher sees): one finished means they did, since a
+        // group's ranks finish together.
         let last_failure = self.lost.iter().map(|l| l.at).max();
         let finished = self.workers.iter().any(|w| {
             w.exit
@@ -666,9 +669,14 @@ impl Supervision {
                 });
                 let code = first.status.map_or(1, exit_code);
                 if self.plan.machines > 1 {
-                    // The job may go on elsewhere; a round here alone would
-                    // wait for a world that is not coming.
-                    out.push(Action::Say(Notice::MachineLeft));
+                    // The job may go on elsewhere (unless this launcher hosts
+                    // its store); a round here alone would wait for a world
+                    // that is not coming.
+                    let notice = match self.plan.node_rank {
+                        0 => Notice::StoreHostLeft,
+                        _ => Notice::MachineLeft,
+                    };
+                    out.push(Action::Say(notice));
                     self.phase = Phase::Finished(Ok(code));
                     return;
                 }

@@ -421,7 +421,8 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for DdpLearningStrategy {
             num_epochs: components.num_epochs,
             grad_accumulation: components.grad_accumulation,
             step_leftover: true,
-            go_on: self.ddp.goes_on(),
+            // A sharded optimizer cannot go on: the lost rank's part is gone.
+            go_on: self.ddp.goes_on() && sharded.is_none(),
         };
         let mut epochs = Epochs {
             job: self.ddp.job(),

@@ -245,16 +245,23 @@ impl ProcessGroup {
         // members where they were, after the timeout.
         let started =
             ProcessGroup::start_generation(next, inner.settings, next_generation, None, lineage);
+        // Every member takes the next generation, or none does: a member
+        // alone on it would be out of step with the others (the vote is on
+        // this generation, which the members still share).
+        let someone_failed = inner.vote(started.is_err())?;
         match started {
-            Ok(group) => {
+            Ok(group) if !someone_failed => {
                 let server = inner.store_server.lock().unwrap().take();
                 *group.inner.store_server.lock().unwrap() = server;
                 inner.retire();
                 Ok(group)
             }
-            Err(err) => {
+            outcome => {
+                let why = outcome
+                    .err()
+                    .map_or("on another member".into(), |e| e.to_string());
                 log::warn!(
-                    "rank {}: the replacement(s) did not join ({err}); going on as generation {} \
+                    "rank {}: the replacement(s) did not join ({why}); going on as generation {} \
                      without them",
                     inner.rank,
                     inner.generation

@@ -232,6 +232,9 @@ pub(crate) enum Notice {
         /// How long it has been stopped.
         stopped_for: std::time::Duration,
     },
+    /// Under `--on-failure continue` on several machines: every worker on
+    /// node 0 failed, and its launcher hosts the store: the job ends.
+    StoreHostLeft,
     /// A failed round is not restarted: replacements used the restarts.
     NoRestartsLeft {
         /// Restarts used.
@@ -263,7 +266,9 @@ impl Notice {
             | Self::WorkerLost { .. }
             | Self::ReplaceFailed { .. }
             | Self::StoppedLeftBehind { .. } => log::Level::Warn,
-            Self::NoRestartsLeft { .. } | Self::MachineLeft => log::Level::Error,
+            Self::NoRestartsLeft { .. } | Self::MachineLeft | Self::StoreHostLeft => {
+                log::Level::Error
+            }
             _ => log::Level::Info,
         }
     }
@@ -334,6 +339,11 @@ impl fmt::Display for Notice {
                 "rank {rank} has been stopped (SIGSTOP) for {:.0}s and the others finished \
                  without it: killing it (--on-failure continue)",
                 stopped_for.as_secs_f64()
+            ),
+            Self::StoreHostLeft => write!(
+                f,
+                "every worker on node 0 failed; this launcher hosts the job's store, so the \
+                 job ends here (the other machines' ranks end within their timeout)"
             ),
             Self::MachineLeft => write!(
                 f,

@@ -377,6 +377,23 @@ fn going_on_on_several_machines_a_machine_whose_workers_all_failed_leaves() {
 }
 
 #[test]
+fn going_on_on_several_machines_node_0_whose_workers_all_failed_ends_the_job() {
+    let (mut machine, _) = Supervision::new(Plan {
+        on_failure: OnFailure::Continue,
+        node_rank: 0,
+        ..plan(Role::Alone, 3)
+    });
+    let t0 = Instant::now();
+    let pids = vec![100, 101, 102];
+    machine.step(t0, Event::Started { began: t0, pids });
+    let all = [(0, code(1)), (1, code(1)), (2, code(1))];
+    let end = look(&mut machine, t0 + ms(100), &all);
+    // It hosts the store: no offer to rejoin, the job ends.
+    assert_eq!(end.last(), Some(&say(Notice::StoreHostLeft)));
+    assert!(matches!(machine.into_outcome(), Some(Ok(1))));
+}
+
+#[test]
 fn going_on_a_worker_stopped_forever_is_killed_once_the_others_finished() {
     let (mut machine, t0) = going_on(0);
     let stopped = |machine: &mut Supervision, at, exits: &[(usize, ExitStatus)]| {

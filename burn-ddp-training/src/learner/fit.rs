@@ -116,34 +116,55 @@ impl<T> Doing<T> for Result<T> {
     }
 }
 
+/// The loop's collectives, in the order a rank meets them: where a rank
+/// stands when the survivors compare places after a failure.
+const STAGES: [&str; 6] = [
+    "comparing loader lengths",
+    "agreeing on the next iteration",
+    "averaging gradients",
+    "summing the epoch's metrics",
+    "agreeing on early stopping",
+    "the closing barrier",
+];
+
+/// Where a rank stands in the loop: Burn's epoch, the iterations done in
+/// it, the optimizer steps taken in the run.
+#[derive(Debug, Clone, Copy)]
+struct At {
+    epoch: usize,
+    iteration: usize,
+    steps: u64,
+}
+
 impl LearnerJob {
-    /// `collective`, and under `plan.go_on`, again on the group's next
-    /// generation for as long as it fails because ranks are gone (each time
-    /// the survivors first agree that they took `steps` optimizer steps).
+    /// `collective` (one of [`STAGES`]: `what`), and under `plan.go_on`,
+    /// again on the group's next generation for as long as it fails because
+    /// ranks are gone (each time the survivors first agree that they stand
+    /// at the same place, `at`).
     fn going_on<T>(
         &self,
         plan: Plan,
         what: &'static str,
-        steps: u64,
+        at: At,
         mut collective: impl FnMut() -> Result<T>,
     ) -> std::result::Result<T, FitError> {
         loop {
             match collective() {
                 Ok(value) => return Ok(value),
                 Err(error) if plan.go_on && error.is_peer_failure() => {
-                    self.go_on_after(error, steps).doing(what)?;
+                    self.go_on_after(error, what, at).doing(what)?;
                 }
                 Err(error) => return Err(FitError { what, error }),
             }
         }
     }
 
-    /// The survivors' next generation after `error`, agreed to stand at
-    /// `steps` optimizer steps.
-    fn go_on_after(&self, error: CommError, steps: u64) -> Result<()> {
+    /// The survivors' next generation after `error`, agreed to stand at the
+    /// same place.
+    fn go_on_after(&self, error: CommError, what: &str, at: At) -> Result<()> {
         log::warn!("{error}; going on without the ranks that are gone");
         self.go_on_without_the_lost()?;
-        crate::recovery::agree_on_progress(&self.group(), steps)?;
+        self.agree_on_place(what, at)?;
         log::warn!(
             "going on as rank {} of {} (generation {})",
             self.rank(),
@@ -151,6 +172,49 @@ impl LearnerJob {
             self.group().generation()
         );
         Ok(())
+    }
+
+    /// Every survivor failed at the same collective of the same iteration,
+    /// with the same optimizer steps taken, or an error on every rank naming
+    /// where each stands. A collective can complete on some ranks and fail
+    /// on others (a rank died as its last pieces were on their way): those
+    /// ranks moved on, and going on would put the ranks out of step (their
+    /// next collectives would not match), so the run stops and a restart
+    /// (`--max-restarts`) takes over. Collective.
+    fn agree_on_place(&self, what: &str, at: At) -> Result<()> {
+        let stage = STAGES
+            .iter()
+            .position(|s| *s == what)
+            .unwrap_or(STAGES.len());
+        let mine = [
+            at.epoch as i64,
+            at.iteration as i64,
+            at.steps as i64,
+            stage as i64,
+        ];
+        let all = self.group().all_gather(&mine)?;
+        if all.chunks(4).all(|place| place == &all[..4]) {
+            return Ok(());
+        }
+        let places: Vec<String> = (all.chunks(4).enumerate())
+            .map(|(rank, p)| {
+                let stage = STAGES.get(p[3] as usize).unwrap_or(&"elsewhere");
+                format!(
+                    "rank {rank}: epoch {}, iteration {}, {} optimizer steps, {stage}",
+                    p[0], p[1], p[2]
+                )
+            })
+            .collect();
+        Err(CommError::InvalidArgument {
+            rank: self.rank(),
+            message: format!(
+                "the ranks still there stand at different places of the loop after the failure \
+                 ({}): a collective completed on some of them only, and going on would put \
+                 them out of step; start again from the last checkpoint (burn-ddp-run \
+                 --max-restarts N)",
+                places.join("; ")
+            ),
+        })
     }
 
     /// Runs the epochs of `plan` with `learning`, in step with every other
@@ -178,7 +242,12 @@ impl LearnerJob {
             let started = Instant::now();
             learning.validate(epoch);
             let valid_time = started.elapsed();
-            self.going_on(plan, "summing the epoch's metrics", steps, || {
+            let at = At {
+                epoch,
+                iteration: 0,
+                steps,
+            };
+            self.going_on(plan, "summing the epoch's metrics", at, || {
                 self.end_epoch(epoch, plan.num_epochs, train_time, valid_time)
             })?;
             let early_stop =
@@ -186,7 +255,7 @@ impl LearnerJob {
             // Agreed before the checkpoint: an epoch interrupted on any rank
             // (its validation cut short) is not saved; an epoch early
             // stopping ends on is.
-            let after = self.going_on(plan, "agreeing on early stopping", steps, || {
+            let after = self.going_on(plan, "agreeing on early stopping", at, || {
                 self.after_epoch(epoch, early_stop, learning.interrupted())
             })?;
             if after == AfterEpoch::Interrupted {
@@ -200,9 +269,12 @@ impl LearnerJob {
                 break;
             }
         }
-        self.going_on(plan, "the closing barrier", steps, || {
-            self.group().barrier()
-        })
+        let at = At {
+            epoch: plan.num_epochs,
+            iteration: 0,
+            steps,
+        };
+        self.going_on(plan, "the closing barrier", at, || self.group().barrier())
     }
 
     /// One epoch's training split; whether it completed (every rank's loader
@@ -216,7 +288,12 @@ impl LearnerJob {
     ) -> std::result::Result<bool, FitError> {
         log::info!("Executing training step for epoch {epoch}");
         let items = learning.start_training(epoch);
-        let lengths = self.going_on(plan, "comparing loader lengths", *steps, || {
+        let at = |iteration, steps: &u64| At {
+            epoch,
+            iteration,
+            steps: *steps,
+        };
+        let lengths = self.going_on(plan, "comparing loader lengths", at(0, steps), || {
             self.check_lengths("training", items)
         })?;
         let per_step = plan.grad_accumulation.unwrap_or(1).max(1);
@@ -231,7 +308,8 @@ impl LearnerJob {
             let interrupted = learning.interrupted();
             // An interrupted rank votes as if it had a batch: a failed
             // loader is a stop, not a shorter epoch.
-            let next = self.going_on(plan, "agreeing on the next iteration", *steps, || {
+            let here = at(iteration, steps);
+            let next = self.going_on(plan, "agreeing on the next iteration", here, || {
                 self.next_iteration(
                     epoch,
                     iteration,
@@ -255,14 +333,14 @@ impl LearnerJob {
             pending += 1;
             if pending == per_step {
                 pending = 0;
-                self.step(learning, plan, steps)?;
+                self.step(learning, plan, (epoch, iteration), steps)?;
             }
             learning.report(output, iteration);
         };
         // Every rank's shard has the same length, so every rank has the same
         // leftover (none after an agreed stop).
         if completed && pending > 0 && plan.step_leftover {
-            self.step(learning, plan, steps)?;
+            self.step(learning, plan, (epoch, iteration), steps)?;
         }
         learning.end_training(epoch, completed);
         Ok(completed)
@@ -277,15 +355,22 @@ impl LearnerJob {
         &self,
         learning: &mut L,
         plan: Plan,
+        (epoch, iteration): (usize, usize),
         steps: &mut u64,
     ) -> std::result::Result<(), FitError> {
+        const WHAT: &str = "averaging gradients";
         match learning.optimizer_step() {
             Ok(()) => {
                 *steps += 1;
                 Ok(())
             }
             Err(error) if plan.go_on && error.is_peer_failure() => {
-                self.go_on_after(error, *steps).doing("averaging gradients")
+                let at = At {
+                    epoch,
+                    iteration,
+                    steps: *steps,
+                };
+                self.go_on_after(error, WHAT, at).doing(WHAT)
             }
             Err(error) => Err(FitError {
                 what: "averaging gradients",

@@ -359,7 +359,8 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             num_epochs: components.num_epochs,
             grad_accumulation: components.grad_accumulation,
             step_leftover: false,
-            go_on: self.ddp.goes_on(),
+            // A sharded optimizer cannot go on: the lost rank's part is gone.
+            go_on: self.ddp.goes_on() && sharded.is_none(),
         };
         let mut epochs = Epochs {
             job: self.ddp.job(),
