@@ -9,6 +9,10 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// How long node 0 waits for more machines once MIN are there, as
+/// torchrun's `last_call_timeout`.
+const DEFAULT_LAST_CALL: Duration = Duration::from_secs(30);
+
 /// Default rendezvous port, as torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
@@ -98,10 +102,10 @@ pub struct LaunchOptions {
     #[arg(long, value_name = "N|MIN:MAX", default_value = "1", value_parser = node_count)]
     pub nnodes: NodeCount,
     /// With --nnodes MIN:MAX: how long node 0 waits for more machines once
-    /// MIN are there (torchrun's last_call_timeout).
+    /// MIN are there (torchrun's last_call_timeout) [default: 30].
     #[arg(long = "last-call", visible_alias = "last_call", value_name = "SECS",
-          default_value = "30", value_parser = seconds)]
-    pub last_call: Duration,
+          value_parser = seconds)]
+    pub last_call: Option<Duration>,
     /// This machine's index, 0..nnodes.
     #[arg(
         long = "node-rank",
@@ -225,6 +229,12 @@ impl LaunchOptions {
                 max - 1
             ));
         }
+        if min == max && self.last_call.is_some() {
+            return Err(format!(
+                "--last-call is for a range of machines (--nnodes MIN:MAX); with --nnodes {max} \
+                 the job waits for all of them: drop --last-call"
+            ));
+        }
         if min < max && self.on_failure != OnFailure::Continue {
             return Err(format!(
                 "--nnodes {min}:{max} needs --on-failure continue: machines that come later \
@@ -260,7 +270,7 @@ impl LaunchOptions {
             nproc_per_node: self.nproc_per_node,
             nnodes: max,
             min_nodes: min,
-            last_call: self.last_call,
+            last_call: self.last_call.unwrap_or(DEFAULT_LAST_CALL),
             node_rank: self.node_rank,
             master_addr: master_addr.unwrap_or_else(|| "127.0.0.1".into()),
             master_port,
@@ -420,6 +430,7 @@ mod tests {
         assert!(message(&["--nnodes", "2", "p"]).contains("--master-addr"));
         assert!(message(&["--nnodes", "1:4", "--master-addr", "n", "p"]).contains("continue"));
         assert!(message(&["--nnodes", "3:2", "p"]).contains("MIN above MAX"));
+        assert!(message(&["--last-call", "5", "p"]).contains("drop --last-call"));
         let elastic = [
             "--nnodes",
             "1:4",
