@@ -17,10 +17,11 @@
 # (tc's token bucket shapes the rate; netem, for delay, is not in every kernel.)
 # --bin DIR takes burn-ddp-run and examples/allreduce_bench from DIR instead of
 # target/release (scripts/compare-builds.sh runs two builds this way).
+# --nproc-per-node N runs PROGRAM (and --torch) with N ranks per machine (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3} PROGRAM=() BIN=$PWD/target/release TORCH=
+RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3} PROGRAM=() BIN=$PWD/target/release TORCH= PER=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --) shift; PROGRAM=("$@"); break ;;
@@ -30,7 +31,8 @@ while [ $# -gt 0 ]; do
     --python) PYTHON=$2; shift 2 ;;
     --torch) TORCH=$2; shift 2 ;;
     --bin) BIN=$(cd "$2" && pwd); shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --nproc-per-node) PER=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -85,13 +87,13 @@ if [ ${#PROGRAM[@]} -gt 0 ]; then
   pids=()
   for i in 0 1; do
     on "$i" env BURN_DDP_JOB_TOKEN=job "$LAUNCHER" --nnodes 2 --node-rank "$i" \
-      --nproc-per-node 2 --master-addr "${ADDR[0]}" --master-port 29506 \
+      --nproc-per-node "$PER" --master-addr "${ADDR[0]}" --master-port 29506 \
       "${PROGRAM[@]}" > "/tmp/$TAG-program-$i.log" 2>&1 &
     pids+=($!)
   done
   status=0
   wait "${pids[@]}" || status=$?
-  echo "# ${PROGRAM[*]} on two machines x 2 ranks, links $RATE each way (machine 0's output)"
+  echo "# ${PROGRAM[*]} on two machines x $PER ranks, links $RATE each way (machine 0's output)"
   cat "/tmp/$TAG-program-0.log"
   if [ -n "$TORCH" ]; then
     TORCHRUN="$(dirname "$PYTHON")/torchrun"
@@ -100,7 +102,7 @@ if [ ${#PROGRAM[@]} -gt 0 ]; then
     for i in 0 1; do
       # shellcheck disable=SC2086 # the script and its arguments, split on purpose
       on "$i" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 "$TORCHRUN" --nnodes 2 \
-        --node-rank "$i" --nproc-per-node 2 --master-addr "${ADDR[0]}" --master-port 29507 \
+        --node-rank "$i" --nproc-per-node "$PER" --master-addr "${ADDR[0]}" --master-port 29507 \
         $TORCH > "/tmp/$TAG-torch-$i.log" 2>&1 &
       pids+=($!)
     done

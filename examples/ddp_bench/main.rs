@@ -61,7 +61,9 @@ enum Mode {
     /// SyncBatchNorm's cost: a CNN step with it against one with BatchNorm.
     SyncBn,
     /// Gradient sync left exposed by a step: buckets sent during backward
-    /// (`Overlap::Always`) against after it, and no sync at all, alternating.
+    /// (`Overlap::Always`) against after it, no sync at all, and no sync
+    /// followed by a barrier (the wait for the slowest rank), alternating;
+    /// with the process's CPU time per step.
     Overlap,
 }
 
@@ -231,48 +233,80 @@ fn overlap(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
             .wrap(Net::<Wrapped>::new(&device), group);
         Some(model.unwrap_or_else(|e| fail(rank, e)))
     };
+    // During backward, after backward, no_sync, and no_sync followed by a
+    // barrier: the step no synchronous training can beat, the slowest
+    // rank's, which overlap cannot hide (PyTorch's DDP waits for it too).
     let mut models = [
         wrap(Overlap::Always),
         wrap(Overlap::Never),
         wrap(Overlap::Never),
+        wrap(Overlap::Never),
     ];
-    let mut steps: [Vec<f64>; 3] = Default::default();
+    let mut steps: [Vec<f64>; 4] = Default::default();
+    let mut cpu: [Vec<f64>; 4] = Default::default();
     for i in 0..iters + 2 {
         for (kind, slot) in models.iter_mut().enumerate() {
             group.barrier().unwrap_or_else(|e| fail(rank, e));
             let model = slot.take().expect("each model is put back after its step");
+            let cpu_before = process_cpu_seconds();
             let (model, timing) = mnist_step(model, batch, kind < 2);
+            let waited = Instant::now();
+            if kind == 3 {
+                group.barrier().unwrap_or_else(|e| fail(rank, e));
+            }
+            let waited = waited.elapsed().as_secs_f64();
+            let cpu_used = process_cpu_seconds() - cpu_before;
             *slot = Some(model);
             if i >= 2 {
-                steps[kind].push(timing.step);
+                steps[kind].push(timing.step + waited);
+                cpu[kind].push(cpu_used);
             }
         }
     }
     let overlapped = models[0].as_ref().expect("put back");
     let early = burn_ddp::sync::sync_stats_of(overlapped).unwrap_or_default();
     if group.is_main() {
-        let [during, after, local] = steps.map(|s| median(s) * 1e3);
+        let [during, after, local, slowest] = steps.map(|s| median(s) * 1e3);
+        let [cpu_during, cpu_after, cpu_local, _] = cpu.map(|s| median(s) * 1e3);
         println!(
             "MNIST CNN step, batch {batch} per rank, world size {}, transport {}, {iters} steps each (median)",
             group.world_size(),
             group.transport_name()
         );
-        println!("| step | time | sync exposed (step - no_sync step) |");
-        println!("| --- | ---: | ---: |");
         println!(
-            "| buckets sent during backward | {during:.1} ms | {:.1} ms |",
-            during - local
+            "| step | time | sync exposed (step - no_sync step) | beyond the slowest rank (step - no_sync + barrier step) | CPU of rank 0's process | sync's CPU (- no_sync's) |"
         );
-        println!(
-            "| buckets sent after backward | {after:.1} ms | {:.1} ms |",
-            after - local
-        );
-        println!("| no_sync | {local:.1} ms | |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+        for (name, step, cpu) in [
+            ("buckets sent during backward", during, cpu_during),
+            ("buckets sent after backward", after, cpu_after),
+        ] {
+            println!(
+                "| {name} | {step:.1} ms | {:.1} ms | {:.1} ms | {cpu:.1} ms | {:.1} ms |",
+                step - local,
+                step - slowest,
+                cpu - cpu_local
+            );
+        }
+        println!("| no_sync | {local:.1} ms | | | {cpu_local:.1} ms | |");
+        println!("| no_sync, then a barrier | {slowest:.1} ms | | | | |");
         println!(
             "buckets sent during backward: {} of {}",
             early.early_buckets, early.buckets
         );
     }
+}
+
+/// CPU time this process has used so far, every thread's (the
+/// communication thread's included), in seconds.
+fn process_cpu_seconds() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given and nothing else.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) };
+    now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9
 }
 
 /// One training step of the normalised CNN (gradients synchronised): the
