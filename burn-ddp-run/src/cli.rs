@@ -71,7 +71,9 @@ const ENVIRONMENT_HELP: &str = "\
 Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted too.
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and
-OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set.
+OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set,
+and MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ (glibc keeps freed tensor
+memory for the next step) when neither is set.
 If one worker fails, the others are stopped and the launcher exits with the first
 failure's code; with --max-restarts N every worker is started again instead, up
 to N times, with TORCHELASTIC_RESTART_COUNT set to the round (0 first). With

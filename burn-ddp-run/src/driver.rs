@@ -15,6 +15,7 @@ use crate::rounds::Policy;
 use crate::signals;
 use crate::summary::{print_summary, root_cause, Blames};
 use crate::supervision::{Action, Event, Plan, Role, RoundFacts, Supervision};
+use crate::worker_env;
 use burn_ddp_rendezvous::job::keys::JobKeys;
 use burn_ddp_rendezvous::store::StoreServer;
 use std::collections::VecDeque;
@@ -33,7 +34,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
     let master_port = store
         .as_ref()
         .map_or(config.master_port, |s| s.addr().port());
-    let thread_defaults = processes::thread_defaults(config);
+    let defaults = worker_env::defaults(config);
     // Several machines that restart agree on each round through the store
     // (reached before the signal handlers go in: a Ctrl-C while node 0 is
     // awaited simply ends the launcher).
@@ -67,7 +68,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
             config,
             job: &job,
             master_port,
-            thread_defaults: &thread_defaults,
+            defaults: &defaults,
             membership,
         },
         store: store.as_ref(),

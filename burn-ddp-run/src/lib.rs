@@ -32,6 +32,7 @@ mod signals;
 mod summary;
 mod supervision;
 mod worker;
+mod worker_env;
 
 pub use cli::{parse, LaunchConfig, LaunchOptions, LauncherArgs};
 pub use error::LaunchError;

@@ -8,6 +8,7 @@ use crate::job::JobIdentity;
 use crate::membership::Membership;
 use crate::output::LineSink;
 use crate::signals;
+use crate::worker_env::Setting;
 use burn_ddp_rendezvous::env::{JOINING_VAR, LAUNCHER_STORE_VAR, ON_FAILURE_VAR};
 use burn_ddp_rendezvous::job::{segments, JOB_ID_VAR, JOB_TOKEN_VAR};
 use std::process::{Child, Command, Stdio};
@@ -20,9 +21,6 @@ pub(crate) const POLL: Duration = Duration::from_millis(10);
 /// How long the output of exited workers may still take to arrive: a worker's
 /// background child can hold its pipe open for ever.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
-
-/// Thread-pool sizes set to 1 per worker when several share a machine.
-const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
 
 /// One worker process of the round.
 pub(crate) struct Worker {
@@ -43,8 +41,9 @@ pub(crate) struct Launch<'a> {
     pub job: &'a JobIdentity,
     /// The store's port (node 0 may have picked a free one).
     pub master_port: u16,
-    /// The thread-pool variables set to 1 (see [`thread_defaults`]).
-    pub thread_defaults: &'a [&'static str],
+    /// The variables set in every worker where the user's environment has
+    /// none ([`crate::worker_env::defaults`]).
+    pub defaults: &'a [Setting],
     /// This machine's place among those the job started with; rejoining,
     /// the first round's workers join the running job ([`JOINING_VAR`]).
     pub membership: Membership,
@@ -58,33 +57,6 @@ struct Place {
     round: u32,
     /// A replacement: it joins the running workers ([`JOINING_VAR`]).
     joining: bool,
-}
-
-/// The thread-pool variables to set to 1 in every worker, and says so.
-/// Several workers each running a full thread pool oversubscribe the CPU, as
-/// torchrun warns; OpenMP (BLAS) and rayon (Burn's NdArray) pools both. A
-/// variable the user set is left alone.
-pub(crate) fn thread_defaults(config: &LaunchConfig) -> Vec<&'static str> {
-    if config.nproc_per_node <= 1 {
-        return Vec::new();
-    }
-    let unset: Vec<&'static str> = THREAD_VARS
-        .into_iter()
-        .filter(|var| std::env::var_os(var).is_none())
-        .collect();
-    if !unset.is_empty() {
-        log::info!(
-            "setting {} for each of the {} processes to avoid oversubscribing \
-             the CPU; set them yourself to tune",
-            unset
-                .iter()
-                .map(|var| format!("{var}=1"))
-                .collect::<Vec<_>>()
-                .join(" and "),
-            config.nproc_per_node
-        );
-    }
-    unset
 }
 
 /// Starts this machine's workers for round `round`; returns when the round
@@ -173,8 +145,8 @@ fn command(launch: &Launch<'_>, place: &Place) -> Command {
     } else {
         command.env_remove(JOINING_VAR);
     }
-    for var in launch.thread_defaults {
-        command.env(var, "1");
+    for (var, value) in launch.defaults {
+        command.env(var, value);
     }
     stop_with_parent(&mut command);
     command

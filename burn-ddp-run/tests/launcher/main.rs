@@ -32,6 +32,10 @@ const CASES: &[Case] = &[
         workers_get_torchruns_variables,
     ),
     (
+        "variables_the_user_set_reach_workers_unchanged",
+        variables_the_user_set_reach_workers_unchanged,
+    ),
+    (
         "a_failing_rank_stops_the_others_and_sets_the_exit_code",
         failing_rank,
     ),
@@ -220,6 +224,8 @@ fn print_launcher_env() {
         "MASTER_PORT",
         "OMP_NUM_THREADS",
         "RAYON_NUM_THREADS",
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
     ] {
         println!("{var}={}", std::env::var(var).unwrap_or_default());
     }
@@ -256,7 +262,9 @@ fn launcher(args: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .env_remove("OMP_NUM_THREADS")
-        .env_remove("RAYON_NUM_THREADS");
+        .env_remove("RAYON_NUM_THREADS")
+        .env_remove("MALLOC_MMAP_THRESHOLD_")
+        .env_remove("MALLOC_TRIM_THRESHOLD_");
     cmd
 }
 
@@ -368,6 +376,8 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
             ("MASTER_ADDR", "127.0.0.1".into()),
             ("OMP_NUM_THREADS", "1".into()),
             ("RAYON_NUM_THREADS", "1".into()),
+            ("MALLOC_MMAP_THRESHOLD_", "33554432".into()),
+            ("MALLOC_TRIM_THRESHOLD_", "1073741824".into()),
         ] {
             let line = format!("[rank {rank}] {var}={value}");
             check(stdout.contains(&line), || {
@@ -378,7 +388,52 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
     let stderr = text(&out.stderr);
     check(stderr.matches("OMP_NUM_THREADS=1").count() == 1, || {
         stderr.clone()
-    })
+    })?;
+    check(
+        stderr.matches("MALLOC_TRIM_THRESHOLD_=1073741824").count() == 1,
+        || stderr.clone(),
+    )
+}
+
+/// Thread pools and the allocator as the user chose: the launcher's
+/// defaults stand aside, each family on its own.
+fn variables_the_user_set_reach_workers_unchanged() -> Result<(), String> {
+    let exe = std::env::current_exe().unwrap();
+    let port = free_port().to_string();
+    let args = [
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        &port,
+        "--prefix-output",
+        exe.to_str().unwrap(),
+    ];
+    let mut cmd = launcher(&args);
+    cmd.env(SCENARIO_VAR, "env")
+        .env("RAYON_NUM_THREADS", "3")
+        .env("MALLOC_TRIM_THRESHOLD_", "65536");
+    let (out, _) = bounded(cmd, Duration::from_secs(30))?;
+    check(out.status.success(), || format!("{out:?}"))?;
+    let stdout = text(&out.stdout);
+    for rank in 0..2 {
+        for line in [
+            "OMP_NUM_THREADS=1",
+            "RAYON_NUM_THREADS=3",
+            "MALLOC_TRIM_THRESHOLD_=65536",
+            // Unset: the launcher set neither allocator variable.
+            "MALLOC_MMAP_THRESHOLD_=\n",
+        ] {
+            let line = format!("[rank {rank}] {line}");
+            check(stdout.contains(&line), || {
+                format!("missing {line:?} in:\n{stdout}")
+            })?;
+        }
+    }
+    let stderr = text(&out.stderr);
+    check(
+        stderr.contains("setting OMP_NUM_THREADS=1 for each") && !stderr.contains("MALLOC_"),
+        || stderr.clone(),
+    )
 }
 
 fn failing_rank() -> Result<(), String> {
