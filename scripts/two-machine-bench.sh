@@ -8,16 +8,16 @@
 #   cargo build --release -p burn-ddp-run -p burn-ddp-comm --bins --example allreduce_bench
 #   sudo scripts/two-machine-bench.sh [--rate 1gbit] [--sizes 16M,64M] [--iters 5]
 #                                     [--python PATH] [--bin DIR]
-#   sudo scripts/two-machine-bench.sh [--rate 1gbit] -- PROGRAM ARGS...
-#       (instead of the benchmarks: PROGRAM on 2 machines x 2 ranks under
-#       burn-ddp-run, with this environment; machine 0's output is printed)
+#   sudo scripts/two-machine-bench.sh [--rate 1gbit] [--nproc-per-node N] -- PROGRAM ARGS...
+#       (instead of the benchmarks: PROGRAM on 2 machines x N ranks (2) under
+#       burn-ddp-run, one thread per rank, with this environment; machine 0's
+#       output is printed)
 #   sudo scripts/two-machine-bench.sh --torch "SCRIPT ARGS..." -- PROGRAM ARGS...
 #       (then, in the same invocation, the PyTorch SCRIPT on the same machines
 #       under torchrun, gloo, one thread per rank: a side-by-side comparison)
 # (tc's token bucket shapes the rate; netem, for delay, is not in every kernel.)
 # --bin DIR takes burn-ddp-run and examples/allreduce_bench from DIR instead of
 # target/release (scripts/compare-builds.sh runs two builds this way).
-# --nproc-per-node N runs PROGRAM (and --torch) with N ranks per machine (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,10 +32,14 @@ while [ $# -gt 0 ]; do
     --torch) TORCH=$2; shift 2 ;;
     --bin) BIN=$(cd "$2" && pwd); shift 2 ;;
     --nproc-per-node) PER=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+if [ ${#PROGRAM[@]} -eq 0 ] && [ "$PER" != 2 ]; then
+  echo "--nproc-per-node is for PROGRAM runs (after --); the benchmarks run 2 ranks each" >&2
+  exit 2
+fi
 LAUNCHER=$BIN/burn-ddp-run
 BENCH=$BIN/examples/allreduce_bench
 for f in "$LAUNCHER" "$BENCH"; do
@@ -86,7 +90,10 @@ on() { local i=$1; shift; nsenter -t "${HOLDERS[$i]}" --net --uts --mount --wd="
 if [ ${#PROGRAM[@]} -gt 0 ]; then
   pids=()
   for i in 0 1; do
-    on "$i" env BURN_DDP_JOB_TOKEN=job "$LAUNCHER" --nnodes 2 --node-rank "$i" \
+    # One thread per rank, as the PyTorch side gets (the launcher sets these
+    # itself only for several ranks per machine).
+    on "$i" env BURN_DDP_JOB_TOKEN=job OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 \
+      "$LAUNCHER" --nnodes 2 --node-rank "$i" \
       --nproc-per-node "$PER" --master-addr "${ADDR[0]}" --master-port 29506 \
       "${PROGRAM[@]}" > "/tmp/$TAG-program-$i.log" 2>&1 &
     pids+=($!)

@@ -43,6 +43,9 @@ pub struct LaunchConfig {
     pub prefix_output: bool,
     /// Also write each rank's output to `DIR/rank_N.log`.
     pub log_dir: Option<PathBuf>,
+    /// Leave glibc's allocator to its own adjustment instead of setting
+    /// `MALLOC_MMAP_THRESHOLD_` and `MALLOC_TRIM_THRESHOLD_` in the workers.
+    pub no_malloc_tuning: bool,
     /// Times the workers are started again after a failure (torchrun's
     /// `--max-restarts`); 0 ends the job at the first failure.
     pub max_restarts: u32,
@@ -72,8 +75,9 @@ Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted too.
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and
 OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set,
-and MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ (glibc keeps freed tensor
-memory for the next step) when neither is set.
+and, on Linux with glibc, MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ (glibc
+keeps freed tensor memory for the next step) unless the malloc settings are the
+user's or --no-malloc-tuning is given.
 If one worker fails, the others are stopped and the launcher exits with the first
 failure's code; with --max-restarts N every worker is started again instead, up
 to N times, with TORCHELASTIC_RESTART_COUNT set to the round (0 first). With
@@ -165,6 +169,10 @@ pub struct LaunchOptions {
     /// Also write each rank's output to DIR/rank_N.log.
     #[arg(long = "log-dir", visible_alias = "log_dir", value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
+    /// Leave glibc's allocator to its own adjustment: do not set
+    /// MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the workers.
+    #[arg(long = "no-malloc-tuning")]
+    pub no_malloc_tuning: bool,
 }
 
 /// `burn-ddp-run [OPTIONS] PROGRAM [ARGS...]`.
@@ -279,6 +287,7 @@ impl LaunchOptions {
             shutdown_timeout: self.shutdown_timeout,
             prefix_output: self.prefix_output,
             log_dir: self.log_dir,
+            no_malloc_tuning: self.no_malloc_tuning,
             max_restarts: self.max_restarts,
             on_failure: self.on_failure,
             program,

@@ -12,10 +12,12 @@ pub(crate) type Setting = (&'static str, &'static str);
 const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
 
 /// glibc's allocator: blocks up to 32 MiB (the most its own adjustment
-/// reaches) come from the heap, and up to 1 GiB free at the heap's top stays
-/// there. Left to adjust itself, glibc hands a CPU backend's tensors (a few
-/// MiB each) back to the kernel at every step and faults them in again the
-/// next: a sixth of the MNIST CNN's step (docs/benchmarks.md).
+/// reaches) come from the heap, and up to 1 GiB free at the top of a heap
+/// stays there. Left to adjust itself, glibc hands a CPU backend's tensors (a
+/// few MiB each) back to the kernel at every step and faults them in again
+/// the next: the MNIST CNN's step was about a fifth longer for it
+/// (docs/benchmarks.md). Either variable set stops glibc's adjustment of
+/// both, hence both or neither.
 const ALLOCATOR: [Setting; 2] = [
     ("MALLOC_MMAP_THRESHOLD_", "33554432"),
     ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
@@ -23,8 +25,8 @@ const ALLOCATOR: [Setting; 2] = [
 
 /// The defaults for this launch, each said once.
 pub(crate) fn defaults(config: &LaunchConfig) -> Vec<Setting> {
-    let user_set = |var: &str| std::env::var_os(var).is_some();
-    let threads = thread_pools(config.nproc_per_node, user_set);
+    let env = |var: &str| std::env::var(var).ok();
+    let threads = thread_pools(config.nproc_per_node, env);
     if !threads.is_empty() {
         log::info!(
             "setting {} for each of the {} processes to avoid oversubscribing \
@@ -33,12 +35,16 @@ pub(crate) fn defaults(config: &LaunchConfig) -> Vec<Setting> {
             config.nproc_per_node
         );
     }
-    let allocator = allocator(user_set);
+    let allocator = if config.no_malloc_tuning {
+        Vec::new()
+    } else {
+        allocator(env)
+    };
     if !allocator.is_empty() {
         log::info!(
             "setting {} for each process, so glibc keeps freed tensor memory for the \
-             next step instead of returning it and faulting it in again; set either \
-             yourself to choose",
+             next step instead of returning it and faulting it in again; set both \
+             yourself to choose, or --no-malloc-tuning to leave glibc to itself",
             listed(&allocator)
         );
     }
@@ -48,23 +54,24 @@ pub(crate) fn defaults(config: &LaunchConfig) -> Vec<Setting> {
 /// OpenMP's (BLAS) and rayon's (Burn's CPU backends) pools of one thread
 /// each, when several workers run here: pools as large as the machine in
 /// every worker oversubscribe the CPU, as torchrun warns.
-fn thread_pools(nproc_per_node: usize, user_set: impl Fn(&str) -> bool) -> Vec<Setting> {
+fn thread_pools(nproc_per_node: usize, env: impl Fn(&str) -> Option<String>) -> Vec<Setting> {
     if nproc_per_node <= 1 {
         return Vec::new();
     }
     THREAD_VARS
         .into_iter()
-        .filter(|var| !user_set(var))
+        .filter(|var| env(var).is_none())
         .map(|var| (var, "1"))
         .collect()
 }
 
-/// The allocator's settings, where glibc reads them (Linux with glibc), unless
-/// the user chose either: the two only make sense together.
-fn allocator(user_set: impl Fn(&str) -> bool) -> Vec<Setting> {
-    if !cfg!(all(target_os = "linux", target_env = "gnu"))
-        || ALLOCATOR.iter().any(|(var, _)| user_set(var))
-    {
+/// The allocator's settings, where glibc reads them (a launcher built for
+/// Linux with glibc), unless the user chose the allocator's settings: either
+/// variable, or glibc's tunables for malloc.
+fn allocator(env: impl Fn(&str) -> Option<String>) -> Vec<Setting> {
+    let users_choice = ALLOCATOR.iter().any(|(var, _)| env(var).is_some())
+        || env("GLIBC_TUNABLES").is_some_and(|tunables| tunables.contains("glibc.malloc."));
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) || users_choice {
         return Vec::new();
     }
     ALLOCATOR.to_vec()
@@ -87,30 +94,42 @@ mod tests {
         settings.iter().map(|(var, _)| *var).collect()
     }
 
+    /// An environment holding `set` alone.
+    fn only(set: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |var| {
+            set.iter()
+                .find(|(name, _)| *name == var)
+                .map(|(_, value)| value.to_string())
+        }
+    }
+
     #[test]
     fn several_workers_get_one_thread_each_unless_the_user_chose() {
-        let none_set = |_: &str| false;
         assert_eq!(
-            thread_pools(2, none_set),
+            thread_pools(2, only(&[])),
             vec![("OMP_NUM_THREADS", "1"), ("RAYON_NUM_THREADS", "1")]
         );
-        assert!(thread_pools(1, none_set).is_empty());
-        let rayon_set = |var: &str| var == "RAYON_NUM_THREADS";
+        assert!(thread_pools(1, only(&[])).is_empty());
+        let rayon_set = only(&[("RAYON_NUM_THREADS", "4")]);
         assert_eq!(names(&thread_pools(4, rayon_set)), ["OMP_NUM_THREADS"]);
     }
 
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    fn the_allocator_keeps_memory_unless_the_user_set_either_variable() {
+    fn the_allocator_keeps_memory_unless_its_settings_are_the_users() {
         assert_eq!(
-            allocator(|_| false),
+            allocator(only(&[])),
             vec![
                 ("MALLOC_MMAP_THRESHOLD_", "33554432"),
                 ("MALLOC_TRIM_THRESHOLD_", "1073741824")
             ]
         );
-        assert!(allocator(|var| var == "MALLOC_TRIM_THRESHOLD_").is_empty());
-        assert!(allocator(|var| var == "MALLOC_MMAP_THRESHOLD_").is_empty());
+        assert!(allocator(only(&[("MALLOC_TRIM_THRESHOLD_", "1")])).is_empty());
+        assert!(allocator(only(&[("MALLOC_MMAP_THRESHOLD_", "1")])).is_empty());
+        let malloc_tunable = only(&[("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")]);
+        assert!(allocator(malloc_tunable).is_empty());
+        let other_tunable = only(&[("GLIBC_TUNABLES", "glibc.pthread.rseq=0")]);
+        assert_eq!(allocator(other_tunable).len(), 2);
     }
 
     #[test]

@@ -274,7 +274,7 @@ fn overlap(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
             group.transport_name()
         );
         println!(
-            "| step | time | sync exposed (step - no_sync step) | beyond the slowest rank (step - no_sync + barrier step) | CPU of rank 0's process | sync's CPU (- no_sync's) |"
+            "| step | time | sync exposed (step - no_sync step) | beyond the slowest rank (step - (no_sync, then a barrier)) | CPU of rank 0's process | sync's CPU (- no_sync's) |"
         );
         println!("| --- | ---: | ---: | ---: | ---: | ---: |");
         for (name, step, cpu) in [

@@ -36,6 +36,10 @@ const CASES: &[Case] = &[
         variables_the_user_set_reach_workers_unchanged,
     ),
     (
+        "no_malloc_tuning_sets_no_allocator_variable",
+        no_malloc_tuning_sets_no_allocator_variable,
+    ),
+    (
         "a_failing_rank_stops_the_others_and_sets_the_exit_code",
         failing_rank,
     ),
@@ -264,7 +268,10 @@ fn launcher(args: &[&str]) -> Command {
         .env_remove("OMP_NUM_THREADS")
         .env_remove("RAYON_NUM_THREADS")
         .env_remove("MALLOC_MMAP_THRESHOLD_")
-        .env_remove("MALLOC_TRIM_THRESHOLD_");
+        .env_remove("MALLOC_TRIM_THRESHOLD_")
+        .env_remove("GLIBC_TUNABLES")
+        // The launcher's notices are info lines, which some cases read.
+        .env_remove("RUST_LOG");
     cmd
 }
 
@@ -376,8 +383,8 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
             ("MASTER_ADDR", "127.0.0.1".into()),
             ("OMP_NUM_THREADS", "1".into()),
             ("RAYON_NUM_THREADS", "1".into()),
-            ("MALLOC_MMAP_THRESHOLD_", "33554432".into()),
-            ("MALLOC_TRIM_THRESHOLD_", "1073741824".into()),
+            ("MALLOC_MMAP_THRESHOLD_", glibc_only("33554432")),
+            ("MALLOC_TRIM_THRESHOLD_", glibc_only("1073741824")),
         ] {
             let line = format!("[rank {rank}] {var}={value}");
             check(stdout.contains(&line), || {
@@ -389,10 +396,56 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
     check(stderr.matches("OMP_NUM_THREADS=1").count() == 1, || {
         stderr.clone()
     })?;
+    let said = usize::from(GLIBC);
     check(
-        stderr.matches("MALLOC_TRIM_THRESHOLD_=1073741824").count() == 1,
+        stderr.matches("MALLOC_TRIM_THRESHOLD_=1073741824").count() == said,
         || stderr.clone(),
     )
+}
+
+/// Whether the launcher was built where glibc reads its allocator settings.
+const GLIBC: bool = cfg!(all(target_os = "linux", target_env = "gnu"));
+
+/// `value` where the launcher sets it (glibc), else nothing.
+fn glibc_only(value: &str) -> String {
+    if GLIBC {
+        value.into()
+    } else {
+        String::new()
+    }
+}
+
+/// `--no-malloc-tuning`: glibc left to its own adjustment, thread pools as
+/// always.
+fn no_malloc_tuning_sets_no_allocator_variable() -> Result<(), String> {
+    let (out, _) = run_scenario(
+        "env",
+        &[
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            &free_port().to_string(),
+            "--prefix-output",
+            "--no-malloc-tuning",
+        ],
+        Duration::from_secs(30),
+    )?;
+    check(out.status.success(), || format!("{out:?}"))?;
+    let stdout = text(&out.stdout);
+    for rank in 0..2 {
+        for line in [
+            "OMP_NUM_THREADS=1\n",
+            "MALLOC_MMAP_THRESHOLD_=\n",
+            "MALLOC_TRIM_THRESHOLD_=\n",
+        ] {
+            let line = format!("[rank {rank}] {line}");
+            check(stdout.contains(&line), || {
+                format!("missing {line:?} in:\n{stdout}")
+            })?;
+        }
+    }
+    let stderr = text(&out.stderr);
+    check(!stderr.contains("MALLOC_"), || stderr.clone())
 }
 
 /// Thread pools and the allocator as the user chose: the launcher's
