@@ -12,9 +12,10 @@
 #       (instead of the benchmarks: PROGRAM on 2 machines x N ranks (2) under
 #       burn-ddp-run, one thread per rank, with this environment; machine 0's
 #       output is printed)
-#   sudo scripts/two-machine-bench.sh --torch "SCRIPT ARGS..." -- PROGRAM ARGS...
+#   sudo scripts/two-machine-bench.sh [--nproc-per-node N] --torch "SCRIPT ARGS..." -- PROGRAM ARGS...
 #       (then, in the same invocation, the PyTorch SCRIPT on the same machines
-#       under torchrun, gloo, one thread per rank: a side-by-side comparison)
+#       under torchrun, N ranks each, gloo, one thread per rank: a side-by-side
+#       comparison)
 # (tc's token bucket shapes the rate; netem, for delay, is not in every kernel.)
 # --bin DIR takes burn-ddp-run and examples/allreduce_bench from DIR instead of
 # target/release (scripts/compare-builds.sh runs two builds this way).
@@ -32,7 +33,7 @@ while [ $# -gt 0 ]; do
     --torch) TORCH=$2; shift 2 ;;
     --bin) BIN=$(cd "$2" && pwd); shift 2 ;;
     --nproc-per-node) PER=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -90,9 +91,10 @@ on() { local i=$1; shift; nsenter -t "${HOLDERS[$i]}" --net --uts --mount --wd="
 if [ ${#PROGRAM[@]} -gt 0 ]; then
   pids=()
   for i in 0 1; do
-    # One thread per rank, as the PyTorch side gets (the launcher sets these
+    # One thread per rank unless set, as the PyTorch side gets (the launcher sets these
     # itself only for several ranks per machine).
-    on "$i" env BURN_DDP_JOB_TOKEN=job OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 \
+    on "$i" env BURN_DDP_JOB_TOKEN=job OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
+      RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}" \
       "$LAUNCHER" --nnodes 2 --node-rank "$i" \
       --nproc-per-node "$PER" --master-addr "${ADDR[0]}" --master-port 29506 \
       "${PROGRAM[@]}" > "/tmp/$TAG-program-$i.log" 2>&1 &

@@ -76,8 +76,8 @@ Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and
 OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set,
 and, on Linux with glibc, MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ (glibc
-keeps freed tensor memory for the next step) unless the malloc settings are the
-user's or --no-malloc-tuning is given.
+keeps freed tensor memory for the next step) unless a MALLOC_ variable or a
+glibc.malloc tunable is set, or --no-malloc-tuning is given.
 If one worker fails, the others are stopped and the launcher exits with the first
 failure's code; with --max-restarts N every worker is started again instead, up
 to N times, with TORCHELASTIC_RESTART_COUNT set to the round (0 first). With
@@ -171,7 +171,7 @@ pub struct LaunchOptions {
     pub log_dir: Option<PathBuf>,
     /// Leave glibc's allocator to its own adjustment: do not set
     /// MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the workers.
-    #[arg(long = "no-malloc-tuning")]
+    #[arg(long = "no-malloc-tuning", visible_alias = "no_malloc_tuning")]
     pub no_malloc_tuning: bool,
 }
 
@@ -495,8 +495,20 @@ mod tests {
             "nproc_per_node",
             "--rdzv-endpoint",
             "RANK",
+            "no_malloc_tuning",
         ] {
             assert!(help.contains(flag), "{flag} missing from:\n{help}");
         }
+    }
+
+    #[test]
+    fn malloc_tuning_is_on_unless_turned_off_in_either_spelling() {
+        assert!(!launch(&["./train"]).no_malloc_tuning);
+        assert!(launch(&["--no-malloc-tuning", "./train"]).no_malloc_tuning);
+        assert!(launch(&["--no_malloc_tuning", "./train"]).no_malloc_tuning);
+        // After the program, it is the program's.
+        let passed_on = launch(&["./train", "--no-malloc-tuning"]);
+        assert!(!passed_on.no_malloc_tuning);
+        assert_eq!(passed_on.program, ["./train", "--no-malloc-tuning"]);
     }
 }

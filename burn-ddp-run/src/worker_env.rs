@@ -12,10 +12,10 @@ pub(crate) type Setting = (&'static str, &'static str);
 const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
 
 /// glibc's allocator: blocks up to 32 MiB (the most its own adjustment
-/// reaches) come from the heap, and up to 1 GiB free at the top of a heap
-/// stays there. Left to adjust itself, glibc hands a CPU backend's tensors (a
-/// few MiB each) back to the kernel at every step and faults them in again
-/// the next: the MNIST CNN's step was about a fifth longer for it
+/// reaches) come from the heap, and up to 1 GiB free at the top of the main
+/// heap stays there. Left to adjust itself, glibc hands a CPU backend's
+/// tensors (a few MiB each) back to the kernel at every step and faults them
+/// in again the next: the MNIST CNN's step was 6-20% longer for it
 /// (docs/benchmarks.md). Either variable set stops glibc's adjustment of
 /// both, hence both or neither.
 const ALLOCATOR: [Setting; 2] = [
@@ -23,10 +23,18 @@ const ALLOCATOR: [Setting; 2] = [
     ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
 ];
 
+/// The launcher's environment, names and values (lossy where not UTF-8).
+type Environment = Vec<(String, String)>;
+
 /// The defaults for this launch, each said once.
 pub(crate) fn defaults(config: &LaunchConfig) -> Vec<Setting> {
-    let env = |var: &str| std::env::var(var).ok();
-    let threads = thread_pools(config.nproc_per_node, env);
+    let env: Environment = std::env::vars_os()
+        .map(|(name, value)| {
+            let lossy = |s: std::ffi::OsString| s.to_string_lossy().into_owned();
+            (lossy(name), lossy(value))
+        })
+        .collect();
+    let threads = thread_pools(config.nproc_per_node, &env);
     if !threads.is_empty() {
         log::info!(
             "setting {} for each of the {} processes to avoid oversubscribing \
@@ -38,7 +46,7 @@ pub(crate) fn defaults(config: &LaunchConfig) -> Vec<Setting> {
     let allocator = if config.no_malloc_tuning {
         Vec::new()
     } else {
-        allocator(env)
+        allocator(&env)
     };
     if !allocator.is_empty() {
         log::info!(
@@ -54,23 +62,25 @@ pub(crate) fn defaults(config: &LaunchConfig) -> Vec<Setting> {
 /// OpenMP's (BLAS) and rayon's (Burn's CPU backends) pools of one thread
 /// each, when several workers run here: pools as large as the machine in
 /// every worker oversubscribe the CPU, as torchrun warns.
-fn thread_pools(nproc_per_node: usize, env: impl Fn(&str) -> Option<String>) -> Vec<Setting> {
+fn thread_pools(nproc_per_node: usize, env: &Environment) -> Vec<Setting> {
     if nproc_per_node <= 1 {
         return Vec::new();
     }
     THREAD_VARS
         .into_iter()
-        .filter(|var| env(var).is_none())
+        .filter(|var| !env.iter().any(|(name, _)| name == var))
         .map(|var| (var, "1"))
         .collect()
 }
 
 /// The allocator's settings, where glibc reads them (a launcher built for
-/// Linux with glibc), unless the user chose the allocator's settings: either
-/// variable, or glibc's tunables for malloc.
-fn allocator(env: impl Fn(&str) -> Option<String>) -> Vec<Setting> {
-    let users_choice = ALLOCATOR.iter().any(|(var, _)| env(var).is_some())
-        || env("GLIBC_TUNABLES").is_some_and(|tunables| tunables.contains("glibc.malloc."));
+/// Linux with glibc), unless the user configures glibc's malloc: any of its
+/// `MALLOC_` variables (several stop its adjustment as ours do), or a
+/// `glibc.malloc.` tunable.
+fn allocator(env: &Environment) -> Vec<Setting> {
+    let users_choice = env.iter().any(|(name, value)| {
+        name.starts_with("MALLOC_") || (name == "GLIBC_TUNABLES" && value.contains("glibc.malloc."))
+    });
     if !cfg!(all(target_os = "linux", target_env = "gnu")) || users_choice {
         return Vec::new();
     }
@@ -95,41 +105,44 @@ mod tests {
     }
 
     /// An environment holding `set` alone.
-    fn only(set: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |var| {
-            set.iter()
-                .find(|(name, _)| *name == var)
-                .map(|(_, value)| value.to_string())
-        }
+    fn only(set: &[(&str, &str)]) -> Environment {
+        set.iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect()
     }
 
     #[test]
     fn several_workers_get_one_thread_each_unless_the_user_chose() {
         assert_eq!(
-            thread_pools(2, only(&[])),
+            thread_pools(2, &only(&[])),
             vec![("OMP_NUM_THREADS", "1"), ("RAYON_NUM_THREADS", "1")]
         );
-        assert!(thread_pools(1, only(&[])).is_empty());
+        assert!(thread_pools(1, &only(&[])).is_empty());
         let rayon_set = only(&[("RAYON_NUM_THREADS", "4")]);
-        assert_eq!(names(&thread_pools(4, rayon_set)), ["OMP_NUM_THREADS"]);
+        assert_eq!(names(&thread_pools(4, &rayon_set)), ["OMP_NUM_THREADS"]);
     }
 
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn the_allocator_keeps_memory_unless_its_settings_are_the_users() {
         assert_eq!(
-            allocator(only(&[])),
+            allocator(&only(&[])),
             vec![
                 ("MALLOC_MMAP_THRESHOLD_", "33554432"),
                 ("MALLOC_TRIM_THRESHOLD_", "1073741824")
             ]
         );
-        assert!(allocator(only(&[("MALLOC_TRIM_THRESHOLD_", "1")])).is_empty());
-        assert!(allocator(only(&[("MALLOC_MMAP_THRESHOLD_", "1")])).is_empty());
-        let malloc_tunable = only(&[("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")]);
-        assert!(allocator(malloc_tunable).is_empty());
-        let other_tunable = only(&[("GLIBC_TUNABLES", "glibc.pthread.rseq=0")]);
-        assert_eq!(allocator(other_tunable).len(), 2);
+        for users in [
+            ("MALLOC_TRIM_THRESHOLD_", "1"),
+            ("MALLOC_MMAP_THRESHOLD_", "1"),
+            ("MALLOC_TOP_PAD_", "1"),
+            ("MALLOC_ARENA_MAX", "2"),
+            ("GLIBC_TUNABLES", "glibc.malloc.arena_max=2"),
+        ] {
+            assert!(allocator(&only(&[users])).is_empty(), "{users:?}");
+        }
+        let others = only(&[("GLIBC_TUNABLES", "glibc.pthread.rseq=0"), ("HOME", "/")]);
+        assert_eq!(allocator(&others).len(), 2);
     }
 
     #[test]

@@ -267,11 +267,15 @@ fn launcher(args: &[&str]) -> Command {
         .stderr(Stdio::piped())
         .env_remove("OMP_NUM_THREADS")
         .env_remove("RAYON_NUM_THREADS")
-        .env_remove("MALLOC_MMAP_THRESHOLD_")
-        .env_remove("MALLOC_TRIM_THRESHOLD_")
         .env_remove("GLIBC_TUNABLES")
         // The launcher's notices are info lines, which some cases read.
         .env_remove("RUST_LOG");
+    // Any of glibc's malloc variables makes the launcher leave malloc alone.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("MALLOC_") {
+            cmd.env_remove(name);
+        }
+    }
     cmd
 }
 
@@ -386,7 +390,8 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
             ("MALLOC_MMAP_THRESHOLD_", glibc_only("33554432")),
             ("MALLOC_TRIM_THRESHOLD_", glibc_only("1073741824")),
         ] {
-            let line = format!("[rank {rank}] {var}={value}");
+            // The whole line: an empty value means the variable is unset.
+            let line = format!("[rank {rank}] {var}={value}\n");
             check(stdout.contains(&line), || {
                 format!("missing {line:?} in:\n{stdout}")
             })?;
