@@ -373,9 +373,8 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
         Duration::from_secs(30),
     )?;
     check(out.status.success(), || format!("{out:?}"))?;
-    let stdout = text(&out.stdout);
-    for rank in 0..2 {
-        for (var, value) in [
+    every_rank_printed(&text(&out.stdout), 2, |rank| {
+        [
             ("RANK", rank.to_string()),
             ("LOCAL_RANK", rank.to_string()),
             ("WORLD_SIZE", "2".into()),
@@ -389,14 +388,10 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
             ("RAYON_NUM_THREADS", "1".into()),
             ("MALLOC_MMAP_THRESHOLD_", glibc_only("33554432")),
             ("MALLOC_TRIM_THRESHOLD_", glibc_only("1073741824")),
-        ] {
-            // The whole line: an empty value means the variable is unset.
-            let line = format!("[rank {rank}] {var}={value}\n");
-            check(stdout.contains(&line), || {
-                format!("missing {line:?} in:\n{stdout}")
-            })?;
-        }
-    }
+        ]
+        .map(|(var, value)| format!("{var}={value}"))
+        .to_vec()
+    })?;
     let stderr = text(&out.stderr);
     check(stderr.matches("OMP_NUM_THREADS=1").count() == 1, || {
         stderr.clone()
@@ -410,6 +405,24 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
 
 /// Whether the launcher was built where glibc reads its allocator settings.
 const GLIBC: bool = cfg!(all(target_os = "linux", target_env = "gnu"));
+
+/// Each of `ranks` printed every one of `lines(rank)` as a whole line (the
+/// `env` scenario, `--prefix-output`): `VAR=` says the variable is unset.
+fn every_rank_printed(
+    stdout: &str,
+    ranks: usize,
+    lines: impl Fn(usize) -> Vec<String>,
+) -> Result<(), String> {
+    for rank in 0..ranks {
+        for line in lines(rank) {
+            let line = format!("[rank {rank}] {line}\n");
+            check(stdout.contains(&line), || {
+                format!("missing {line:?} in:\n{stdout}")
+            })?;
+        }
+    }
+    Ok(())
+}
 
 /// `value` where the launcher sets it (glibc), else nothing.
 fn glibc_only(value: &str) -> String {
@@ -436,19 +449,15 @@ fn no_malloc_tuning_sets_no_allocator_variable() -> Result<(), String> {
         Duration::from_secs(30),
     )?;
     check(out.status.success(), || format!("{out:?}"))?;
-    let stdout = text(&out.stdout);
-    for rank in 0..2 {
-        for line in [
-            "OMP_NUM_THREADS=1\n",
-            "MALLOC_MMAP_THRESHOLD_=\n",
-            "MALLOC_TRIM_THRESHOLD_=\n",
-        ] {
-            let line = format!("[rank {rank}] {line}");
-            check(stdout.contains(&line), || {
-                format!("missing {line:?} in:\n{stdout}")
-            })?;
-        }
-    }
+    every_rank_printed(&text(&out.stdout), 2, |_| {
+        [
+            "OMP_NUM_THREADS=1",
+            "MALLOC_MMAP_THRESHOLD_=",
+            "MALLOC_TRIM_THRESHOLD_=",
+        ]
+        .map(String::from)
+        .to_vec()
+    })?;
     let stderr = text(&out.stderr);
     check(!stderr.contains("MALLOC_"), || stderr.clone())
 }
@@ -472,21 +481,17 @@ fn variables_the_user_set_reach_workers_unchanged() -> Result<(), String> {
         .env("MALLOC_TRIM_THRESHOLD_", "65536");
     let (out, _) = bounded(cmd, Duration::from_secs(30))?;
     check(out.status.success(), || format!("{out:?}"))?;
-    let stdout = text(&out.stdout);
-    for rank in 0..2 {
-        for line in [
+    every_rank_printed(&text(&out.stdout), 2, |_| {
+        [
             "OMP_NUM_THREADS=1",
             "RAYON_NUM_THREADS=3",
             "MALLOC_TRIM_THRESHOLD_=65536",
             // Unset: the launcher set neither allocator variable.
-            "MALLOC_MMAP_THRESHOLD_=\n",
-        ] {
-            let line = format!("[rank {rank}] {line}");
-            check(stdout.contains(&line), || {
-                format!("missing {line:?} in:\n{stdout}")
-            })?;
-        }
-    }
+            "MALLOC_MMAP_THRESHOLD_=",
+        ]
+        .map(String::from)
+        .to_vec()
+    })?;
     let stderr = text(&out.stderr);
     check(
         stderr.contains("setting OMP_NUM_THREADS=1 for each") && !stderr.contains("MALLOC_"),
