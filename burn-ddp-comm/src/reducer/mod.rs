@@ -163,7 +163,9 @@ impl Reducer {
             device_mean: comm_thread::nccl_mean,
             group,
         };
-        let buffers = std::mem::take(&mut self.host_buckets);
+        let mut buffers = std::mem::take(&mut self.host_buckets);
+        // A round dropped without `finish` (an error) took them along.
+        buffers.resize_with(self.planned.plan.buckets.len(), AlignedBuf::default);
         Ok(Some(SyncRound::new(
             averaging,
             self.planned.clone(),

@@ -115,6 +115,28 @@ fn bucket_buffers_are_kept_across_steps_and_replaced_with_the_layout() {
 }
 
 #[test]
+fn a_round_dropped_without_finish_leaves_the_next_one_whole() {
+    let group = forced_group();
+    let config = BucketConfig {
+        cap_bytes: 16,
+        first_cap_bytes: 8,
+    };
+    let mut reducer = Reducer::new(&group, config);
+    let shapes: &[&[usize]] = &[&[2], &[2, 2], &[1]];
+    let grads = || vec![Some(vec![1.0, 2.0]), Some(vec![3.0; 4]), Some(vec![5.0])];
+    reducer
+        .synchronize(&mut FakeSet::new(grads(), shapes))
+        .unwrap();
+    // An error between begin and finish drops the round with its buffers.
+    let params = FakeSet::new(grads(), shapes).params;
+    drop(reducer.begin(&params).unwrap().expect("a round"));
+    let mut set = FakeSet::new(grads(), shapes);
+    assert!(reducer.synchronize(&mut set).unwrap().is_some());
+    assert_eq!(set.grads, grads(), "a world of one averages to itself");
+    assert_eq!(set.writes, [2, 1, 0]);
+}
+
+#[test]
 fn nothing_moves_without_gradients_parameters_or_peers() {
     let group = forced_group();
     let mut reducer = Reducer::new(&group, BucketConfig::default());
