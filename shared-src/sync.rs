@@ -7,8 +7,8 @@ use super::contract::{EachGrad, FlatGrad};
 use super::gradients::TensorGradients;
 use super::session::SESSION;
 use burn::optim::GradientsParams;
-use burn_ddp_comm::{CollectiveBackend, Placement};
-use burn_ddp_comm::{ProcessGroup, Reducer, Result};
+use burn_ddp_comm::{CollectiveBackend, GradientSet, ParamInfo, Placement};
+use burn_ddp_comm::{CommError, ProcessGroup, Reducer, Result, SyncRound};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -30,15 +30,25 @@ pub(crate) fn sync_gradients<G: FlatGrad>(
         return Ok(grads);
     };
     let group = target.group()?;
-    sync_module(target.reducer(), &group, walk, grads)
+    sync_module(target.reducer(), &group, walk, grads, None)
 }
 
-/// [`sync_gradients`] with a given reducer (a Learner strategy's own).
+/// A synchronisation begun during the step's backward pass (Burn 0.21's
+/// Learner), over the parameters `ids` (node ids, in walk order).
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
+pub(crate) struct BegunRound {
+    pub round: SyncRound,
+    pub ids: Vec<u64>,
+}
+
+/// [`sync_gradients`] with a given reducer (a Learner strategy's own),
+/// ending `begun` if its buckets started leaving during backward.
 pub(crate) fn sync_module<G: FlatGrad>(
     reducer: &Mutex<Reducer>,
     group: &ProcessGroup,
     walk: impl GradWalker<G>,
     mut grads: GradientsParams,
+    begun: Option<BegunRound>,
 ) -> Result<GradientsParams> {
     if !group.synchronizes() {
         return Ok(grads);
@@ -65,7 +75,24 @@ pub(crate) fn sync_module<G: FlatGrad>(
         return Ok(grads);
     };
     check_backend(group, &set)?;
-    let moved = SESSION.synchronize(reducer, &mut set)?;
+    let moved = match begun {
+        Some(begun) if begun.ids != ids => {
+            return Err(CommError::config(
+                Some(group.rank()),
+                "overlap_backward",
+                format!(
+                    "rank {}: the model's parameters changed between its backward pass ({} \
+                     parameters) and the gradients' average ({}), after the first buckets were \
+                     sent; use DdpTraining::with_overlap_backward(Overlap::Never)",
+                    group.rank(),
+                    begun.ids.len(),
+                    ids.len()
+                ),
+            ))
+        }
+        Some(begun) => SESSION.finish(reducer, begun.round, &mut set)?,
+        None => SESSION.synchronize(reducer, &mut set)?,
+    };
     let averaged = if moved {
         set.into_averaged()
     } else {
@@ -84,6 +111,30 @@ pub(crate) fn sync_module<G: FlatGrad>(
     Ok(grads)
 }
 
+/// The parameters `walk` walks as a reducer lists them, before any
+/// gradient exists (a round begun for the coming backward pass: Burn
+/// 0.21's Learner).
+#[allow(dead_code)]
+pub(crate) fn walked_params<G: FlatGrad>(
+    rank: usize,
+    walk: impl GradWalker<G>,
+) -> Result<Vec<ParamInfo>> {
+    let mut set: Option<TensorGradients<G>> = None;
+    let mut error = None;
+    walk(&mut |param| {
+        let set = set.get_or_insert_with(|| TensorGradients::new(rank, param.grad_device()));
+        if error.is_none() {
+            error = set
+                .push(param.id(), param.dims(), param.dtype(), None)
+                .err();
+        }
+    });
+    match error {
+        Some(err) => Err(err),
+        None => Ok(set.map(|set| set.params().to_vec()).unwrap_or_default()),
+    }
+}
+
 /// `BURN_DDP_BACKEND=nccl` with gradients in host memory is refused, as it is
 /// for tensor collectives.
 pub(crate) fn check_backend<G: FlatGrad>(
@@ -100,7 +151,6 @@ pub(crate) fn check_backend<G: FlatGrad>(
 mod tests {
     use super::*;
     use crate::shared::contract::testing::{self as shim, TestGrad};
-    use burn_ddp_comm::CommError;
 
     #[test]
     fn nccl_with_gradients_in_host_memory_is_refused_naming_why() {

@@ -10,6 +10,7 @@
 use crate::no_sync::{self, Silence};
 use crate::overlap::{
     self,
+    asked::{self, Asked},
     pass::{Begun, Ended, Installed},
 };
 use crate::shared::gradients::{FlatGrad, TensorGradients};
@@ -22,6 +23,7 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Shape, TensorData};
+use burn_backend::ops::FloatTensorOps;
 use burn_backend::tensor::FloatTensor;
 use burn_ddp_comm::ParamLayout;
 pub use burn_ddp_comm::SyncStats;
@@ -164,6 +166,9 @@ type ScopeParams<B> = (Option<Arc<ModelScope>>, Vec<LiveParam<B>>);
 /// gradients come back with the synchronisation's outcome.
 pub(crate) fn backward<B: TrackedAutodiff>(tensor: FloatTensor<B>) -> (B::Gradients, Result<()>) {
     let step = overlap::forward::end_step();
+    if let Some(asked) = asked::take_for_backward() {
+        return (backward_asked::<B>(tensor, &step, asked), Ok(()));
+    }
     if !no_sync::all_enabled() {
         return (B::backward(tensor), Ok(()));
     }
@@ -254,28 +259,33 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
             agreeing(&params)?
         }
     };
+    early_round(&mut reducer, set.params(), step, scope)
+}
+
+/// A round of `reducer` over `params` whose leading buckets can leave
+/// during backward: every gradient in them reported by a hook, or unused
+/// (in as zeros at once). `None` when no bucket can.
+fn early_round(
+    reducer: &mut Reducer,
+    params: &[burn_ddp_comm::ParamInfo],
+    step: &overlap::forward::Step,
+    scope: u64,
+) -> Option<Begun> {
     let unused = |i: usize| !step.used.contains(&params[i].id);
     let early = |i: usize| unused(i) || step.hooked.contains(&params[i].id);
-    // The plan of the agreed layout, which the last synchronisation built.
+    let mut round = reducer.begin(params).ok()??;
     let plan = reducer.plan();
-    if plan.order.len() != params.len() {
-        return None;
-    }
     let leading = (0..plan.buckets.len())
         .take_while(|&b| plan.members(b).iter().all(|&i| early(i)))
         .count();
-    if leading == 0 {
-        return None;
-    }
     let reporting: Vec<(u64, usize)> = (0..leading)
         .flat_map(|b| plan.members(b).iter().copied())
         .filter(|&i| !unused(i))
         .map(|i| (params[i].id, i))
         .collect();
     if reporting.is_empty() {
-        return None; // the model is not in this step's graph
+        return None; // no leading bucket, or the model is not in this step's graph
     }
-    let mut round = reducer.begin(set.params()).ok()??;
     let unused: Vec<u64> = (0..params.len())
         .filter(|&i| unused(i))
         .map(|i| {
@@ -287,10 +297,57 @@ fn begin_early<B: TrackedAutodiff>(step: &overlap::forward::Step) -> Option<Begu
         scope,
         round,
         params: params.iter().map(|p| p.id).collect(),
-        numels: params.iter().map(|p| p.shape.iter().product()).collect(),
+        numels: params
+            .iter()
+            .map(|p| p.layout.shape.iter().product())
+            .collect(),
         reporting,
         unused,
     })
+}
+
+/// The backward pass of a Learner step whose round the strategy asked for
+/// ([`asked`]): the round's leading buckets leave as their hooks report,
+/// and the gradients the round took come back as they were, this rank's
+/// own, for the step to return; the strategy ends the round when it
+/// averages them. The question counts even under `no_sync` (the strategy
+/// runs its steps so).
+fn backward_asked<B: TrackedAutodiff>(
+    tensor: FloatTensor<B>,
+    step: &overlap::forward::Step,
+    asked: Asked,
+) -> B::Gradients {
+    let begun = if step.collective_inside || step.hooked.is_empty() {
+        None
+    } else {
+        let mut reducer = asked.reducer.lock().unwrap();
+        // On the GPU path the hooks keep gradients as tensors, which only a
+        // wrapped model's end of backward takes back: after backward there.
+        early_round(&mut reducer, &asked.params, step, DEFAULT_SCOPE)
+            .filter(|begun| !begun.round.on_device())
+    };
+    let installed = Installed::new(begun);
+    let mut grads = B::backward(tensor);
+    let Some(ended) = installed.take() else {
+        asked::answer(None);
+        return grads;
+    };
+    if !ended.taken.is_empty() {
+        let keys: HashMap<u64, FloatTensor<B>> = tracking::live_params::<B>()
+            .into_iter()
+            .map(|param| (param.id, param.key))
+            .collect();
+        for (position, data) in ended.taken {
+            let Some(key) = keys.get(&ended.params[position]) else {
+                continue; // not a parameter Ddp<B> follows: it had no gradient to take
+            };
+            let device = B::float_device(key);
+            let grad = B::InnerBackend::float_from_data(data, &device);
+            B::grad_replace(key, &mut grads, grad);
+        }
+    }
+    asked::answer(Some(ended.round));
+    grads
 }
 
 /// Whether the gradients of the model `param` belongs to are averaged by
@@ -522,6 +579,7 @@ pub(crate) fn sync_module<B: AutodiffBackend, M: AutodiffModule<B>>(
     group: &ProcessGroup,
     module: &M,
     grads: GradientsParams,
+    begun: Option<crate::shared::sync::BegunRound>,
 ) -> Result<GradientsParams> {
-    crate::shared::sync::sync_module(reducer, group, shim::grad_walker(module), grads)
+    crate::shared::sync::sync_module(reducer, group, shim::grad_walker(module), grads, begun)
 }

@@ -25,7 +25,7 @@ use burn_backend::ops::FloatTensorOps;
 use burn_backend::tensor::FloatTensor;
 use burn_backend::{DType, Shape, TensorMetadata};
 use burn_ddp_training::session::DEFAULT_SCOPE;
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -130,8 +130,15 @@ struct Entry {
     slot: Box<dyn Any + Send>,
 }
 
+/// Reads the node id of a parameter off a float primitive of one backend.
+type NodeIdReader = fn(&dyn Any) -> Option<u64>;
+
 #[derive(Default)]
 struct Registry {
+    /// Per float primitive type of a backend that marked parameters: how
+    /// to read a parameter's node id (a walk over a model of any backend
+    /// type finds the parameters this way).
+    readers: Vec<(TypeId, NodeIdReader)>,
     entries: Vec<Entry>,
     /// Node id -> scope, for every entry.
     scopes: HashMap<u64, u64>,
@@ -240,6 +247,14 @@ pub(crate) fn set_require_grad<B: TrackedAutodiff>(
 fn register<B: TrackedAutodiff>(slot: ParamSlot<B>) {
     let scope = scope_for(&slot.shape, slot.dtype);
     with_registry(|registry| {
+        let kind = TypeId::of::<FloatTensor<B>>();
+        if !registry.readers.iter().any(|(k, _)| *k == kind) {
+            let read: NodeIdReader = |tensor| {
+                let tensor = tensor.downcast_ref::<FloatTensor<B>>()?;
+                B::is_param(tensor).then(|| B::node_id(tensor)).flatten()
+            };
+            registry.readers.push((kind, read));
+        }
         // A tensor that is already a parameter keeps its node: nothing new.
         if registry.scopes.insert(slot.id, scope).is_some() {
             return;
@@ -256,6 +271,53 @@ fn register<B: TrackedAutodiff>(slot: ParamSlot<B>) {
             registry.prune();
         }
     })
+}
+
+/// The node ids of `model`'s trainable parameters, in walk order (the
+/// order of burn-ddp's gradient walks); `None` unless every one is a
+/// parameter of a backend `Ddp<B>` has seen marked (a plain `Autodiff<B>`
+/// model's are too, once `Ddp<B>` over the same backend marked one).
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
+pub(crate) fn node_ids<B: burn::tensor::backend::AutodiffBackend, M: burn::module::Module<B>>(
+    model: &M,
+) -> Option<Vec<u64>> {
+    let read = with_registry(|registry| {
+        let kind = TypeId::of::<FloatTensor<B>>();
+        registry
+            .readers
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|r| r.1)
+    })?;
+    let mut walk = NodeIds {
+        read,
+        ids: Some(Vec::new()),
+    };
+    model.visit(&mut walk);
+    walk.ids
+}
+
+struct NodeIds {
+    read: NodeIdReader,
+    ids: Option<Vec<u64>>,
+}
+
+impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B> for NodeIds {
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) {
+        let value = param.val();
+        if !value.is_require_grad() {
+            return;
+        }
+        let primitive = value.into_primitive().tensor();
+        let id = (self.read)(&primitive);
+        self.ids = self.ids.take().zip(id).map(|(mut ids, id)| {
+            ids.push(id);
+            ids
+        });
+    }
 }
 
 /// The scope (wrapped model) parameter node `id` belongs to, if it is a

@@ -7,7 +7,7 @@
 pub(crate) mod metrics;
 pub(crate) mod quiet;
 
-use crate::shared::config::{BucketConfig, ShardConfig};
+use crate::shared::config::{BucketConfig, Overlap, ShardConfig};
 use crate::shared::contract::{check_whole_checkpoint, DistributedDataset};
 use burn::data::dataset::Dataset;
 use burn_ddp_comm::{ProcessGroup, Result, SyncStats};
@@ -34,6 +34,9 @@ pub struct DdpTraining {
     pub(crate) sharded: Option<ShardConfig>,
     /// Goes on without a rank that is gone ([`with_recovery`](Self::with_recovery)).
     pub(crate) recovery: bool,
+    /// When buckets may leave during backward ([`with_overlap_backward`](Self::with_overlap_backward)).
+    #[allow(dead_code)] // read by Burn 0.21's strategy only
+    pub(crate) overlap: Overlap,
 }
 
 impl DdpTraining {
@@ -52,7 +55,19 @@ impl DdpTraining {
             gradient_checkpointing: false,
             sharded: None,
             recovery: false,
+            overlap: Overlap::AcrossMachines,
         }
+    }
+
+    /// When each step's gradient buckets may leave during backward, as
+    /// [`DdpConfig::overlap_backward`](crate::config::DdpConfig) says for a
+    /// wrapped model (by default when the ranks span machines;
+    /// `BURN_DDP_OVERLAP` decides that default). Burn 0.21 with the `Ddp<B>`
+    /// backend, on the host path, without gradient accumulation or a sharded
+    /// optimizer; otherwise, as on Burn 0.22, the buckets leave after
+    /// backward. The averages are the same, bit for bit.
+    pub fn with_overlap_backward(self, overlap: Overlap) -> Self {
+        Self { overlap, ..self }
     }
 
     /// Under `burn-ddp-run --on-failure continue`, a rank that is gone

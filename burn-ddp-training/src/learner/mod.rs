@@ -151,8 +151,9 @@ impl LearnerJob {
         self.reducer.lock().unwrap().stats()
     }
 
-    /// The model's reducer, for the strategy's gradient average.
-    pub fn reducer(&self) -> &Mutex<Reducer> {
+    /// The model's reducer, for the strategy's gradient average (the same
+    /// one for the whole run: a reformed group's replaces its content).
+    pub fn reducer(&self) -> &Arc<Mutex<Reducer>> {
         &self.reducer
     }
 

@@ -289,7 +289,8 @@ impl Forward {
 }
 
 /// `param`'s hook at `level`, if it belongs to a model wrapped with
-/// `overlap_backward` and the level leaves room for one.
+/// `overlap_backward` or to the round the Learner strategy asked for, and
+/// the level leaves room for one.
 fn hook_for<B: TrackedAutodiff>(
     param: &FloatTensor<B>,
     id: u64,
@@ -298,8 +299,11 @@ fn hook_for<B: TrackedAutodiff>(
     if level == 0 {
         return None;
     }
-    let scope = tracking::scope_of(id)?;
-    if !SESSION.by_id(scope)?.overlaps_backward() {
+    let overlaps = || {
+        let scope = tracking::scope_of(id)?;
+        SESSION.by_id(scope).map(|model| model.overlaps_backward())
+    };
+    if !super::asked::is_asked(id) && overlaps() != Some(true) {
         return None;
     }
     let on_ready: OnReady<B::InnerBackend> = Arc::new(super::pass::ready::<B::InnerBackend>);

@@ -22,6 +22,7 @@
 //! interleave differently on different ranks. docs/overlap.md has the rest.
 
 pub(crate) mod armed;
+pub(crate) mod asked;
 pub(crate) mod forward;
 pub(crate) mod hook;
 pub(crate) mod pass;

@@ -12,6 +12,8 @@
 
 use super::sharded::{load_whole_state, ShardedLearning};
 use super::DdpTraining;
+use crate::overlap::asked::{self, AskGuard, Asked};
+use crate::shared::sync::BegunRound;
 use crate::shared::train::metrics::globalize;
 use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::module::{AutodiffModule, Module};
@@ -47,6 +49,18 @@ impl DdpLearningStrategy {
     /// return errors; the other ranks fail on their next collective).
     fn fail(&self, err: FitError) -> ! {
         burn_ddp_training::failure::panic_with_message(err.message(self.ddp.rank()))
+    }
+
+    /// Whether the steps' buckets may leave during backward (a bad
+    /// `BURN_DDP_OVERLAP` stops the rank, naming it).
+    fn overlaps(&self) -> bool {
+        let overlapping = self.ddp.overlap.applies_to(&self.ddp.group());
+        overlapping.map(|on| on.host).unwrap_or_else(|error| {
+            self.fail(FitError {
+                what: "reading the overlap setting",
+                error,
+            })
+        })
     }
 
     /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
@@ -126,6 +140,63 @@ struct Epochs<'a, LC: LearningComponentsTypes> {
     grads: Option<GradientsParams>,
     /// With a sharded optimizer: its owners and rounds.
     sharded: Option<ShardedLearning>,
+    /// Whether each step's buckets may leave during its backward pass.
+    overlap: bool,
+    /// The synchronisation the last step's backward pass began (its
+    /// leading buckets sent), for the optimizer step to end.
+    begun: Option<crate::Result<BegunRound>>,
+}
+
+impl<LC: LearningComponentsTypes> Epochs<'_, LC> {
+    /// Asks the coming step's backward pass to send the model's leading
+    /// buckets as their gradients become final: with overlap on, one
+    /// backward pass per optimizer step (no accumulation), no sharded
+    /// optimizer, and a group that averages at all.
+    fn ask_for_overlap(&self) -> Option<(AskGuard, Vec<u64>)> {
+        let wanted = self.overlap
+            && self.sharded.is_none()
+            && self.components.grad_accumulation.is_none()
+            && self.job.group().synchronizes();
+        if !wanted {
+            return None;
+        }
+        let model = self.learner.model();
+        // An error here comes back from the average after the step, as usual.
+        let mut params =
+            crate::shared::sync::walked_params(self.job.rank(), crate::shim::grad_walker(&model))
+                .ok()
+                .filter(|params| !params.is_empty())?;
+        // The walk names parameters by Burn's `ParamId`; backward knows
+        // their autodiff nodes. None on a backend without `Ddp<B>`'s hooks.
+        let nodes = crate::tracking::node_ids(&model).filter(|n| n.len() == params.len())?;
+        let ids = params.iter().map(|p| p.id).collect();
+        params
+            .iter_mut()
+            .zip(nodes)
+            .for_each(|(p, node)| p.id = node);
+        let reducer = self.job.reducer().clone();
+        Some((asked::ask(Asked { reducer, params }), ids))
+    }
+
+    /// What the step's backward pass began, if anything.
+    fn answered(&self, guard: AskGuard, ids: Vec<u64>) -> Option<crate::Result<BegunRound>> {
+        let answer = guard.answer()?;
+        let round = answer.round?;
+        if answer.passes > 1 {
+            let rank = self.job.rank();
+            return Some(Err(burn_ddp_comm::CommError::config(
+                Some(rank),
+                "overlap_backward",
+                format!(
+                    "rank {rank}: the training step ran backward() {} times; the first one \
+                     sent buckets of its own gradients alone. Use \
+                     DdpTraining::with_overlap_backward(Overlap::Never) for such a step",
+                    answer.passes
+                ),
+            )));
+        }
+        Some(round.map(|round| BegunRound { round, ids }))
+    }
 }
 
 impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
@@ -148,11 +219,14 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
     fn train_step(&mut self, item: Self::Item) -> Self::Output {
         // burn-train 0.21 steps the scheduler before every iteration.
         self.learner.lr_step();
-        // A local backward pass; the average is taken once per optimizer step.
+        // A local backward pass; the average is taken once per optimizer
+        // step, begun during backward where it may be.
+        let asked = self.ask_for_overlap();
         let output = {
             let _local = crate::no_sync();
             self.learner.train_step(item)
         };
+        self.begun = asked.and_then(|(guard, ids)| self.answered(guard, ids));
         match self.components.grad_accumulation {
             Some(_) => self
                 .accumulator
@@ -170,8 +244,10 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
         if let Some(sharded) = &mut self.sharded {
             return sharded.step(&mut self.learner, grads);
         }
+        let begun = self.begun.take().transpose()?;
         let model = self.learner.model();
-        let grads = crate::sync::sync_module(self.job.reducer(), &self.job.group(), &model, grads)?;
+        let (reducer, group) = (self.job.reducer(), &self.job.group());
+        let grads = crate::sync::sync_module(reducer, group, &model, grads, begun)?;
         self.learner.optimizer_step(grads);
         Ok(())
     }
@@ -374,6 +450,8 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             accumulator: GradientsAccumulator::new(),
             grads: None,
             sharded,
+            overlap: self.overlaps(),
+            begun: None,
         };
         if let Err(err) = self.ddp.job().fit(&mut epochs, plan) {
             self.fail(err);

@@ -4,9 +4,18 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod overlap;
 mod shared;
 mod shim;
 
 fn main() {
-    burn_ddp_testkit::learner::run_suite(shared::run, shim::CHECKPOINT_EXTENSION, &[])
+    burn_ddp_testkit::learner::run_suite(program, shim::CHECKPOINT_EXTENSION, &[overlap::CASE])
+}
+
+/// One rank: this crate's own scenario, then the shared ones.
+fn program(name: &str) -> shared::Res<()> {
+    match name {
+        "overlap" => overlap::program(),
+        other => shared::run(other),
+    }
 }
