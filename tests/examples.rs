@@ -80,15 +80,16 @@ fn mnist_without_data_dir_reads_burn_datasets_cache() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The MNIST trainer with its buckets sent during backward
-/// (`BURN_DDP_OVERLAP=always`, on one machine) against after backward
-/// (`never`): the same losses, accuracies and final parameters, digit for
-/// digit, and only the first sent any bucket while backward ran.
+/// The MNIST trainer, its own loop and the Learner, with its buckets sent
+/// during backward (`BURN_DDP_OVERLAP=always`, on one machine) against
+/// after backward (`never`): the same losses, accuracies and final
+/// parameters, digit for digit, and only the first sent any bucket while
+/// backward ran.
 #[test]
 fn mnist_buckets_sent_during_backward_end_as_after_backward_digit_for_digit() {
     let dir = scratch("mnist-overlap");
     let data = mnist_data(env!("CARGO_MANIFEST_DIR"));
-    let train = |overlap: &str| {
+    let train = |overlap: &str, learner: bool| {
         let mut cmd = Command::new(launcher());
         cmd.env("BURN_DDP_OVERLAP", overlap)
             .args(["--standalone", "--nproc-per-node", "2"])
@@ -97,6 +98,11 @@ fn mnist_buckets_sent_during_backward_end_as_after_backward_digit_for_digit() {
             .arg(&data)
             .args(["--train-samples", "640", "--test-samples", "300"])
             .args(["--epochs", "2", "--batch-size", "32"]);
+        if learner {
+            cmd.arg("--learner")
+                .arg("--artifact-dir")
+                .arg(dir.join(overlap));
+        }
         let out = run(cmd, &dir, Duration::from_secs(600));
         assert_success(&out);
         let text = stdout(&out);
@@ -117,14 +123,16 @@ fn mnist_buckets_sent_during_backward_end_as_after_backward_digit_for_digit() {
             .collect();
         (early, results)
     };
-    let (early, during) = train("always");
-    let (none, after) = train("never");
-    assert_eq!(during.len(), 3, "{during:?}");
-    assert_eq!(during, after);
-    assert!(
-        early > 0 && none == 0,
-        "sent during backward: {early} and {none}"
-    );
+    for learner in [false, true] {
+        let (early, during) = train("always", learner);
+        let (none, after) = train("never", learner);
+        assert_eq!(during.len(), 3, "learner {learner}: {during:?}");
+        assert_eq!(during, after, "learner {learner}");
+        assert!(
+            early > 0 && none == 0,
+            "learner {learner}: sent during backward: {early} and {none}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

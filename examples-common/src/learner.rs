@@ -160,6 +160,9 @@ fn finish<T: LearnerTraining>(
             "parameters fingerprint: {:016x}",
             trainer.fingerprint(&model)
         );
+        if let Some(summary) = T::FRONT_END.sync_summary() {
+            println!("{summary}");
+        }
         let path = trainer
             .save_model(model, &args.artifact_dir.join("model"), args.epochs)
             .unwrap_or_else(|e| fail(Some(rank), e));
