@@ -37,7 +37,11 @@
 //!   accumulation therefore communicates once per `k` micro-batches, and which
 //!   parameter tensors happen to be alive (rank 0's asynchronous checkpointer
 //!   holds clones of old ones) cannot change what is reduced. Works with
-//!   `Ddp<Autodiff<B>>` and with a plain `Autodiff<B>`.
+//!   `Ddp<Autodiff<B>>` and with a plain `Autodiff<B>`. On `Ddp<B>` the
+//!   step's backward pass still sends the leading buckets as their
+//!   gradients become final (by default when the ranks span machines; see
+//!   [`DdpTraining::with_overlap_backward`]), and the optimizer step ends
+//!   that average.
 //! - **Agreement**: the ranks vote at every training iteration, so an interrupt
 //!   on any rank stops all of them at the same iteration and a rank whose loader
 //!   ran out early is an error on every rank (the loaders' lengths are compared
