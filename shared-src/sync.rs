@@ -8,7 +8,7 @@ use super::gradients::TensorGradients;
 use super::session::SESSION;
 use burn::optim::GradientsParams;
 use burn_ddp_comm::{CollectiveBackend, GradientSet, ParamInfo, Placement};
-use burn_ddp_comm::{CommError, ProcessGroup, Reducer, Result, SyncRound};
+use burn_ddp_comm::{ProcessGroup, Reducer, Result};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -30,25 +30,15 @@ pub(crate) fn sync_gradients<G: FlatGrad>(
         return Ok(grads);
     };
     let group = target.group()?;
-    sync_module(target.reducer(), &group, walk, grads, None)
+    sync_module(target.reducer(), &group, walk, grads)
 }
 
-/// A synchronisation begun during the step's backward pass (Burn 0.21's
-/// Learner), over the parameters `ids` (node ids, in walk order).
-#[cfg_attr(not(feature = "train"), allow(dead_code))]
-pub(crate) struct BegunRound {
-    pub round: SyncRound,
-    pub ids: Vec<u64>,
-}
-
-/// [`sync_gradients`] with a given reducer (a Learner strategy's own),
-/// ending `begun` if its buckets started leaving during backward.
+/// [`sync_gradients`] with a given reducer (a Learner strategy's own).
 pub(crate) fn sync_module<G: FlatGrad>(
     reducer: &Mutex<Reducer>,
     group: &ProcessGroup,
     walk: impl GradWalker<G>,
     mut grads: GradientsParams,
-    begun: Option<BegunRound>,
 ) -> Result<GradientsParams> {
     if !group.synchronizes() {
         return Ok(grads);
@@ -75,24 +65,7 @@ pub(crate) fn sync_module<G: FlatGrad>(
         return Ok(grads);
     };
     check_backend(group, &set)?;
-    let moved = match begun {
-        Some(begun) if begun.ids != ids => {
-            return Err(CommError::config(
-                Some(group.rank()),
-                "overlap_backward",
-                format!(
-                    "rank {}: the model's parameters changed between its backward pass ({} \
-                     parameters) and the gradients' average ({}), after the first buckets were \
-                     sent; use DdpTraining::with_overlap_backward(Overlap::Never)",
-                    group.rank(),
-                    begun.ids.len(),
-                    ids.len()
-                ),
-            ))
-        }
-        Some(begun) => SESSION.finish(reducer, begun.round, &mut set)?,
-        None => SESSION.synchronize(reducer, &mut set)?,
-    };
+    let moved = SESSION.synchronize(reducer, &mut set)?;
     let averaged = if moved {
         set.into_averaged()
     } else {
@@ -151,6 +124,7 @@ pub(crate) fn check_backend<G: FlatGrad>(
 mod tests {
     use super::*;
     use crate::shared::contract::testing::{self as shim, TestGrad};
+    use burn_ddp_comm::CommError;
 
     #[test]
     fn nccl_with_gradients_in_host_memory_is_refused_naming_why() {

@@ -48,5 +48,5 @@ pub(crate) fn sync_module<M: Module>(
     model: &M,
     grads: GradientsParams,
 ) -> Result<GradientsParams> {
-    crate::shared::sync::sync_module(reducer, group, shim::grad_walker(model), grads, None)
+    crate::shared::sync::sync_module(reducer, group, shim::grad_walker(model), grads)
 }

@@ -23,7 +23,6 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Shape, TensorData};
-use burn_backend::ops::FloatTensorOps;
 use burn_backend::tensor::FloatTensor;
 use burn_ddp_comm::ParamLayout;
 pub use burn_ddp_comm::SyncStats;
@@ -284,7 +283,9 @@ fn early_round(
         .map(|i| (params[i].id, i))
         .collect();
     if reporting.is_empty() {
-        return None; // no leading bucket, or the model is not in this step's graph
+        // No leading bucket, or the model is not in this step's graph.
+        reducer.abandon(round);
+        return None;
     }
     let unused: Vec<u64> = (0..params.len())
         .filter(|&i| unused(i))
@@ -308,10 +309,11 @@ fn early_round(
 
 /// The backward pass of a Learner step whose round the strategy asked for
 /// ([`asked`]): the round's leading buckets leave as their hooks report,
-/// and the gradients the round took come back as they were, this rank's
-/// own, for the step to return; the strategy ends the round when it
-/// averages them. The question counts even under `no_sync` (the strategy
-/// runs its steps so).
+/// and the rest once Burn's backward is over, as for a wrapped model, so
+/// the step returns its gradients averaged (as PyTorch's DDP does) and
+/// whatever it does with them applies to the averages. The question counts
+/// even under `no_sync` (the strategy runs its steps so); where no bucket
+/// can leave early, the strategy averages after the step, as before.
 fn backward_asked<B: TrackedAutodiff>(
     tensor: FloatTensor<B>,
     step: &overlap::forward::Step,
@@ -321,10 +323,7 @@ fn backward_asked<B: TrackedAutodiff>(
         None
     } else {
         let mut reducer = asked.reducer.lock().unwrap();
-        // On the GPU path the hooks keep gradients as tensors, which only a
-        // wrapped model's end of backward takes back: after backward there.
         early_round(&mut reducer, &asked.params, step, DEFAULT_SCOPE)
-            .filter(|begun| !begun.round.on_device())
     };
     let installed = Installed::new(begun);
     let mut grads = B::backward(tensor);
@@ -332,21 +331,34 @@ fn backward_asked<B: TrackedAutodiff>(
         asked::answer(None);
         return grads;
     };
-    if !ended.taken.is_empty() {
-        let keys: HashMap<u64, FloatTensor<B>> = tracking::live_params::<B>()
-            .into_iter()
-            .map(|param| (param.id, param.key))
-            .collect();
-        for (position, data) in ended.taken {
-            let Some(key) = keys.get(&ended.params[position]) else {
-                continue; // not a parameter Ddp<B> follows: it had no gradient to take
-            };
-            let device = B::float_device(key);
-            let grad = B::InnerBackend::float_from_data(data, &device);
-            B::grad_replace(key, &mut grads, grad);
-        }
-    }
-    asked::answer(Some(ended.round));
+    let mut live: HashMap<u64, LiveParam<B>> = tracking::live_params::<B>()
+        .into_iter()
+        .map(|param| (param.id, param))
+        .collect();
+    let params: Option<Vec<LiveParam<B>>> = ended.params.iter().map(|id| live.remove(id)).collect();
+    let group = asked.reducer.lock().unwrap().group();
+    let averaged = match params {
+        Some(params) => group
+            .and_then(|group| {
+                sync_params::<B>(
+                    &asked.reducer,
+                    &group,
+                    params,
+                    &mut grads,
+                    Some(ended),
+                    false,
+                )
+            })
+            .map(|_| ()),
+        // The walk found them through the tracking: a burn-ddp bug.
+        None => Err(CommError::InvalidArgument {
+            rank: rank_here(),
+            message: "a parameter the Learner's round began with is not tracked (a burn-ddp \
+                      bug; please report it)"
+                .into(),
+        }),
+    };
+    asked::answer(Some(averaged));
     grads
 }
 
@@ -579,7 +591,6 @@ pub(crate) fn sync_module<B: AutodiffBackend, M: AutodiffModule<B>>(
     group: &ProcessGroup,
     module: &M,
     grads: GradientsParams,
-    begun: Option<crate::shared::sync::BegunRound>,
 ) -> Result<GradientsParams> {
-    crate::shared::sync::sync_module(reducer, group, shim::grad_walker(module), grads, begun)
+    crate::shared::sync::sync_module(reducer, group, shim::grad_walker(module), grads)
 }

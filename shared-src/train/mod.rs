@@ -65,7 +65,10 @@ impl DdpTraining {
     /// `BURN_DDP_OVERLAP` decides that default). Burn 0.21 with the `Ddp<B>`
     /// backend, on the host path, without gradient accumulation or a sharded
     /// optimizer; otherwise, as on Burn 0.22, the buckets leave after
-    /// backward. The averages are the same, bit for bit.
+    /// backward. The averages are the same, bit for bit; the step's
+    /// `TrainOutput` then carries them (as PyTorch's DDP step sees averaged
+    /// gradients after `backward()`), where otherwise the strategy averages
+    /// what the step returns.
     pub fn with_overlap_backward(self, overlap: Overlap) -> Self {
         Self { overlap, ..self }
     }

@@ -174,6 +174,16 @@ impl Reducer {
         )))
     }
 
+    /// Gives up a synchronisation [`begin`](Self::begin) started before
+    /// anything was handed over (nothing will go early after all): its
+    /// bucket buffers come back for the next one.
+    pub fn abandon(&mut self, round: SyncRound) {
+        debug_assert_eq!(round.sent(), 0, "abandoned after buckets left");
+        if round.sent() == 0 {
+            self.host_buckets = round.into_buffers();
+        }
+    }
+
     /// Ends a synchronisation [`begin`](Self::begin) started with the
     /// gradients of `set` (the same parameters): every gradient not handed
     /// over yet is read, the remaining buckets sent, every average written

@@ -478,7 +478,6 @@ impl SyncRound {
     }
 
     /// Buckets handed to the communication thread so far.
-    #[cfg(test)]
     pub(super) fn sent(&self) -> usize {
         self.submitted
     }

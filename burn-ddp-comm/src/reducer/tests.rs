@@ -115,7 +115,7 @@ fn bucket_buffers_are_kept_across_steps_and_replaced_with_the_layout() {
 }
 
 #[test]
-fn a_round_dropped_without_finish_leaves_the_next_one_whole() {
+fn a_round_dropped_or_abandoned_leaves_the_next_one_whole() {
     let group = forced_group();
     let config = BucketConfig {
         cap_bytes: 16,
@@ -134,6 +134,11 @@ fn a_round_dropped_without_finish_leaves_the_next_one_whole() {
     assert!(reducer.synchronize(&mut set).unwrap().is_some());
     assert_eq!(set.grads, grads(), "a world of one averages to itself");
     assert_eq!(set.writes, [2, 1, 0]);
+    // Abandoned before anything left: the buffers come back, none is made.
+    let kept = reducer.host_buckets[0].bytes(4).as_ptr() as usize;
+    let round = reducer.begin(&params).unwrap().expect("a round");
+    reducer.abandon(round);
+    assert_eq!(reducer.host_buckets[0].bytes(4).as_ptr() as usize, kept);
 }
 
 #[test]

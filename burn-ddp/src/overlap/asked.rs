@@ -6,12 +6,12 @@
 //! checkpointer keeps clones of replaced ones), so the strategy runs each
 //! step's backward under `no_sync` and averages afterwards. Asking lets
 //! that backward pass still send the leading buckets as their hooks report:
-//! the round is begun over the walked parameters, the gradients are left as
-//! the step expects them (this rank's own), and the strategy ends the round
-//! when it averages the step's gradients, where the rest is read and sent.
+//! the round is begun over the walked parameters and ended when Burn's
+//! backward is over, as a wrapped model's, so the step gets its gradients
+//! averaged and the strategy does not average them again.
 
 use super::armed;
-use burn_ddp_comm::{ParamInfo, Reducer, Result, SyncRound};
+use burn_ddp_comm::{ParamInfo, Reducer, Result};
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -26,12 +26,11 @@ pub(crate) struct Asked {
 /// What the backward pass leaves the strategy.
 #[cfg_attr(not(feature = "train"), allow(dead_code))]
 pub(crate) struct Answer {
-    /// The round, if one was begun (an error if a gradient could not be
-    /// handed over); `None`: nothing went early, average as usual.
-    pub round: Option<Result<SyncRound>>,
+    /// Whether the pass averaged the gradients (an error if that failed);
+    /// `None`: nothing could go early, average after the step as usual.
+    pub averaged: Option<Result<()>>,
     /// Backward passes that ran on this thread while the answer waited: a
-    /// step with more than one would average only the first one's early
-    /// buckets.
+    /// step with more than one would sum an average and local gradients.
     pub passes: usize,
 }
 
@@ -78,8 +77,11 @@ pub(crate) fn take_for_backward() -> Option<Asked> {
 }
 
 /// The backward pass's answer to a question it took.
-pub(crate) fn answer(round: Option<Result<SyncRound>>) {
-    let answer = Box::new(Answer { round, passes: 1 });
+pub(crate) fn answer(averaged: Option<Result<()>>) {
+    let answer = Box::new(Answer {
+        averaged,
+        passes: 1,
+    });
     STATE.with(|s| *s.borrow_mut() = Some(State::Answered(answer)));
 }
 
@@ -142,7 +144,7 @@ mod tests {
         assert!(take_for_backward().is_none());
         let answer = guard.answer().expect("answered");
         assert_eq!(answer.passes, 3);
-        assert!(answer.round.is_none());
+        assert!(answer.averaged.is_none());
     }
 
     #[test]

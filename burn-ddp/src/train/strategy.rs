@@ -13,7 +13,6 @@
 use super::sharded::{load_whole_state, ShardedLearning};
 use super::DdpTraining;
 use crate::overlap::asked::{self, AskGuard, Asked};
-use crate::shared::sync::BegunRound;
 use crate::shared::train::metrics::globalize;
 use burn::data::dataloader::{DataLoaderIterator, Progress};
 use burn::module::{AutodiffModule, Module};
@@ -24,6 +23,7 @@ use burn::train::{
     LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
     TrainStep, TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
 };
+use burn_ddp_comm::Placement;
 use burn_ddp_training::learner::{FitError, LearnerJob, Learning, Plan};
 use burn_ddp_training::stop;
 
@@ -142,9 +142,9 @@ struct Epochs<'a, LC: LearningComponentsTypes> {
     sharded: Option<ShardedLearning>,
     /// Whether each step's buckets may leave during its backward pass.
     overlap: bool,
-    /// The synchronisation the last step's backward pass began (its
-    /// leading buckets sent), for the optimizer step to end.
-    begun: Option<crate::Result<BegunRound>>,
+    /// Whether the last step's backward pass averaged its gradients (it
+    /// sent buckets during backward), or failed to.
+    averaged: Option<crate::Result<()>>,
 }
 
 impl<LC: LearningComponentsTypes> Epochs<'_, LC> {
@@ -152,7 +152,7 @@ impl<LC: LearningComponentsTypes> Epochs<'_, LC> {
     /// buckets as their gradients become final: with overlap on, one
     /// backward pass per optimizer step (no accumulation), no sharded
     /// optimizer, and a group that averages at all.
-    fn ask_for_overlap(&self) -> Option<(AskGuard, Vec<u64>)> {
+    fn ask_for_overlap(&self) -> Option<AskGuard> {
         let wanted = self.overlap
             && self.sharded.is_none()
             && self.components.grad_accumulation.is_none()
@@ -166,36 +166,38 @@ impl<LC: LearningComponentsTypes> Epochs<'_, LC> {
             crate::shared::sync::walked_params(self.job.rank(), crate::shim::grad_walker(&model))
                 .ok()
                 .filter(|params| !params.is_empty())?;
+        if params.iter().any(|p| p.placement != Placement::Host) {
+            return None; // the GPU path: after backward (docs/overlap.md)
+        }
         // The walk names parameters by Burn's `ParamId`; backward knows
         // their autodiff nodes. None on a backend without `Ddp<B>`'s hooks.
         let nodes = crate::tracking::node_ids(&model).filter(|n| n.len() == params.len())?;
-        let ids = params.iter().map(|p| p.id).collect();
         params
             .iter_mut()
             .zip(nodes)
             .for_each(|(p, node)| p.id = node);
         let reducer = self.job.reducer().clone();
-        Some((asked::ask(Asked { reducer, params }), ids))
+        Some(asked::ask(Asked { reducer, params }))
     }
 
-    /// What the step's backward pass began, if anything.
-    fn answered(&self, guard: AskGuard, ids: Vec<u64>) -> Option<crate::Result<BegunRound>> {
+    /// Whether the step's backward pass averaged its gradients.
+    fn answered(&self, guard: AskGuard) -> Option<crate::Result<()>> {
         let answer = guard.answer()?;
-        let round = answer.round?;
-        if answer.passes > 1 {
+        let averaged = answer.averaged?;
+        if averaged.is_ok() && answer.passes > 1 {
             let rank = self.job.rank();
             return Some(Err(burn_ddp_comm::CommError::config(
                 Some(rank),
                 "overlap_backward",
                 format!(
                     "rank {rank}: the training step ran backward() {} times; the first one \
-                     sent buckets of its own gradients alone. Use \
+                     averaged its gradients across the ranks, the others did not. Use \
                      DdpTraining::with_overlap_backward(Overlap::Never) for such a step",
                     answer.passes
                 ),
             )));
         }
-        Some(round.map(|round| BegunRound { round, ids }))
+        Some(averaged)
     }
 }
 
@@ -226,7 +228,7 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
             let _local = crate::no_sync();
             self.learner.train_step(item)
         };
-        self.begun = asked.and_then(|(guard, ids)| self.answered(guard, ids));
+        self.averaged = asked.and_then(|guard| self.answered(guard));
         match self.components.grad_accumulation {
             Some(_) => self
                 .accumulator
@@ -244,10 +246,14 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
         if let Some(sharded) = &mut self.sharded {
             return sharded.step(&mut self.learner, grads);
         }
-        let begun = self.begun.take().transpose()?;
-        let model = self.learner.model();
-        let (reducer, group) = (self.job.reducer(), &self.job.group());
-        let grads = crate::sync::sync_module(reducer, group, &model, grads, begun)?;
+        let grads = match self.averaged.take() {
+            Some(averaged) => averaged.map(|()| grads)?,
+            None => {
+                let model = self.learner.model();
+                let (reducer, group) = (self.job.reducer(), &self.job.group());
+                crate::sync::sync_module(reducer, group, &model, grads)?
+            }
+        };
         self.learner.optimizer_step(grads);
         Ok(())
     }
@@ -451,7 +457,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             grads: None,
             sharded,
             overlap: self.overlaps(),
-            begun: None,
+            averaged: None,
         };
         if let Err(err) = self.ddp.job().fit(&mut epochs, plan) {
             self.fail(err);
