@@ -49,6 +49,7 @@ thread_local! {
 #[cfg_attr(not(feature = "train"), allow(dead_code))]
 pub(crate) fn ask(asked: Asked) -> AskGuard {
     armed::arm();
+    super::forward::discard_unfinished();
     let ids = asked.params.iter().map(|p| p.id).collect();
     STATE.with(|s| *s.borrow_mut() = Some(State::Asked(asked, ids)));
     AskGuard(std::marker::PhantomData)

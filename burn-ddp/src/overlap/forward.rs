@@ -63,6 +63,20 @@ pub(crate) struct Step {
     pub hooked: HashSet<u64>,
 }
 
+/// Forgets what forward passes without a backward pass left on this thread
+/// (an evaluation on the training backend, a model loaded and broadcast):
+/// a step known to begin here (the Learner's) then numbers its first uses
+/// from the start, as the previous step's remembered slack expects.
+pub(crate) fn discard_unfinished() {
+    FORWARD.with(|f| {
+        let mut f = f.borrow_mut();
+        f.routes.clear();
+        f.chains.clear();
+        f.slack.clear();
+        f.first_uses.clear();
+    });
+}
+
 /// Ends this thread's forward pass (at the start of backward): the hooks are
 /// let go (the graph holds what backward needs), the slack of each
 /// first-use position remembered for the next step.

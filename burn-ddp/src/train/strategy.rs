@@ -12,6 +12,7 @@
 
 use super::sharded::{load_whole_state, ShardedLearning};
 use super::DdpTraining;
+use crate::config::Overlap;
 use crate::overlap::asked::{self, AskGuard, Asked};
 use crate::shared::train::metrics::globalize;
 use burn::data::dataloader::{DataLoaderIterator, Progress};
@@ -51,16 +52,16 @@ impl DdpLearningStrategy {
         burn_ddp_training::failure::panic_with_message(err.message(self.ddp.rank()))
     }
 
-    /// Whether the steps' buckets may leave during backward (a bad
-    /// `BURN_DDP_OVERLAP` stops the rank, naming it).
-    fn overlaps(&self) -> bool {
-        let overlapping = self.ddp.overlap.applies_to(&self.ddp.group());
-        overlapping.map(|on| on.host).unwrap_or_else(|error| {
+    /// The overlap setting, checked (a bad `BURN_DDP_OVERLAP` stops the
+    /// rank, naming it).
+    fn overlap(&self) -> Overlap {
+        if let Err(error) = self.ddp.overlap.applies_to(&self.ddp.group()) {
             self.fail(FitError {
                 what: "reading the overlap setting",
                 error,
             })
-        })
+        }
+        self.ddp.overlap
     }
 
     /// Rank 0's parameters everywhere, as `DistributedDataParallel(model)` does.
@@ -140,8 +141,9 @@ struct Epochs<'a, LC: LearningComponentsTypes> {
     grads: Option<GradientsParams>,
     /// With a sharded optimizer: its owners and rounds.
     sharded: Option<ShardedLearning>,
-    /// Whether each step's buckets may leave during its backward pass.
-    overlap: bool,
+    /// When each step's buckets may leave during its backward pass (read
+    /// against the group each step: a reformed one may span other machines).
+    overlap: Overlap,
     /// Whether the last step's backward pass averaged its gradients (it
     /// sent buckets during backward), or failed to.
     averaged: Option<crate::Result<()>>,
@@ -153,10 +155,11 @@ impl<LC: LearningComponentsTypes> Epochs<'_, LC> {
     /// backward pass per optimizer step (no accumulation), no sharded
     /// optimizer, and a group that averages at all.
     fn ask_for_overlap(&self) -> Option<AskGuard> {
-        let wanted = self.overlap
-            && self.sharded.is_none()
+        let group = self.job.group();
+        let wanted = self.sharded.is_none()
             && self.components.grad_accumulation.is_none()
-            && self.job.group().synchronizes();
+            && group.synchronizes()
+            && self.overlap.applies_to(&group).is_ok_and(|on| on.host);
         if !wanted {
             return None;
         }
@@ -456,7 +459,7 @@ impl<LC: LearningComponentsTypes> SupervisedLearningStrategy<LC> for DdpLearning
             accumulator: GradientsAccumulator::new(),
             grads: None,
             sharded,
-            overlap: self.overlaps(),
+            overlap: self.overlap(),
             averaged: None,
         };
         if let Err(err) = self.ddp.job().fit(&mut epochs, plan) {

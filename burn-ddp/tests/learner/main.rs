@@ -9,13 +9,14 @@ mod shared;
 mod shim;
 
 fn main() {
-    burn_ddp_testkit::learner::run_suite(program, shim::CHECKPOINT_EXTENSION, &[overlap::CASE])
+    burn_ddp_testkit::learner::run_suite(program, shim::CHECKPOINT_EXTENSION, &overlap::CASES)
 }
 
 /// One rank: this crate's own scenario, then the shared ones.
 fn program(name: &str) -> shared::Res<()> {
     match name {
         "overlap" => overlap::program(),
+        "overlap_twice" => overlap::program_twice(),
         other => shared::run(other),
     }
 }

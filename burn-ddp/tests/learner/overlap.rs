@@ -4,29 +4,43 @@
 //! with the same parameters, bit for bit, on each rank (the batch norm's
 //! running statistics are each rank's own), and only the first may send
 //! buckets early. Rank 0's asynchronous checkpointer holds clones
-//! of old parameters meanwhile; they must not change what is reduced.
+//! of old parameters meanwhile; they must not change what is reduced. Ranks
+//! need not agree on the setting (rank 0 `Always`, the others `Never`), and
+//! a step with two backward passes is an error on every rank.
 
+use crate::shared::contract::Learned;
 use crate::shared::{self, contract::Training, Res, LR, TRAIN_ITEMS, VALID_ITEMS};
 use crate::shim::{self, Classifier, Plain};
+use burn::data::dataloader::DataLoader;
+use burn::module::Module;
 use burn::nn::BatchNorm;
 use burn::optim::SgdConfig;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::train::metric::{AccuracyMetric, LossMetric};
 use burn::train::SupervisedTraining;
+use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
 use burn_ddp::config::{BucketConfig, Overlap};
 use burn_ddp::train::{DdpSupervisedTraining, DdpTraining, SilentRenderer};
 use burn_ddp::Ddp;
 use burn_ddp_testkit::learner::{learner_world_of, scratch, EPOCHS};
 use burn_ddp_testkit::{all_ok, check, Case};
 use shim::prelude::*;
+use std::sync::Arc;
 
 /// The classifier on `Ddp<B>`, whose hooks report gradients, with Burn's
 /// own batch norm: no collective inside backward.
 type Model = Classifier<Ddp<Plain>, BatchNorm<Ddp<Plain>>>;
 
-pub const CASE: Case = (
-    "the_learner_sends_buckets_during_backward_with_the_same_result_at_2_and_3_ranks",
-    check_overlap,
-);
+pub const CASES: [Case; 2] = [
+    (
+        "the_learner_sends_buckets_during_backward_with_the_same_result_at_2_and_3_ranks",
+        check_overlap,
+    ),
+    (
+        "a_learner_step_with_two_backward_passes_under_overlap_fails_every_rank_naming_the_fix",
+        check_twice,
+    ),
+];
 
 fn check_overlap() -> Result<(), String> {
     for ranks in [2, 3] {
@@ -57,25 +71,97 @@ fn check_overlap() -> Result<(), String> {
                     o.rank, o.stdout
                 )
             })?;
+            // Rank 0 alone overlapping: the same collectives, in the same order.
+            check(o.value("params_mixed") == never, || {
+                format!("{ranks} ranks: rank {}'s parameters differ, mixed", o.rank)
+            })?;
+            let early_mixed = o.value("early_mixed").unwrap_or("?");
+            let expected = if o.rank == 0 { steps } else { Some("0") };
+            check(Some(early_mixed) == expected, || {
+                format!(
+                    "{ranks} ranks, mixed: rank {} sent {early_mixed} buckets early",
+                    o.rank
+                )
+            })?;
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
 }
 
+/// Both ranks stop at the first optimizer step, naming the two passes and
+/// the setting that allows them.
+fn check_twice() -> Result<(), String> {
+    let dir = scratch("overlap-twice");
+    let started = std::time::Instant::now();
+    let outcomes = learner_world_of(2, &dir, &[]).run("overlap_twice");
+    for o in &outcomes {
+        check(o.code != Some(0), || format!("rank {} succeeded", o.rank))?;
+        for needle in [
+            format!("rank {}: the training step ran backward() 2 times", o.rank),
+            "with_overlap_backward(Overlap::Never)".to_string(),
+        ] {
+            check(o.stderr.contains(&needle), || {
+                format!("rank {}'s error lacks {needle:?}:\n{}", o.rank, o.stderr)
+            })?;
+        }
+    }
+    check(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        || format!("took {:?}", started.elapsed()),
+    )?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Buckets of a few hundred bytes: the output layer's gradients (ready
+/// first) leave alone; the first layer's wait for the end.
+fn overlap_job(run: &shared::Run, name: &str, overlap: Overlap) -> DdpTraining {
+    let buckets = BucketConfig::new()
+        .with_first_cap_bytes(128)
+        .with_cap_bytes(256);
+    DdpTraining::new(&run.ddp.group(), run.dir.join(name))
+        .with_buckets(buckets)
+        .with_overlap_backward(overlap)
+}
+
+/// One rank: a step that runs backward twice (an auxiliary pass first).
+pub fn program_twice() -> Res<()> {
+    let run = shared::setup()?;
+    let ddp = overlap_job(&run, "twice", Overlap::Always);
+    let train = ddp
+        .shard(shared::points(0, TRAIN_ITEMS))
+        .map_err(shared::e)?;
+    let valid = ddp
+        .shard_eval(shared::points(1000, VALID_ITEMS))
+        .map_err(shared::e)?;
+    let (train, valid) = shared::loaders_of::<Twice<Ddp<Plain>>>(train, valid, 8);
+    let model = Twice {
+        inner: shared::initial(run.rank, Model::new),
+    };
+    SupervisedTraining::new(run.dir.join("twice"), train, valid)
+        .num_epochs(1)
+        .render_with(SilentRenderer)
+        .ddp(&ddp)
+        .launch(shim::learner(model, SgdConfig::new().init(), LR));
+    Err("the run did not stop".into())
+}
+
 /// One rank: the same training with each setting, over the same group.
 pub fn program() -> Res<()> {
     let run = shared::setup()?;
-    let group = run.ddp.group();
-    for (name, overlap) in [("always", Overlap::Always), ("never", Overlap::Never)] {
-        // Buckets of a few hundred bytes: the output layer's gradients
-        // (ready first) leave alone; the first layer's wait for the end.
-        let buckets = BucketConfig::new()
-            .with_first_cap_bytes(128)
-            .with_cap_bytes(256);
-        let ddp = DdpTraining::new(&group, run.dir.join(name))
-            .with_buckets(buckets)
-            .with_overlap_backward(overlap);
+    let mixed = if run.rank == 0 {
+        Overlap::Always
+    } else {
+        Overlap::Never
+    };
+    let settings = [
+        ("always", Overlap::Always),
+        ("never", Overlap::Never),
+        ("mixed", mixed),
+    ];
+    for (name, overlap) in settings {
+        let ddp = overlap_job(&run, name, overlap);
         let train = ddp
             .shard(shared::points(0, TRAIN_ITEMS))
             .map_err(shared::e)?;
@@ -106,4 +192,45 @@ pub fn program() -> Res<()> {
         println!("syncs_{name} {}", stats.syncs);
     }
     burn_ddp::destroy_process_group().map_err(shared::e)
+}
+
+/// The classifier with a training step that runs backward twice: an
+/// auxiliary pass whose gradients it drops, then the real one.
+#[derive(Module, Debug)]
+pub struct Twice<B: Backend> {
+    inner: Classifier<B, BatchNorm<B>>,
+}
+
+impl<B: AutodiffBackend> TrainStep for Twice<B> {
+    type Input = shim::Batch<B>;
+    type Output = ClassificationOutput<B>;
+    fn step(&self, batch: shim::Batch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        let _auxiliary = self.inner.classify(batch.clone()).loss.backward();
+        let item = self.inner.classify(batch);
+        TrainOutput::new(self, item.loss.backward(), item)
+    }
+}
+
+impl<B: Backend> InferenceStep for Twice<B> {
+    type Input = shim::Batch<B>;
+    type Output = ClassificationOutput<B>;
+    fn step(&self, batch: shim::Batch<B>) -> ClassificationOutput<B> {
+        self.inner.classify(batch)
+    }
+}
+
+impl<B: Backend> shim::Params for Twice<B> {
+    fn flat_params(&self) -> Vec<f32> {
+        self.inner.flat_params()
+    }
+    fn load_params(self, values: &[f32]) -> Self {
+        Self {
+            inner: self.inner.load_params(values),
+        }
+    }
+}
+
+impl<B: AutodiffBackend> Learned for Twice<B> {
+    type TrainLoader = Arc<dyn DataLoader<B, shim::Batch<B>>>;
+    type ValidLoader = Arc<dyn DataLoader<B::InnerBackend, shim::Batch<B::InnerBackend>>>;
 }
