@@ -14,6 +14,6 @@ pub mod group {
 /// The settings of `wrap` and of the sharded optimizer.
 pub mod config {
     pub use crate::shared::config::{
-        BucketConfig, DdpConfig, GradientCompression, Overlap, ShardConfig,
+        BucketConfig, DdpConfig, GradientCompression, Overlap, ShardConfig, OVERLAP_VAR,
     };
 }

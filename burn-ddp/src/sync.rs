@@ -307,13 +307,13 @@ fn early_round(
     })
 }
 
-/// The backward pass of a Learner step whose round the strategy asked for
-/// ([`asked`]): the round's leading buckets leave as their hooks report,
-/// and the rest once Burn's backward is over, as for a wrapped model, so
-/// the step returns its gradients averaged (as PyTorch's DDP does) and
+/// The backward pass of a Learner step whose average the strategy asked
+/// for ([`asked`]): the round's leading buckets leave as their hooks
+/// report, and the rest once Burn's backward is over, as for a wrapped
+/// model (all of it then, where no bucket can leave early), so the step
+/// returns its gradients averaged, as PyTorch's DDP step sees them, and
 /// whatever it does with them applies to the averages. The question counts
-/// even under `no_sync` (the strategy runs its steps so); where no bucket
-/// can leave early, the strategy averages after the step, as before.
+/// even under `no_sync` (the strategy runs its steps so).
 fn backward_asked<B: TrackedAutodiff>(
     tensor: FloatTensor<B>,
     step: &overlap::forward::Step,
@@ -327,31 +327,29 @@ fn backward_asked<B: TrackedAutodiff>(
     };
     let installed = Installed::new(begun);
     let mut grads = B::backward(tensor);
-    let Some(ended) = installed.take() else {
-        asked::answer(None);
-        return grads;
-    };
+    let ended = installed.take();
     let mut live: HashMap<u64, LiveParam<B>> = tracking::live_params::<B>()
         .into_iter()
         .map(|param| (param.id, param))
         .collect();
-    let params: Option<Vec<LiveParam<B>>> = ended.params.iter().map(|id| live.remove(id)).collect();
-    let group = asked.reducer.lock().unwrap().group();
-    let averaged = match params {
-        Some(params) => group
-            .and_then(|group| {
-                sync_params::<B>(
-                    &asked.reducer,
-                    &group,
-                    params,
-                    &mut grads,
-                    Some(ended),
-                    false,
-                )
-            })
-            .map(|_| ()),
+    let ids = asked.params.iter().map(|p| p.id);
+    let params: Option<Vec<LiveParam<B>>> = ids.map(|id| live.remove(&id)).collect();
+    let averaged = match (params, ended) {
+        (Some(params), ended) => {
+            let group = asked.reducer.lock().unwrap().group();
+            group
+                .and_then(|group| {
+                    sync_params::<B>(&asked.reducer, &group, params, &mut grads, ended, false)
+                })
+                .map(|_| ())
+        }
+        // Nothing sent: the strategy averages after the step, as without overlap.
+        (None, None) => {
+            asked::answer(None);
+            return grads;
+        }
         // The walk found them through the tracking: a burn-ddp bug.
-        None => Err(CommError::InvalidArgument {
+        (None, Some(_)) => Err(CommError::InvalidArgument {
             rank: rank_here(),
             message: "a parameter the Learner's round began with is not tracked (a burn-ddp \
                       bug; please report it)"
@@ -506,14 +504,19 @@ fn check_round<B: TrackedAutodiff>(
     grads: &B::Gradients,
 ) -> Result<()> {
     let rank = rank_here();
+    // The Learner's rounds are the default scope's; a wrapped model's are its own.
+    let fix = if ended.scope == DEFAULT_SCOPE {
+        "train with DdpTraining::with_overlap_backward(burn_ddp::config::Overlap::Never)"
+    } else {
+        "wrap the model with DdpConfig::new().with_overlap_backward(burn_ddp::config::Overlap::Never)"
+    };
     if !params.iter().map(|p| p.id).eq(ended.params.iter().copied()) {
         return Err(CommError::config(
             Some(rank),
             "overlap_backward",
             format!(
                 "rank {rank}: the model's parameters changed during backward() ({} before, {} \
-                 after), after its first buckets were sent; wrap it with \
-                 DdpConfig::new().with_overlap_backward(burn_ddp::config::Overlap::Never)",
+                 after), after its first buckets were sent; {fix}",
                 ended.params.len(),
                 params.len()
             ),
@@ -533,8 +536,7 @@ fn check_round<B: TrackedAutodiff>(
         format!(
             "rank {rank}: a parameter (shape {:?}) got a gradient in backward() although no \
              operation of this step's forward pass took it through Ddp<B> (a graph built \
-             before the previous backward?), so its bucket was sent with zeros; wrap the \
-             model with DdpConfig::new().with_overlap_backward(burn_ddp::config::Overlap::Never)",
+             before the previous backward?), so its bucket was sent with zeros; {fix}",
             param.shape
         ),
     ))

@@ -68,7 +68,8 @@ impl DdpTraining {
     /// backward. The averages are the same, bit for bit; the step's
     /// `TrainOutput` then carries them (as PyTorch's DDP step sees averaged
     /// gradients after `backward()`), where otherwise the strategy averages
-    /// what the step returns.
+    /// what the step returns. Every rank must decide the same: the first
+    /// step stops every rank, naming the setting, if they do not.
     pub fn with_overlap_backward(self, overlap: Overlap) -> Self {
         Self { overlap, ..self }
     }

@@ -8,7 +8,8 @@
 //! that backward pass still send the leading buckets as their hooks report:
 //! the round is begun over the walked parameters and ended when Burn's
 //! backward is over, as a wrapped model's, so the step gets its gradients
-//! averaged and the strategy does not average them again.
+//! averaged (whether or not a bucket could leave early) and the strategy
+//! does not average them again.
 
 use super::armed;
 use burn_ddp_comm::{ParamInfo, Reducer, Result};
@@ -27,7 +28,8 @@ pub(crate) struct Asked {
 #[cfg_attr(not(feature = "train"), allow(dead_code))]
 pub(crate) struct Answer {
     /// Whether the pass averaged the gradients (an error if that failed);
-    /// `None`: nothing could go early, average after the step as usual.
+    /// `None`: it could not (not one of `Ddp<B>`'s parameters), average
+    /// after the step as usual.
     pub averaged: Option<Result<()>>,
     /// Backward passes that ran on this thread while the answer waited: a
     /// step with more than one would sum an average and local gradients.
@@ -49,7 +51,6 @@ thread_local! {
 #[cfg_attr(not(feature = "train"), allow(dead_code))]
 pub(crate) fn ask(asked: Asked) -> AskGuard {
     armed::arm();
-    super::forward::discard_unfinished();
     let ids = asked.params.iter().map(|p| p.id).collect();
     STATE.with(|s| *s.borrow_mut() = Some(State::Asked(asked, ids)));
     AskGuard(std::marker::PhantomData)

@@ -40,8 +40,9 @@
 //!   `Ddp<Autodiff<B>>` and with a plain `Autodiff<B>`. On `Ddp<B>` the
 //!   step's backward pass still sends the leading buckets as their
 //!   gradients become final (by default when the ranks span machines; see
-//!   [`DdpTraining::with_overlap_backward`]) and ends the average there, so
-//!   the step returns averaged gradients, as a PyTorch DDP step sees them.
+//!   [`DdpTraining::with_overlap_backward`]) and ends the average there
+//!   (all of it where no bucket can leave early), so the step returns
+//!   averaged gradients, as a PyTorch DDP step sees them.
 //! - **Agreement**: the ranks vote at every training iteration, so an interrupt
 //!   on any rank stops all of them at the same iteration and a rank whose loader
 //!   ran out early is an error on every rank (the loaders' lengths are compared

@@ -12,7 +12,7 @@
 
 use super::sharded::{load_whole_state, ShardedLearning};
 use super::DdpTraining;
-use crate::config::Overlap;
+use crate::config::{Overlap, OVERLAP_VAR};
 use crate::overlap::asked::{self, AskGuard, Asked};
 use crate::shared::train::metrics::globalize;
 use burn::data::dataloader::{DataLoaderIterator, Progress};
@@ -24,9 +24,10 @@ use burn::train::{
     LearningResult, SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader,
     TrainStep, TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
 };
-use burn_ddp_comm::Placement;
+use burn_ddp_comm::{CollectiveBackend, Placement, ReduceOp};
 use burn_ddp_training::learner::{FitError, LearnerJob, Learning, Plan};
 use burn_ddp_training::stop;
+use std::collections::HashSet;
 
 type InferenceModelOf<LC> = <LC as LearningComponentsTypes>::InferenceModel;
 type DeviceOf<LC> = burn::tensor::Device<<LC as LearningComponentsTypes>::Backend>;
@@ -52,12 +53,40 @@ impl DdpLearningStrategy {
         burn_ddp_training::failure::panic_with_message(err.message(self.ddp.rank()))
     }
 
-    /// The overlap setting, checked (a bad `BURN_DDP_OVERLAP` stops the
-    /// rank, naming it).
+    /// The overlap setting, checked: a bad `BURN_DDP_OVERLAP` stops the
+    /// rank, naming it, and ranks that would decide differently stop every
+    /// rank (the step's gradients come back averaged with overlap, local
+    /// without: a step that edits them, or runs a collective after
+    /// backward, would then differ between ranks). Collective.
     fn overlap(&self) -> Overlap {
-        if let Err(error) = self.ddp.overlap.applies_to(&self.ddp.group()) {
+        let group = self.ddp.group();
+        let agreed = self.ddp.overlap.applies_to(&group).and_then(|on| {
+            if !group.synchronizes() {
+                return Ok(());
+            }
+            // [on, off] summed: both non-zero when the ranks differ.
+            let mut votes = [on.host as i64, !on.host as i64];
+            group.all_reduce(&mut votes, ReduceOp::Sum)?;
+            if votes[0] == 0 || votes[1] == 0 {
+                return Ok(());
+            }
+            let rank = group.rank();
+            Err(burn_ddp_comm::CommError::config(
+                Some(rank),
+                OVERLAP_VAR,
+                format!(
+                    "rank {rank}: the ranks differ on sending gradient buckets during backward \
+                     ({} with it, {} without; this rank {}): set the same \
+                     DdpTraining::with_overlap_backward and {OVERLAP_VAR} on every rank",
+                    votes[0],
+                    votes[1],
+                    if on.host { "with" } else { "without" }
+                ),
+            ))
+        });
+        if let Err(error) = agreed {
             self.fail(FitError {
-                what: "reading the overlap setting",
+                what: "agreeing on the overlap setting",
                 error,
             })
         }
@@ -156,9 +185,12 @@ impl<LC: LearningComponentsTypes> Epochs<'_, LC> {
     /// optimizer, and a group that averages at all.
     fn ask_for_overlap(&self) -> Option<AskGuard> {
         let group = self.job.group();
+        // NCCL refuses host gradients: the average after the step says so,
+        // before anything is sent.
         let wanted = self.sharded.is_none()
             && self.components.grad_accumulation.is_none()
             && group.synchronizes()
+            && group.device_backend() != CollectiveBackend::Nccl
             && self.overlap.applies_to(&group).is_ok_and(|on| on.host);
         if !wanted {
             return None;
@@ -174,12 +206,19 @@ impl<LC: LearningComponentsTypes> Epochs<'_, LC> {
         }
         // The walk names parameters by Burn's `ParamId`; backward knows
         // their autodiff nodes. None on a backend without `Ddp<B>`'s hooks.
+        // A tensor shared by two parameters (tied weights) is one node.
         let nodes = crate::tracking::node_ids(&model).filter(|n| n.len() == params.len())?;
+        let distinct: HashSet<u64> = nodes.iter().copied().collect();
+        if distinct.len() != nodes.len() {
+            return None;
+        }
         params
             .iter_mut()
             .zip(nodes)
             .for_each(|(p, node)| p.id = node);
         let reducer = self.job.reducer().clone();
+        // The step numbers its parameters' first uses from the start.
+        crate::overlap::forward::discard_unfinished();
         Some(asked::ask(Asked { reducer, params }))
     }
 

@@ -17,6 +17,7 @@ fn program(name: &str) -> shared::Res<()> {
     match name {
         "overlap" => overlap::program(),
         "overlap_twice" => overlap::program_twice(),
+        "overlap_mixed" => overlap::program_mixed(),
         other => shared::run(other),
     }
 }
