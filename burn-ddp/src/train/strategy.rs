@@ -174,15 +174,15 @@ struct Epochs<'a, LC: LearningComponentsTypes> {
     /// against the group each step: a reformed one may span other machines).
     overlap: Overlap,
     /// Whether the last step's backward pass averaged its gradients (it
-    /// sent buckets during backward), or failed to.
+    /// was asked to), or failed to; `None`: the optimizer step averages.
     averaged: Option<crate::Result<()>>,
 }
 
 impl<LC: LearningComponentsTypes> Epochs<'_, LC> {
-    /// Asks the coming step's backward pass to send the model's leading
-    /// buckets as their gradients become final: with overlap on, one
-    /// backward pass per optimizer step (no accumulation), no sharded
-    /// optimizer, and a group that averages at all.
+    /// Asks the coming step's backward pass to average the model's
+    /// gradients, sending the leading buckets as they become final: with
+    /// overlap on, one backward pass per optimizer step (no accumulation),
+    /// no sharded optimizer, host gradients, and a group that averages.
     fn ask_for_overlap(&self) -> Option<AskGuard> {
         let group = self.job.group();
         // NCCL refuses host gradients: the average after the step says so,
@@ -263,8 +263,9 @@ impl<'a, LC: LearningComponentsTypes> Learning for Epochs<'a, LC> {
     fn train_step(&mut self, item: Self::Item) -> Self::Output {
         // burn-train 0.21 steps the scheduler before every iteration.
         self.learner.lr_step();
-        // A local backward pass; the average is taken once per optimizer
-        // step, begun during backward where it may be.
+        // A backward pass under no_sync: local gradients, averaged once per
+        // optimizer step; with overlap, the backward pass averages them
+        // itself, as it was asked.
         let asked = self.ask_for_overlap();
         let output = {
             let _local = crate::no_sync();

@@ -139,6 +139,18 @@ fn overlap_job(run: &shared::Run, name: &str, overlap: Overlap) -> DdpTraining {
         .with_overlap_backward(overlap)
 }
 
+/// `M`'s loaders of this rank's shards, dealt by `ddp` (whose strategy
+/// advances their epochs), in batches of 8.
+fn loaders<M: Learned>(ddp: &DdpTraining) -> Res<(M::TrainLoader, M::ValidLoader)> {
+    let train = ddp
+        .shard(shared::points(0, TRAIN_ITEMS))
+        .map_err(shared::e)?;
+    let valid = ddp
+        .shard_eval(shared::points(1000, VALID_ITEMS))
+        .map_err(shared::e)?;
+    Ok(shared::loaders_of::<M>(train, valid, 8))
+}
+
 /// One rank: rank 0 overlapping, the others not.
 pub fn program_mixed() -> Res<()> {
     let run = shared::setup()?;
@@ -155,13 +167,7 @@ pub fn program_mixed() -> Res<()> {
 pub fn program_twice() -> Res<()> {
     let run = shared::setup()?;
     let ddp = overlap_job(&run, "twice", Overlap::Always);
-    let train = ddp
-        .shard(shared::points(0, TRAIN_ITEMS))
-        .map_err(shared::e)?;
-    let valid = ddp
-        .shard_eval(shared::points(1000, VALID_ITEMS))
-        .map_err(shared::e)?;
-    let (train, valid) = shared::loaders_of::<Twice<Ddp<Plain>>>(train, valid, 8);
+    let (train, valid) = loaders::<Twice<Ddp<Plain>>>(&ddp)?;
     let model = Twice {
         inner: shared::initial(run.rank, Model::new),
     };
@@ -186,13 +192,7 @@ pub fn program() -> Res<()> {
 /// many buckets left early.
 fn train(run: &shared::Run, name: &str, overlap: Overlap) -> Res<()> {
     let ddp = overlap_job(run, name, overlap);
-    let train = ddp
-        .shard(shared::points(0, TRAIN_ITEMS))
-        .map_err(shared::e)?;
-    let valid = ddp
-        .shard_eval(shared::points(1000, VALID_ITEMS))
-        .map_err(shared::e)?;
-    let (train, valid) = shared::loaders_of::<Model>(train, valid, 8);
+    let (train, valid) = loaders::<Model>(&ddp)?;
     let result = SupervisedTraining::new(run.dir.join(name), train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         .num_epochs(EPOCHS)
