@@ -46,6 +46,8 @@ pub struct LaunchConfig {
     /// Leave glibc's allocator to its own adjustment instead of setting
     /// `MALLOC_MMAP_THRESHOLD_` and `MALLOC_TRIM_THRESHOLD_` in the workers.
     pub no_malloc_tuning: bool,
+    /// Whether each worker runs on CPUs of its own (`--cpu-bind`).
+    pub cpu_bind: CpuBind,
     /// Times the workers are started again after a failure (torchrun's
     /// `--max-restarts`); 0 ends the job at the first failure.
     pub max_restarts: u32,
@@ -53,6 +55,18 @@ pub struct LaunchConfig {
     pub on_failure: OnFailure,
     /// The worker program and its arguments.
     pub program: Vec<String>,
+}
+
+/// Where the workers of one machine run.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuBind {
+    /// Each on an equal share of the CPUs the launcher may use, of its own
+    /// (whole cores where there are enough), when several run and there
+    /// are at least as many CPUs as workers.
+    #[default]
+    Cores,
+    /// Where the scheduler puts them.
+    None,
 }
 
 /// What a worker's failure does to the other workers.
@@ -77,7 +91,9 @@ GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and
 OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set,
 and, on Linux with glibc, MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ (glibc
 keeps freed tensor memory for the next step) unless a MALLOC_ variable or a
-glibc.malloc tunable is set, or --no-malloc-tuning is given.
+glibc.malloc tunable is set, or --no-malloc-tuning is given. When several run,
+each is bound to an equal share of the CPUs the launcher may use (whole cores
+where there are enough; --cpu-bind none leaves them to the scheduler).
 If one worker fails, the others are stopped and the launcher exits with the first
 failure's code; with --max-restarts N every worker is started again instead, up
 to N times, with TORCHELASTIC_RESTART_COUNT set to the round (0 first). With
@@ -173,6 +189,15 @@ pub struct LaunchOptions {
     /// MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the workers.
     #[arg(long = "no-malloc-tuning", visible_alias = "no_malloc_tuning")]
     pub no_malloc_tuning: bool,
+    /// Run each worker on CPUs of its own (cores), or where the scheduler
+    /// puts them (none).
+    #[arg(
+        long = "cpu-bind",
+        visible_alias = "cpu_bind",
+        value_enum,
+        default_value_t
+    )]
+    pub cpu_bind: CpuBind,
 }
 
 /// `burn-ddp-run [OPTIONS] PROGRAM [ARGS...]`.
@@ -288,6 +313,7 @@ impl LaunchOptions {
             prefix_output: self.prefix_output,
             log_dir: self.log_dir,
             no_malloc_tuning: self.no_malloc_tuning,
+            cpu_bind: self.cpu_bind,
             max_restarts: self.max_restarts,
             on_failure: self.on_failure,
             program,
@@ -510,5 +536,23 @@ mod tests {
         let passed_on = launch(&["./train", "--no-malloc-tuning"]);
         assert!(!passed_on.no_malloc_tuning);
         assert_eq!(passed_on.program, ["./train", "--no-malloc-tuning"]);
+    }
+
+    #[test]
+    fn workers_are_bound_unless_asked_not_to() {
+        assert_eq!(launch(&["./train"]).cpu_bind, CpuBind::Cores);
+        assert_eq!(
+            launch(&["--cpu-bind", "none", "./train"]).cpu_bind,
+            CpuBind::None
+        );
+        assert_eq!(
+            launch(&["--cpu_bind=cores", "./train"]).cpu_bind,
+            CpuBind::Cores
+        );
+        let unknown = error(&["--cpu-bind", "socket", "./train"]).to_string();
+        assert!(
+            unknown.contains("[possible values: cores, none]"),
+            "{unknown}"
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! round (a stop signal, the workers that exited), and each answer.
 
 use crate::cli::{LaunchConfig, OnFailure};
+use crate::cpu_binding;
 use crate::error::LaunchError;
 use crate::job::{self, host_store, JobIdentity};
 use crate::membership;
@@ -35,6 +36,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
         .as_ref()
         .map_or(config.master_port, |s| s.addr().port());
     let defaults = worker_env::defaults(config);
+    let cpu_shares = cpu_binding::plan(config.cpu_bind, config.nproc_per_node);
     // Several machines that restart agree on each round through the store
     // (reached before the signal handlers go in: a Ctrl-C while node 0 is
     // awaited simply ends the launcher).
@@ -69,6 +71,7 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
             job: &job,
             master_port,
             defaults: &defaults,
+            cpu_shares: cpu_shares.as_ref(),
             membership,
         },
         store: store.as_ref(),

@@ -20,6 +20,7 @@
 
 pub mod cargo_ddp;
 pub mod cli;
+mod cpu_binding;
 mod driver;
 mod error;
 mod job;

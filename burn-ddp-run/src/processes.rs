@@ -3,6 +3,7 @@
 //! and cleaning up after them.
 
 use crate::cli::{LaunchConfig, OnFailure};
+use crate::cpu_binding::{self, CpuShares};
 use crate::error::LaunchError;
 use crate::job::JobIdentity;
 use crate::membership::Membership;
@@ -44,6 +45,8 @@ pub(crate) struct Launch<'a> {
     /// The variables set in every worker where the user's environment has
     /// none ([`crate::worker_env::defaults`]).
     pub defaults: &'a [Setting],
+    /// Each local rank's CPUs, when the workers are bound.
+    pub cpu_shares: Option<&'a CpuShares>,
     /// This machine's place among those the job started with; rejoining,
     /// the first round's workers join the running job ([`JOINING_VAR`]).
     pub membership: Membership,
@@ -147,6 +150,9 @@ fn command(launch: &Launch<'_>, place: &Place) -> Command {
     }
     for (var, value) in launch.defaults {
         command.env(var, value);
+    }
+    if let Some(shares) = launch.cpu_shares {
+        cpu_binding::bind(&mut command, shares.of(place.local_rank));
     }
     stop_with_parent(&mut command);
     command

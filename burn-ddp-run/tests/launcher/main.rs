@@ -1,5 +1,6 @@
 //! The launcher with real worker processes: collectives, failures, signals, flags.
 
+mod cpus;
 mod faults;
 mod going_on;
 mod machines;
@@ -34,6 +35,10 @@ const CASES: &[Case] = &[
     (
         "variables_the_user_set_reach_workers_unchanged",
         variables_the_user_set_reach_workers_unchanged,
+    ),
+    (
+        "workers_run_on_cpus_of_their_own",
+        cpus::workers_run_on_cpus_of_their_own,
     ),
     (
         "no_malloc_tuning_sets_no_allocator_variable",
@@ -159,6 +164,7 @@ const CASES: &[Case] = &[
 /// Worker side: runs under the launcher, reading its environment.
 fn worker(name: &str) -> ! {
     if let Some(code) = faults::worker(name)
+        .or_else(|| cpus::worker(name))
         .or_else(|| restarts::worker(name))
         .or_else(|| going_on::worker(name))
     {

@@ -1,0 +1,259 @@
+//! Each worker on a share of this machine's CPUs of its own (`--cpu-bind`).
+//!
+//! Several workers on one machine, left to the scheduler, move between
+//! CPUs and, when there are fewer CPUs to spare than workers, crowd some
+//! while others idle; every step then waits for the worker that was crowded
+//! (a synchronous step ends with its slowest rank). Bound, each worker
+//! keeps the same CPUs, as `mpirun --bind-to core` and `srun --cpu-bind`
+//! do. The shares are whole cores where there are enough (a core's
+//! hardware threads stay with one worker), equal, and taken from the CPUs
+//! the launcher itself may use (`taskset`, a cgroup's cpuset).
+
+use crate::cli::CpuBind;
+use std::collections::BTreeMap;
+
+/// The CPUs each local rank runs on, by local rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CpuShares {
+    by_local_rank: Vec<Vec<usize>>,
+}
+
+impl CpuShares {
+    /// The CPUs of `local_rank`.
+    pub fn of(&self, local_rank: usize) -> &[usize] {
+        &self.by_local_rank[local_rank]
+    }
+}
+
+/// The shares for this launch, or none (`--cpu-bind none`, one worker, or
+/// more workers than CPUs), said once.
+pub(crate) fn plan(bind: CpuBind, nproc_per_node: usize) -> Option<CpuShares> {
+    if bind == CpuBind::None || nproc_per_node <= 1 {
+        return None;
+    }
+    let allowed = match allowed_cpus() {
+        Ok(cpus) => cpus,
+        Err(err) => {
+            log::warn!("cannot read the CPUs this launcher may use ({err}); workers are not bound");
+            return None;
+        }
+    };
+    let cores = physical_cores(&allowed, read_core_id);
+    let Some(shares) = split(&cores, nproc_per_node) else {
+        log::info!(
+            "{nproc_per_node} processes on {} cannot each have CPUs of their own; \
+             leaving them to the scheduler",
+            counted(allowed.len())
+        );
+        return None;
+    };
+    let used: usize = shares.iter().map(Vec::len).sum();
+    let left = if used < allowed.len() {
+        format!(
+            " ({} left to the rest of the system)",
+            counted(allowed.len() - used)
+        )
+    } else {
+        String::new()
+    };
+    let listed: Vec<String> = shares
+        .iter()
+        .enumerate()
+        .map(|(local_rank, cpus)| format!("local rank {local_rank}: {}", cpu_list(cpus)))
+        .collect();
+    log::info!(
+        "binding each of the {nproc_per_node} processes to CPUs of its own ({}){left}; \
+         --cpu-bind none to leave them to the scheduler",
+        listed.join(", ")
+    );
+    Some(CpuShares {
+        by_local_rank: shares,
+    })
+}
+
+/// The CPUs this process may run on, in order.
+#[cfg(target_os = "linux")]
+fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+    // SAFETY: an all-zero cpu_set_t is an empty set; sched_getaffinity
+    // writes at most the size it is given.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let capacity = 8 * size;
+    // SAFETY: CPU_ISSET reads the set within its size.
+    Ok((0..capacity)
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+    Err(std::io::Error::other("CPU binding is Linux-only"))
+}
+
+/// Which package and core `cpu` belongs to, from sysfs; `None` where the
+/// kernel does not say (then the CPU counts as a core of its own).
+fn read_core_id(cpu: usize) -> Option<(u64, u64)> {
+    let read = |what: &str| {
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((read("physical_package_id")?, read("core_id")?))
+}
+
+/// `cpus` grouped into physical cores (a core's hardware threads together),
+/// cores in package and core order.
+fn physical_cores(
+    cpus: &[usize],
+    core_of: impl Fn(usize) -> Option<(u64, u64)>,
+) -> Vec<Vec<usize>> {
+    let mut cores: BTreeMap<(u64, u64, usize), Vec<usize>> = BTreeMap::new();
+    for &cpu in cpus {
+        // A CPU without topology is its own core, placed by its number.
+        let key = core_of(cpu).map_or((u64::MAX, 0, cpu), |(package, core)| (package, core, 0));
+        cores.entry(key).or_default().push(cpu);
+    }
+    cores.into_values().collect()
+}
+
+/// Equal shares for `workers`, in order: whole cores when there are at least
+/// as many cores as workers, else hardware threads (a core's threads side
+/// by side); `None` with fewer CPUs than workers. What does not divide
+/// evenly is left to the rest of the system.
+fn split(cores: &[Vec<usize>], workers: usize) -> Option<Vec<Vec<usize>>> {
+    let units: Vec<Vec<usize>> = if cores.len() >= workers {
+        cores.to_vec()
+    } else {
+        cores.iter().flatten().map(|&cpu| vec![cpu]).collect()
+    };
+    let per = units.len() / workers;
+    if per == 0 {
+        return None;
+    }
+    Some(
+        units
+            .chunks(per)
+            .take(workers)
+            .map(|chunk| chunk.iter().flatten().copied().collect())
+            .collect(),
+    )
+}
+
+/// `1 CPU`, `2 CPUs`.
+fn counted(cpus: usize) -> String {
+    match cpus {
+        1 => "1 CPU".into(),
+        n => format!("{n} CPUs"),
+    }
+}
+
+/// `0-3,8,10-11`.
+pub(crate) fn cpu_list(cpus: &[usize]) -> String {
+    let mut sorted = cpus.to_vec();
+    sorted.sort_unstable();
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for cpu in sorted {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == cpu => *end = cpu,
+            _ => runs.push((cpu, cpu)),
+        }
+    }
+    runs.iter()
+        .map(|&(start, end)| {
+            if start == end {
+                start.to_string()
+            } else {
+                format!("{start}-{end}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Makes the worker `command` starts run on `cpus` alone (its threads
+/// inherit the mask).
+#[cfg(target_os = "linux")]
+pub(crate) fn bind(command: &mut std::process::Command, cpus: &[usize]) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: an all-zero cpu_set_t is an empty set; CPU_SET writes within it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: sched_setaffinity is a plain system call, safe between fork
+    // and exec. A failure (a CPU taken offline since the plan) leaves the
+    // worker unbound rather than not started.
+    unsafe {
+        command.pre_exec(move || {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn bind(_command: &mut std::process::Command, _cpus: &[usize]) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cores` physical cores of `threads` hardware threads each, numbered as
+    /// Linux does on x86: the first thread of every core, then the second.
+    fn smt(cores: usize, threads: usize) -> (Vec<usize>, impl Fn(usize) -> Option<(u64, u64)>) {
+        let cpus = (0..cores * threads).collect();
+        (cpus, move |cpu| Some((0, (cpu % cores) as u64)))
+    }
+
+    #[test]
+    fn workers_get_whole_cores_with_their_hardware_threads() {
+        let (cpus, core_of) = smt(8, 2);
+        let shares = split(&physical_cores(&cpus, core_of), 2).unwrap();
+        assert_eq!(shares[0], [0, 8, 1, 9, 2, 10, 3, 11]);
+        assert_eq!(shares[1], [4, 12, 5, 13, 6, 14, 7, 15]);
+    }
+
+    #[test]
+    fn fewer_cores_than_workers_share_out_hardware_threads() {
+        let (cpus, core_of) = smt(2, 2);
+        let shares = split(&physical_cores(&cpus, core_of), 4).unwrap();
+        assert_eq!(shares, [vec![0], vec![2], vec![1], vec![3]]);
+    }
+
+    #[test]
+    fn more_workers_than_cpus_are_not_bound() {
+        let (cpus, core_of) = smt(2, 1);
+        assert_eq!(split(&physical_cores(&cpus, core_of), 3), None);
+    }
+
+    #[test]
+    fn what_does_not_divide_evenly_is_left_over() {
+        let cores: Vec<Vec<usize>> = (0..5).map(|c| vec![c]).collect();
+        assert_eq!(split(&cores, 2).unwrap(), [vec![0, 1], vec![2, 3]]);
+    }
+
+    #[test]
+    fn packages_come_before_cores_and_unknown_cpus_last() {
+        // Two packages whose core ids repeat, and a CPU without topology.
+        let core_of = |cpu: usize| (cpu < 4).then(|| ((cpu / 2) as u64, (cpu % 2) as u64));
+        let cores = physical_cores(&[4, 3, 2, 1, 0], core_of);
+        assert_eq!(cores, [vec![0], vec![1], vec![2], vec![3], vec![4]]);
+    }
+
+    #[test]
+    fn a_taskset_launcher_shares_out_only_its_own_cpus() {
+        let cores = physical_cores(&[2, 3, 6, 7], |cpu| Some((0, cpu as u64)));
+        assert_eq!(split(&cores, 2).unwrap(), [vec![2, 3], vec![6, 7]]);
+    }
+
+    #[test]
+    fn cpu_lists_read_as_ranges() {
+        assert_eq!(cpu_list(&[3, 0, 1, 2, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(cpu_list(&[5]), "5");
+    }
+}
