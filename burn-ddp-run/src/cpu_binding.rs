@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn packages_come_before_cores_and_unknown_cpus_last() {
         // Two packages whose core ids repeat, and a CPU without topology.
-        let core_of = |cpu: usize| (cpu < 4).then(|| ((cpu / 2) as u64, (cpu % 2) as u64));
+        let core_of = |cpu: usize| (cpu < 4).then_some(((cpu / 2) as u64, (cpu % 2) as u64));
         let cores = physical_cores(&[4, 3, 2, 1, 0], core_of);
         assert_eq!(cores, [vec![0], vec![1], vec![2], vec![3], vec![4]]);
     }
