@@ -16,6 +16,9 @@
 #       (then, in the same invocation, the PyTorch SCRIPT on the same machines
 #       under torchrun, N ranks each, gloo, one thread per rank: a side-by-side
 #       comparison)
+# With several ranks a machine, burn-ddp-run binds each to CPUs of its own
+# (--cpu-bind cores, its default) and the PyTorch workers are bound the same
+# way (scripts/bind-share.sh); --cpu-bind none leaves both to the scheduler.
 # (tc's token bucket shapes the rate; netem, for delay, is not in every kernel.)
 # --bin DIR takes burn-ddp-run and examples/allreduce_bench from DIR instead of
 # target/release (scripts/compare-builds.sh runs two builds this way).
@@ -23,6 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RATE=1gbit SIZES=16M,64M ITERS=5 PYTHON=${PYTHON:-python3} PROGRAM=() BIN=$PWD/target/release TORCH= PER=2
+CPU_BIND=cores
 while [ $# -gt 0 ]; do
   case "$1" in
     --) shift; PROGRAM=("$@"); break ;;
@@ -33,7 +37,8 @@ while [ $# -gt 0 ]; do
     --torch) TORCH=$2; shift 2 ;;
     --bin) BIN=$(cd "$2" && pwd); shift 2 ;;
     --nproc-per-node) PER=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --cpu-bind) CPU_BIND=$2; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -95,7 +100,7 @@ if [ ${#PROGRAM[@]} -gt 0 ]; then
     # itself only for several ranks per machine).
     on "$i" env BURN_DDP_JOB_TOKEN=job OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
       RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-1}" \
-      "$LAUNCHER" --nnodes 2 --node-rank "$i" \
+      "$LAUNCHER" --nnodes 2 --node-rank "$i" --cpu-bind "$CPU_BIND" \
       --nproc-per-node "$PER" --master-addr "${ADDR[0]}" --master-port 29506 \
       "${PROGRAM[@]}" > "/tmp/$TAG-program-$i.log" 2>&1 &
     pids+=($!)
@@ -107,12 +112,17 @@ if [ ${#PROGRAM[@]} -gt 0 ]; then
   if [ -n "$TORCH" ]; then
     TORCHRUN="$(dirname "$PYTHON")/torchrun"
     [ -x "$TORCHRUN" ] || { echo "--torch needs torchrun beside $PYTHON (pass --python)" >&2; exit 2; }
+    # The same binding as burn-ddp's workers had.
+    BIND=()
+    if [ "$CPU_BIND" = cores ]; then
+      BIND=(--no-python "$PWD/scripts/bind-share.sh" "$PYTHON")
+    fi
     pids=()
     for i in 0 1; do
       # shellcheck disable=SC2086 # the script and its arguments, split on purpose
       on "$i" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 "$TORCHRUN" --nnodes 2 \
         --node-rank "$i" --nproc-per-node "$PER" --master-addr "${ADDR[0]}" --master-port 29507 \
-        $TORCH > "/tmp/$TAG-torch-$i.log" 2>&1 &
+        "${BIND[@]}" $TORCH > "/tmp/$TAG-torch-$i.log" 2>&1 &
       pids+=($!)
     done
     wait "${pids[@]}" || status=$?

@@ -245,8 +245,19 @@ fn overlap(group: &burn_ddp::ProcessGroup, iters: usize, batch: usize) {
     let mut steps: [Vec<f64>; 4] = Default::default();
     let mut cpu: [Vec<f64>; 4] = Default::default();
     for i in 0..iters + 2 {
-        for (kind, slot) in models.iter_mut().enumerate() {
+        for kind in 0..models.len() {
             group.barrier().unwrap_or_else(|e| fail(rank, e));
+            // The other wrapped models sit this step out, as in a program
+            // with one model: a wrapped model no forward pass used still
+            // agrees with the other ranks at every backward (one collective
+            // each, some rank might have its gradients).
+            let _idle: Vec<_> = models
+                .iter()
+                .enumerate()
+                .filter(|(other, _)| *other != kind)
+                .map(|(_, m)| burn_ddp::sync::no_sync_for(m.as_ref().expect("put back")))
+                .collect();
+            let slot = &mut models[kind];
             let model = slot.take().expect("each model is put back after its step");
             let cpu_before = process_cpu_seconds();
             let (model, timing) = mnist_step(model, batch, kind < 2);
