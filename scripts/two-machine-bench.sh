@@ -141,7 +141,7 @@ run_burn_ddp() {
   for i in 0 1; do
     on "$i" env BURN_DDP_ALGORITHM="$algorithm" BURN_DDP_COMPRESSION="$compression" \
       BURN_DDP_JOB_TOKEN=bench \
-      "$LAUNCHER" --nnodes 2 --node-rank "$i" --nproc-per-node 2 \
+      "$LAUNCHER" --nnodes 2 --node-rank "$i" --nproc-per-node 2 --cpu-bind "$CPU_BIND" \
       --master-addr "${ADDR[0]}" --master-port "$port" \
       "$BENCH" --sizes "$SIZES" --iters "$ITERS" --warmup 1 > "/tmp/$TAG-$algorithm-$i.log" 2>&1 &
     pids+=($!)
@@ -196,13 +196,18 @@ for text in sys.argv[1].split(","):
         print(f"| {n >> 20} MiB | {median * 1e3:.3f} ms | {n / median / 1e9:.2f} GB/s |")
 dist.destroy_process_group()
 PY
+  # Bound as burn-ddp's ranks were.
+  GLOO_BIND=()
+  if [ "$CPU_BIND" = cores ]; then
+    GLOO_BIND=("$PWD/scripts/bind-share.sh")
+  fi
   pids=()
   for i in 0 1; do
     for l in 0 1; do
       rank=$((2 * i + l))
-      on "$i" env RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$l MASTER_ADDR="${ADDR[0]}" \
-        MASTER_PORT=29503 GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
-        "$PYTHON" "/tmp/$TAG-gloo.py" "$SIZES" "$ITERS" > "/tmp/$TAG-gloo-$rank.log" 2>&1 &
+      on "$i" env RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$l LOCAL_WORLD_SIZE=2 \
+        MASTER_ADDR="${ADDR[0]}" MASTER_PORT=29503 GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
+        "${GLOO_BIND[@]}" "$PYTHON" "/tmp/$TAG-gloo.py" "$SIZES" "$ITERS" > "/tmp/$TAG-gloo-$rank.log" 2>&1 &
       pids+=($!)
     done
   done
