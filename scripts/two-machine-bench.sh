@@ -122,7 +122,7 @@ if [ ${#PROGRAM[@]} -gt 0 ]; then
       # shellcheck disable=SC2086 # the script and its arguments, split on purpose
       on "$i" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 "$TORCHRUN" --nnodes 2 \
         --node-rank "$i" --nproc-per-node "$PER" --master-addr "${ADDR[0]}" --master-port 29507 \
-        "${BIND[@]}" $TORCH > "/tmp/$TAG-torch-$i.log" 2>&1 &
+        ${BIND[@]+"${BIND[@]}"} $TORCH > "/tmp/$TAG-torch-$i.log" 2>&1 &
       pids+=($!)
     done
     wait "${pids[@]}" || status=$?
@@ -207,7 +207,7 @@ PY
       rank=$((2 * i + l))
       on "$i" env RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$l LOCAL_WORLD_SIZE=2 \
         MASTER_ADDR="${ADDR[0]}" MASTER_PORT=29503 GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
-        "${GLOO_BIND[@]}" "$PYTHON" "/tmp/$TAG-gloo.py" "$SIZES" "$ITERS" > "/tmp/$TAG-gloo-$rank.log" 2>&1 &
+        ${GLOO_BIND[@]+"${GLOO_BIND[@]}"} "$PYTHON" "/tmp/$TAG-gloo.py" "$SIZES" "$ITERS" > "/tmp/$TAG-gloo-$rank.log" 2>&1 &
       pids+=($!)
     done
   done

@@ -88,12 +88,13 @@ const ENVIRONMENT_HELP: &str = "\
 Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted too.
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and
-OMP_NUM_THREADS=1 and RAYON_NUM_THREADS=1 when several run and those are not set,
-and, on Linux with glibc, MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ (glibc
-keeps freed tensor memory for the next step) unless a MALLOC_ variable or a
-glibc.malloc tunable is set, or --no-malloc-tuning is given. When several run,
-each is bound to an equal share of the CPUs the launcher may use (whole cores
-where there are enough; --cpu-bind none leaves them to the scheduler).
+OMP_NUM_THREADS and RAYON_NUM_THREADS when several run and those are not set (the
+number of CPUs each has of its own, else 1), and, on Linux with glibc,
+MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ (glibc keeps freed tensor
+memory for the next step) unless a MALLOC_ variable or a glibc.malloc tunable is
+set, or --no-malloc-tuning is given. When several run on Linux, each is bound to
+an equal share of the CPUs the launcher may use (whole cores where there are
+enough; --cpu-bind none leaves them to the scheduler).
 If one worker fails, the others are stopped and the launcher exits with the first
 failure's code; with --max-restarts N every worker is started again instead, up
 to N times, with TORCHELASTIC_RESTART_COUNT set to the round (0 first). With

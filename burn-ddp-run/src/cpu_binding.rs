@@ -28,10 +28,10 @@ impl CpuShares {
 /// The shares for this launch, or none (`--cpu-bind none`, one worker, or
 /// more workers than CPUs), said once.
 pub(crate) fn plan(bind: CpuBind, nproc_per_node: usize) -> Option<CpuShares> {
-    if bind == CpuBind::None || nproc_per_node <= 1 {
+    if bind == CpuBind::None || nproc_per_node <= 1 || !cfg!(target_os = "linux") {
         return None;
     }
-    let allowed = match allowed_cpus() {
+    let allowed = match allowed_cpus(0) {
         Ok(cpus) => cpus,
         Err(err) => {
             log::warn!("cannot read the CPUs this launcher may use ({err}); workers are not bound");
@@ -71,14 +71,14 @@ pub(crate) fn plan(bind: CpuBind, nproc_per_node: usize) -> Option<CpuShares> {
     })
 }
 
-/// The CPUs this process may run on, in order.
+/// The CPUs process `pid` (0: this one) may run on, in order.
 #[cfg(target_os = "linux")]
-fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+fn allowed_cpus(pid: libc::pid_t) -> std::io::Result<Vec<usize>> {
     // SAFETY: an all-zero cpu_set_t is an empty set; sched_getaffinity
     // writes at most the size it is given.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     let size = std::mem::size_of::<libc::cpu_set_t>();
-    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+    if unsafe { libc::sched_getaffinity(pid, size, &mut set) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     let capacity = 8 * size;
@@ -89,21 +89,22 @@ fn allowed_cpus() -> std::io::Result<Vec<usize>> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+fn allowed_cpus(_pid: i32) -> std::io::Result<Vec<usize>> {
     Err(std::io::Error::other("CPU binding is Linux-only"))
 }
 
-/// Which package and core `cpu` belongs to, from sysfs; `None` where the
-/// kernel does not say (then the CPU counts as a core of its own).
+/// Which package `cpu` is in and which core: the smallest CPU among its
+/// core's hardware threads (the kernel's own sibling list, the same on
+/// every architecture, where `core_id` is not); `None` where sysfs does not
+/// say (then the CPU counts as a core of its own).
 fn read_core_id(cpu: usize) -> Option<(u64, u64)> {
     let read = |what: &str| {
-        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}")).ok()
     };
-    Some((read("physical_package_id")?, read("core_id")?))
+    let package = read("physical_package_id")?.trim().parse().ok()?;
+    let siblings = read("core_cpus_list").or_else(|| read("thread_siblings_list"))?;
+    let first = siblings.trim().split([',', '-']).next()?.parse().ok()?;
+    Some((package, first))
 }
 
 /// `cpus` grouped into physical cores (a core's hardware threads together),
@@ -122,14 +123,21 @@ fn physical_cores(
 }
 
 /// Equal shares for `workers`, in order: whole cores when there are at least
-/// as many cores as workers, else hardware threads (a core's threads side
-/// by side); `None` with fewer CPUs than workers. What does not divide
-/// evenly is left to the rest of the system.
+/// as many cores as workers and every core has as many hardware threads,
+/// else single hardware threads, every core's first before any second (so
+/// no core idles while another holds two workers); `None` with fewer CPUs
+/// than workers. What does not divide evenly is left to the rest of the
+/// system.
 fn split(cores: &[Vec<usize>], workers: usize) -> Option<Vec<Vec<usize>>> {
-    let units: Vec<Vec<usize>> = if cores.len() >= workers {
+    let even = cores.iter().all(|core| core.len() == cores[0].len());
+    let units: Vec<Vec<usize>> = if cores.len() >= workers && even {
         cores.to_vec()
     } else {
-        cores.iter().flatten().map(|&cpu| vec![cpu]).collect()
+        let most = cores.iter().map(Vec::len).max().unwrap_or(0);
+        (0..most)
+            .flat_map(|thread| cores.iter().filter_map(move |core| core.get(thread)))
+            .map(|&cpu| vec![cpu])
+            .collect()
     };
     let per = units.len() / workers;
     if per == 0 {
@@ -199,6 +207,21 @@ pub(crate) fn bind(command: &mut std::process::Command, cpus: &[usize]) {
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn bind(_command: &mut std::process::Command, _cpus: &[usize]) {}
 
+/// Says so when the worker `pid` (rank `rank`) does not run on `cpus`: its
+/// binding failed (a CPU taken offline since the plan), so the message
+/// that said it was bound does not hold for it.
+pub(crate) fn check_bound(rank: usize, pid: u32, cpus: &[usize]) {
+    let Ok(pid) = pid.try_into() else { return };
+    match allowed_cpus(pid) {
+        Ok(actual) if actual != cpus => log::warn!(
+            "rank {rank} could not be bound to CPUs {}: it runs on {}",
+            cpu_list(cpus),
+            cpu_list(&actual)
+        ),
+        _ => {} // bound, or already gone (its exit is reported as such)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,10 +242,22 @@ mod tests {
     }
 
     #[test]
-    fn fewer_cores_than_workers_share_out_hardware_threads() {
+    fn fewer_cores_than_workers_share_out_hardware_threads_first_ones_first() {
         let (cpus, core_of) = smt(2, 2);
         let shares = split(&physical_cores(&cpus, core_of), 4).unwrap();
-        assert_eq!(shares, [vec![0], vec![2], vec![1], vec![3]]);
+        assert_eq!(shares, [vec![0], vec![1], vec![2], vec![3]]);
+        // 3 cores of 2 threads, 4 workers: no core idles while one holds two.
+        let (cpus, core_of) = smt(3, 2);
+        let shares = split(&physical_cores(&cpus, core_of), 4).unwrap();
+        assert_eq!(shares, [vec![0], vec![1], vec![2], vec![3]]);
+    }
+
+    #[test]
+    fn cores_with_different_thread_counts_share_out_threads() {
+        // A cpuset of 0, 1 and 8 on 8 cores of 2 threads: cores {0, 8} and {1}.
+        let core_of = |cpu: usize| Some((0, (cpu % 8) as u64));
+        let shares = split(&physical_cores(&[0, 1, 8], core_of), 2).unwrap();
+        assert_eq!(shares, [vec![0], vec![1]]);
     }
 
     #[test]

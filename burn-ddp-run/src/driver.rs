@@ -35,8 +35,9 @@ pub fn run(config: &LaunchConfig) -> Result<i32, LaunchError> {
     let master_port = store
         .as_ref()
         .map_or(config.master_port, |s| s.addr().port());
-    let defaults = worker_env::defaults(config);
     let cpu_shares = cpu_binding::plan(config.cpu_bind, config.nproc_per_node);
+    let cpus_each = cpu_shares.as_ref().map(|shares| shares.of(0).len());
+    let defaults = worker_env::defaults(config, cpus_each);
     // Several machines that restart agree on each round through the store
     // (reached before the signal handlers go in: a Ctrl-C while node 0 is
     // awaited simply ends the launcher).

@@ -171,6 +171,9 @@ fn spawn(launch: &Launch<'_>, place: &Place) -> Result<Worker, LaunchError> {
         rank,
         source,
     })?;
+    if let Some(shares) = launch.cpu_shares {
+        cpu_binding::check_bound(rank, child.id(), shares.of(place.local_rank));
+    }
     log::debug!(
         "started rank {rank} (local rank {}) as pid {}: {:?}",
         place.local_rank,

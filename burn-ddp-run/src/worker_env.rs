@@ -1,14 +1,15 @@
 //! What the launcher adds to every worker's environment where the user's own
-//! says nothing: thread pools of one thread when several workers share a
-//! machine, and glibc's allocator keeping freed memory for the next step.
-//! A variable the user set is left alone, and each default is said once.
+//! says nothing: thread pools as large as a worker's share of the CPUs when
+//! several workers share a machine, and glibc's allocator keeping freed
+//! memory for the next step. A variable the user set is left alone, and
+//! each default is said once.
 
 use crate::cli::LaunchConfig;
 
 /// A variable set in every worker, and its value.
-pub(crate) type Setting = (&'static str, &'static str);
+pub(crate) type Setting = (&'static str, String);
 
-/// Thread-pool sizes set to 1 per worker when several share a machine.
+/// Thread-pool sizes set per worker when several share a machine.
 const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
 
 /// glibc's allocator: blocks up to 32 MiB (the most its own adjustment
@@ -18,7 +19,7 @@ const THREAD_VARS: [&str; 2] = ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"];
 /// in again the next: the MNIST CNN's step was 6-20% longer for it
 /// (docs/benchmarks.md). Either variable set stops glibc's adjustment of
 /// both, hence both or neither.
-const ALLOCATOR: [Setting; 2] = [
+const ALLOCATOR: [(&str, &str); 2] = [
     ("MALLOC_MMAP_THRESHOLD_", "33554432"),
     ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
 ];
@@ -26,15 +27,16 @@ const ALLOCATOR: [Setting; 2] = [
 /// The launcher's environment, names and values (lossy where not UTF-8).
 type Environment = Vec<(String, String)>;
 
-/// The defaults for this launch, each said once.
-pub(crate) fn defaults(config: &LaunchConfig) -> Vec<Setting> {
+/// The defaults for this launch, each said once; `cpus_each`: the CPUs of
+/// each worker's own, when they are bound.
+pub(crate) fn defaults(config: &LaunchConfig, cpus_each: Option<usize>) -> Vec<Setting> {
     let env: Environment = std::env::vars_os()
         .map(|(name, value)| {
             let lossy = |s: std::ffi::OsString| s.to_string_lossy().into_owned();
             (lossy(name), lossy(value))
         })
         .collect();
-    let threads = thread_pools(config.nproc_per_node, &env);
+    let threads = thread_pools(config.nproc_per_node, cpus_each, &env);
     if !threads.is_empty() {
         log::info!(
             "setting {} for each of the {} processes to avoid oversubscribing \
@@ -59,17 +61,37 @@ pub(crate) fn defaults(config: &LaunchConfig) -> Vec<Setting> {
     threads.into_iter().chain(allocator).collect()
 }
 
-/// OpenMP's (BLAS) and rayon's (Burn's CPU backends) pools of one thread
-/// each, when several workers run here: pools as large as the machine in
-/// every worker oversubscribe the CPU, as torchrun warns.
-fn thread_pools(nproc_per_node: usize, env: &Environment) -> Vec<Setting> {
+/// OpenMP's (BLAS) and rayon's (Burn's CPU backends) pools, when several
+/// workers run here: as many threads as a bound worker has CPUs of its own,
+/// else one (pools as large as the machine in every worker oversubscribe
+/// the CPU, as torchrun warns). A pool the user sized larger than the share
+/// is said to crowd it.
+fn thread_pools(
+    nproc_per_node: usize,
+    cpus_each: Option<usize>,
+    env: &Environment,
+) -> Vec<Setting> {
     if nproc_per_node <= 1 {
         return Vec::new();
+    }
+    let threads = cpus_each.unwrap_or(1);
+    for (name, value) in env {
+        let users = THREAD_VARS
+            .contains(&name.as_str())
+            .then(|| value.parse::<usize>().ok());
+        if let (Some(Some(set)), Some(cpus)) = (users, cpus_each) {
+            if set > cpus {
+                log::warn!(
+                    "{name}={set}, but each process runs on {cpus} CPUs of its own: its \
+                     threads take turns on them; set {name}={cpus} or pass --cpu-bind none"
+                );
+            }
+        }
     }
     THREAD_VARS
         .into_iter()
         .filter(|var| !env.iter().any(|(name, _)| name == var))
-        .map(|var| (var, "1"))
+        .map(|var| (var, threads.to_string()))
         .collect()
 }
 
@@ -84,7 +106,9 @@ fn allocator(env: &Environment) -> Vec<Setting> {
     if !cfg!(all(target_os = "linux", target_env = "gnu")) || users_choice {
         return Vec::new();
     }
-    ALLOCATOR.to_vec()
+    ALLOCATOR
+        .map(|(var, value)| (var, value.to_string()))
+        .to_vec()
 }
 
 /// `A=1 and B=2`.
@@ -111,15 +135,30 @@ mod tests {
             .collect()
     }
 
+    /// `(var, value)` pairs as settings.
+    fn settings(pairs: &[(&'static str, &str)]) -> Vec<Setting> {
+        pairs
+            .iter()
+            .map(|(var, value)| (*var, value.to_string()))
+            .collect()
+    }
+
     #[test]
-    fn several_workers_get_one_thread_each_unless_the_user_chose() {
+    fn several_workers_get_a_thread_per_cpu_of_their_own_unless_the_user_chose() {
         assert_eq!(
-            thread_pools(2, &only(&[])),
-            vec![("OMP_NUM_THREADS", "1"), ("RAYON_NUM_THREADS", "1")]
+            thread_pools(2, None, &only(&[])),
+            settings(&[("OMP_NUM_THREADS", "1"), ("RAYON_NUM_THREADS", "1")])
         );
-        assert!(thread_pools(1, &only(&[])).is_empty());
+        assert_eq!(
+            thread_pools(2, Some(4), &only(&[])),
+            settings(&[("OMP_NUM_THREADS", "4"), ("RAYON_NUM_THREADS", "4")])
+        );
+        assert!(thread_pools(1, Some(8), &only(&[])).is_empty());
         let rayon_set = only(&[("RAYON_NUM_THREADS", "4")]);
-        assert_eq!(names(&thread_pools(4, &rayon_set)), ["OMP_NUM_THREADS"]);
+        assert_eq!(
+            names(&thread_pools(4, None, &rayon_set)),
+            ["OMP_NUM_THREADS"]
+        );
     }
 
     #[test]
@@ -127,10 +166,10 @@ mod tests {
     fn the_allocator_keeps_memory_unless_its_settings_are_the_users() {
         assert_eq!(
             allocator(&only(&[])),
-            vec![
+            settings(&[
                 ("MALLOC_MMAP_THRESHOLD_", "33554432"),
                 ("MALLOC_TRIM_THRESHOLD_", "1073741824")
-            ]
+            ])
         );
         for users in [
             ("MALLOC_TRIM_THRESHOLD_", "1"),
@@ -148,7 +187,7 @@ mod tests {
     #[test]
     fn settings_are_listed_as_the_message_shows_them() {
         assert_eq!(
-            listed(&[("A", "1"), ("B", "22")]),
+            listed(&settings(&[("A", "1"), ("B", "22")])),
             "A=1 and B=22".to_string()
         );
     }

@@ -1,5 +1,5 @@
 //! `--cpu-bind`: each worker of a machine on CPUs of its own, read back from
-//! the workers' own `/proc/self/status`.
+//! the workers' own `/proc/self/status`, with a thread pool as large.
 
 use super::{bounded, free_port, launcher, text, SCENARIO_VAR};
 use burn_ddp_testkit::check;
@@ -7,13 +7,14 @@ use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
-/// Worker side: prints the CPUs it may run on.
+/// Worker side: prints the CPUs it may run on and its rayon pool's size.
 pub fn worker(name: &str) -> Option<i32> {
     if name != "cpus" {
         return None;
     }
     let rank = std::env::var("RANK").ok()?;
-    println!("cpus {rank} {}", allowed_cpus());
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_default();
+    println!("cpus {rank} {} threads {threads}", allowed_cpus());
     Some(0)
 }
 
@@ -36,13 +37,13 @@ fn cpu_set(list: &str) -> BTreeSet<usize> {
     cpus
 }
 
+/// What a worker said: its CPUs and its `RAYON_NUM_THREADS`.
+type Placed = (BTreeSet<usize>, String);
+
 /// Two workers under the launcher, run with `flags` and, with `only_cpu`,
-/// the launcher itself confined to that CPU: each rank's CPUs and the
-/// launcher's stderr.
-fn two_workers(
-    flags: &[&str],
-    only_cpu: Option<usize>,
-) -> Result<(Vec<BTreeSet<usize>>, String), String> {
+/// the launcher itself confined to that CPU: each rank's CPUs and thread
+/// count, and the launcher's stderr.
+fn two_workers(flags: &[&str], only_cpu: Option<usize>) -> Result<(Vec<Placed>, String), String> {
     let exe = std::env::current_exe().unwrap();
     let port = free_port().to_string();
     let mut args = vec!["--nproc-per-node", "2", "--master-port", &port];
@@ -70,8 +71,12 @@ fn two_workers(
     let mut by_rank = vec![None, None];
     for line in stdout.lines() {
         if let Some(rest) = line.strip_prefix("cpus ") {
-            let (rank, list) = rest.split_once(' ').ok_or(line.to_string())?;
-            by_rank[rank.parse::<usize>().map_err(|e| e.to_string())?] = Some(cpu_set(list));
+            let words: Vec<&str> = rest.split(' ').collect();
+            let [rank, list, "threads", threads] = words[..] else {
+                return Err(format!("unexpected {line:?}"));
+            };
+            let rank: usize = rank.parse().map_err(|e| format!("{line:?}: {e}"))?;
+            by_rank[rank] = Some((cpu_set(list), threads.to_string()));
         }
     }
     let cpus = by_rank.into_iter().collect::<Option<Vec<_>>>();
@@ -79,13 +84,20 @@ fn two_workers(
     Ok((cpus, text(&out.stderr)))
 }
 
-/// Bound by default: disjoint, equal shares of the launcher's CPUs, said
-/// once; `--cpu-bind none` leaves both on all of them; a launcher with one
-/// CPU for two workers leaves them to the scheduler and says so.
+/// Bound by default: disjoint, equal shares of the launcher's CPUs with a
+/// thread each, said once; `--cpu-bind none` leaves both on all of them,
+/// one thread each; a launcher with one CPU for two workers leaves them to
+/// the scheduler and says so.
 pub fn workers_run_on_cpus_of_their_own() -> Result<(), String> {
     let mine = cpu_set(&allowed_cpus());
-    let (bound, said) = two_workers(&[], None)?;
+    let (placed, said) = two_workers(&[], None)?;
+    let threads = |placed: &[Placed]| placed.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
+    let bound: Vec<BTreeSet<usize>> = placed.iter().map(|(cpus, _)| cpus.clone()).collect();
     if mine.len() >= 2 {
+        let share = bound[0].len().to_string();
+        check(threads(&placed) == [share.clone(), share], || {
+            format!("threads {:?} for shares {bound:?}", threads(&placed))
+        })?;
         check(bound[0].is_disjoint(&bound[1]), || format!("{bound:?}"))?;
         check(
             !bound[0].is_empty() && bound[0].len() == bound[1].len(),
@@ -107,17 +119,19 @@ pub fn workers_run_on_cpus_of_their_own() -> Result<(), String> {
     }
 
     let (free, said) = two_workers(&["--cpu-bind", "none"], None)?;
-    check(free.iter().all(|cpus| *cpus == mine), || {
-        format!("{free:?}, the launcher's {mine:?}")
-    })?;
+    check(
+        free.iter().all(|(cpus, t)| *cpus == mine && t == "1"),
+        || format!("{free:?}, the launcher's {mine:?}"),
+    )?;
     check(!said.contains("binding"), || said.clone())?;
 
     let first = *mine.first().expect("some CPU");
     let (crowded, said) = two_workers(&[], Some(first))?;
     let only = BTreeSet::from([first]);
-    check(crowded.iter().all(|cpus| *cpus == only), || {
-        format!("{crowded:?}")
-    })?;
+    check(
+        crowded.iter().all(|(cpus, t)| *cpus == only && t == "1"),
+        || format!("{crowded:?}"),
+    )?;
     check(
         said.contains(
             "2 processes on 1 CPU cannot each have CPUs of their own; leaving them to the \
