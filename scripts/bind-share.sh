@@ -2,12 +2,16 @@
 # Runs "$@" on this worker's share of the machine's CPUs, the share
 # burn-ddp-run's --cpu-bind cores gives local rank LOCAL_RANK of
 # LOCAL_WORLD_SIZE: the CPUs this process may use, in socket and core order,
-# cut into equal runs of whole cores (of single hardware threads, first
-# threads first, when there are fewer cores than workers, or cores differ in
-# their thread counts); with more workers than CPUs, no binding. For
-# launchers that do not bind (torchrun, a hand-started rank):
+# cut into equal runs of whole cores (each cut to as many hardware threads
+# as the core with the fewest has), or of single hardware threads, first
+# threads first, when there are fewer cores than workers; with more workers
+# than CPUs, or without taskset and lscpu, no binding. For launchers that do
+# not bind (torchrun, a hand-started rank):
 #   torchrun --nproc-per-node 2 --no-python scripts/bind-share.sh python train.py
 set -euo pipefail
+unbound() { echo "bind-share.sh: $*: not bound" >&2; exec "${ARGS[@]}"; }
+ARGS=("$@")
+command -v taskset >/dev/null && command -v lscpu >/dev/null || unbound "no taskset or lscpu"
 ranks=${LOCAL_WORLD_SIZE:?run under a launcher that sets LOCAL_WORLD_SIZE}
 rank=${LOCAL_RANK:?run under a launcher that sets LOCAL_RANK}
 
@@ -26,11 +30,13 @@ mine=$(echo "$topology" | awk -v ranks="$ranks" -v rank="$rank" '
     if (!(key in index_of)) { index_of[key] = cores; members[cores] = ""; count[cores] = 0; cores++ }
     c = index_of[key]; members[c] = members[c] " " $3; thread[NR] = count[c]; core_of[NR] = c; cpu[NR] = $3; count[c]++ }
   END {
-    even = 1
-    for (c = 1; c < cores; c++) if (count[c] != count[0]) even = 0
-    if (cores >= ranks && even) {
+    fewest = count[0]
+    for (c = 1; c < cores; c++) if (count[c] < fewest) fewest = count[c]
+    if (cores >= ranks) {
       per = int(cores / ranks)
-      for (c = rank * per; c < (rank + 1) * per; c++) out = out members[c]
+      for (i = 1; i <= NR; i++)
+        if (core_of[i] >= rank * per && core_of[i] < (rank + 1) * per && thread[i] < fewest)
+          out = out " " cpu[i]
     } else {
       # single threads, first threads of every core first
       n = 0; for (t = 0; n < NR; t++) for (i = 1; i <= NR; i++) if (thread[i] == t) order[n++] = cpu[i]
@@ -41,7 +47,6 @@ mine=$(echo "$topology" | awk -v ranks="$ranks" -v rank="$rank" '
     gsub(/^ +/, "", out); gsub(/ +/, ",", out); print out
   }')
 if [ -z "$mine" ]; then
-  echo "bind-share.sh: $ranks workers on $(echo "$allowed" | wc -l) CPUs: not bound" >&2
-  exec "$@"
+  unbound "$ranks workers on $(echo "$allowed" | wc -l) CPU(s)"
 fi
 exec taskset -c "$mine" "$@"

@@ -101,7 +101,9 @@ fn read_core_id(cpu: usize) -> Option<(u64, u64)> {
     let read = |what: &str| {
         std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}")).ok()
     };
-    let package = read("physical_package_id")?.trim().parse().ok()?;
+    // Some ARM kernels say -1 (no package): one package then.
+    let package: i64 = read("physical_package_id")?.trim().parse().ok()?;
+    let package = package.max(0) as u64;
     let siblings = read("core_cpus_list").or_else(|| read("thread_siblings_list"))?;
     let first = siblings.trim().split([',', '-']).next()?.parse().ok()?;
     Some((package, first))
@@ -122,16 +124,17 @@ fn physical_cores(
     cores.into_values().collect()
 }
 
-/// Equal shares for `workers`, in order: whole cores when there are at least
-/// as many cores as workers and every core has as many hardware threads,
-/// else single hardware threads, every core's first before any second (so
-/// no core idles while another holds two workers); `None` with fewer CPUs
-/// than workers. What does not divide evenly is left to the rest of the
-/// system.
+/// Equal shares for `workers`, in order, each sorted: whole cores when there
+/// are at least as many cores as workers (a core is never split; cores with
+/// more hardware threads than the fewest any core has give only that many,
+/// so every share is alike), else single hardware threads, every core's
+/// first before any second (so no core idles while another holds two
+/// workers); `None` with fewer CPUs than workers. What does not divide
+/// evenly is left to the rest of the system.
 fn split(cores: &[Vec<usize>], workers: usize) -> Option<Vec<Vec<usize>>> {
-    let even = cores.iter().all(|core| core.len() == cores[0].len());
-    let units: Vec<Vec<usize>> = if cores.len() >= workers && even {
-        cores.to_vec()
+    let units: Vec<Vec<usize>> = if cores.len() >= workers {
+        let fewest = cores.iter().map(Vec::len).min().unwrap_or(0);
+        cores.iter().map(|core| core[..fewest].to_vec()).collect()
     } else {
         let most = cores.iter().map(Vec::len).max().unwrap_or(0);
         (0..most)
@@ -147,13 +150,17 @@ fn split(cores: &[Vec<usize>], workers: usize) -> Option<Vec<Vec<usize>>> {
         units
             .chunks(per)
             .take(workers)
-            .map(|chunk| chunk.iter().flatten().copied().collect())
+            .map(|chunk| {
+                let mut share: Vec<usize> = chunk.iter().flatten().copied().collect();
+                share.sort_unstable();
+                share
+            })
             .collect(),
     )
 }
 
 /// `1 CPU`, `2 CPUs`.
-fn counted(cpus: usize) -> String {
+pub(crate) fn counted(cpus: usize) -> String {
     match cpus {
         1 => "1 CPU".into(),
         n => format!("{n} CPUs"),
@@ -237,8 +244,9 @@ mod tests {
     fn workers_get_whole_cores_with_their_hardware_threads() {
         let (cpus, core_of) = smt(8, 2);
         let shares = split(&physical_cores(&cpus, core_of), 2).unwrap();
-        assert_eq!(shares[0], [0, 8, 1, 9, 2, 10, 3, 11]);
-        assert_eq!(shares[1], [4, 12, 5, 13, 6, 14, 7, 15]);
+        // Sorted, as the kernel lists a process's CPUs (check_bound compares).
+        assert_eq!(shares[0], [0, 1, 2, 3, 8, 9, 10, 11]);
+        assert_eq!(shares[1], [4, 5, 6, 7, 12, 13, 14, 15]);
     }
 
     #[test]
@@ -253,11 +261,17 @@ mod tests {
     }
 
     #[test]
-    fn cores_with_different_thread_counts_share_out_threads() {
+    fn cores_with_different_thread_counts_give_as_many_threads_each() {
         // A cpuset of 0, 1 and 8 on 8 cores of 2 threads: cores {0, 8} and {1}.
         let core_of = |cpu: usize| Some((0, (cpu % 8) as u64));
         let shares = split(&physical_cores(&[0, 1, 8], core_of), 2).unwrap();
         assert_eq!(shares, [vec![0], vec![1]]);
+        // A hybrid CPU: 4 cores of 2 threads (0-7, siblings side by side),
+        // then 4 of one (8-11). No core is split between two workers.
+        let core_of = |cpu: usize| Some((0, if cpu < 8 { cpu / 2 } else { cpu } as u64));
+        let cpus: Vec<usize> = (0..12).collect();
+        let shares = split(&physical_cores(&cpus, core_of), 2).unwrap();
+        assert_eq!(shares, [vec![0, 2, 4, 6], vec![8, 9, 10, 11]]);
     }
 
     #[test]

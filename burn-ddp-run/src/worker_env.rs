@@ -82,8 +82,9 @@ fn thread_pools(
         if let (Some(Some(set)), Some(cpus)) = (users, cpus_each) {
             if set > cpus {
                 log::warn!(
-                    "{name}={set}, but each process runs on {cpus} CPUs of its own: its \
-                     threads take turns on them; set {name}={cpus} or pass --cpu-bind none"
+                    "{name}={set}, but each process runs on {} of its own: its threads \
+                     take turns on them; set {name}={cpus} or pass --cpu-bind none",
+                    crate::cpu_binding::counted(cpus)
                 );
             }
         }
