@@ -40,10 +40,15 @@ fn cpu_set(list: &str) -> BTreeSet<usize> {
 /// What a worker said: its CPUs and its `RAYON_NUM_THREADS`.
 type Placed = (BTreeSet<usize>, String);
 
-/// Two workers under the launcher, run with `flags` and, with `only_cpu`,
-/// the launcher itself confined to that CPU: each rank's CPUs and thread
-/// count, and the launcher's stderr.
-fn two_workers(flags: &[&str], only_cpu: Option<usize>) -> Result<(Vec<Placed>, String), String> {
+/// Two workers under the launcher, run with `flags`, `RAYON_NUM_THREADS`
+/// set to `rayon` if some, and, with `only_cpu`, the launcher itself
+/// confined to that CPU: each rank's CPUs and thread count, and the
+/// launcher's stderr.
+fn two_workers(
+    flags: &[&str],
+    rayon: Option<&str>,
+    only_cpu: Option<usize>,
+) -> Result<(Vec<Placed>, String), String> {
     let exe = std::env::current_exe().unwrap();
     let port = free_port().to_string();
     let mut args = vec!["--nproc-per-node", "2", "--master-port", &port];
@@ -51,6 +56,9 @@ fn two_workers(flags: &[&str], only_cpu: Option<usize>) -> Result<(Vec<Placed>, 
     args.push(exe.to_str().unwrap());
     let mut cmd = launcher(&args);
     cmd.env(SCENARIO_VAR, "cpus");
+    if let Some(threads) = rayon {
+        cmd.env("RAYON_NUM_THREADS", threads);
+    }
     if let Some(cpu) = only_cpu {
         // SAFETY: sched_setaffinity is a plain system call, fine between
         // fork and exec; the set is built before the fork.
@@ -90,7 +98,7 @@ fn two_workers(flags: &[&str], only_cpu: Option<usize>) -> Result<(Vec<Placed>, 
 /// the scheduler and says so.
 pub fn workers_run_on_cpus_of_their_own() -> Result<(), String> {
     let mine = cpu_set(&allowed_cpus());
-    let (placed, said) = two_workers(&[], None)?;
+    let (placed, said) = two_workers(&[], None, None)?;
     let threads = |placed: &[Placed]| placed.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
     let bound: Vec<BTreeSet<usize>> = placed.iter().map(|(cpus, _)| cpus.clone()).collect();
     if mine.len() >= 2 {
@@ -113,13 +121,21 @@ pub fn workers_run_on_cpus_of_their_own() -> Result<(), String> {
                 && !said.contains("could not be bound"),
             || said.clone(),
         )?;
+        // A pool the user made larger than the share is left alone, and said.
+        let more = (bound[0].len() + 1).to_string();
+        let (placed, said) = two_workers(&[], Some(&more), None)?;
+        check(threads(&placed) == [more.clone(), more.clone()], || {
+            format!("{placed:?}")
+        })?;
+        let warning = format!("RAYON_NUM_THREADS={more}, but each process runs on");
+        check(said.contains(&warning), || said.clone())?;
     } else {
         check(bound.iter().all(|cpus| *cpus == mine), || {
             format!("{bound:?}")
         })?;
     }
 
-    let (free, said) = two_workers(&["--cpu-bind", "none"], None)?;
+    let (free, said) = two_workers(&["--cpu-bind", "none"], None, None)?;
     check(
         free.iter().all(|(cpus, t)| *cpus == mine && t == "1"),
         || format!("{free:?}, the launcher's {mine:?}"),
@@ -127,7 +143,7 @@ pub fn workers_run_on_cpus_of_their_own() -> Result<(), String> {
     check(!said.contains("binding"), || said.clone())?;
 
     let first = *mine.first().expect("some CPU");
-    let (crowded, said) = two_workers(&[], Some(first))?;
+    let (crowded, said) = two_workers(&[], None, Some(first))?;
     let only = BTreeSet::from([first]);
     check(
         crowded.iter().all(|(cpus, t)| *cpus == only && t == "1"),

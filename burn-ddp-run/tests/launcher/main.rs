@@ -367,6 +367,9 @@ fn collectives_through_launcher() -> Result<(), String> {
     Ok(())
 }
 
+/// The variables a worker gets. Unbound, so its thread pools are of one
+/// thread on any machine (bound, they are as large as its share of the
+/// CPUs: `cpus::workers_run_on_cpus_of_their_own`).
 fn workers_get_torchruns_variables() -> Result<(), String> {
     let (out, _) = run_scenario(
         "env",
@@ -375,6 +378,8 @@ fn workers_get_torchruns_variables() -> Result<(), String> {
             "--master-port",
             &free_port().to_string(),
             "--prefix-output",
+            "--cpu-bind",
+            "none",
         ],
         Duration::from_secs(30),
     )?;
@@ -451,6 +456,7 @@ fn no_malloc_tuning_sets_no_allocator_variable() -> Result<(), String> {
             &free_port().to_string(),
             "--prefix-output",
             "--no-malloc-tuning",
+            "--cpu-bind=none",
         ],
         Duration::from_secs(30),
     )?;
@@ -479,6 +485,8 @@ fn variables_the_user_set_reach_workers_unchanged() -> Result<(), String> {
         "--master-port",
         &port,
         "--prefix-output",
+        "--cpu-bind",
+        "none",
         exe.to_str().unwrap(),
     ];
     let mut cmd = launcher(&args);
