@@ -34,7 +34,10 @@ pub(crate) fn plan(bind: CpuBind, nproc_per_node: usize) -> Option<CpuShares> {
     let allowed = match allowed_cpus(0) {
         Ok(cpus) => cpus,
         Err(err) => {
-            log::warn!("cannot read the CPUs this launcher may use ({err}); workers are not bound");
+            log::warn!(
+                "cannot read the CPUs this launcher may use ({err}); workers are not bound \
+                 (--cpu-bind none says so and skips this)"
+            );
             return None;
         }
     };
@@ -215,15 +218,17 @@ pub(crate) fn bind(command: &mut std::process::Command, cpus: &[usize]) {
 pub(crate) fn bind(_command: &mut std::process::Command, _cpus: &[usize]) {}
 
 /// Says so when the worker `pid` (rank `rank`) does not run on `cpus`: its
-/// binding failed (a CPU taken offline since the plan), so the message
-/// that said it was bound does not hold for it.
+/// binding failed (a CPU taken offline since the plan), or the program
+/// (`numactl`, `taskset`) already set its own, so the message that said it
+/// was bound does not hold for it.
 pub(crate) fn check_bound(rank: usize, pid: u32, cpus: &[usize]) {
     let Ok(pid) = pid.try_into() else { return };
     match allowed_cpus(pid) {
         Ok(actual) if actual != cpus => log::warn!(
-            "rank {rank} could not be bound to CPUs {}: it runs on {}",
-            cpu_list(cpus),
-            cpu_list(&actual)
+            "rank {rank} runs on CPUs {}, not on the {} it was bound to (the binding failed, \
+             or the program set its own; --cpu-bind none leaves that to the program)",
+            cpu_list(&actual),
+            cpu_list(cpus)
         ),
         _ => {} // bound, or already gone (its exit is reported as such)
     }

@@ -118,7 +118,7 @@ pub fn workers_run_on_cpus_of_their_own() -> Result<(), String> {
             said.matches("binding each of the 2 processes to CPUs of its own")
                 .count()
                 == 1
-                && !said.contains("could not be bound"),
+                && !said.contains("it was bound to"),
             || said.clone(),
         )?;
         // A pool the user made larger than the share is left alone, and said.
